@@ -1,0 +1,88 @@
+"""Tiny models and a locally built tokenizer, for tests and smoke runs.
+
+Nothing here downloads anything: the tokenizer is a word-level vocabulary built
+in memory with a ChatML-style chat template, and the model is a randomly
+initialised Llama of a few hundred thousand parameters. Both save to a normal
+HF folder, so every loader (transformers, vLLM) treats them like a real model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|> ' + message['role'] + ' ' + message['content'] + ' <|im_end|> ' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|> assistant ' }}{% endif %}"
+)
+
+SPECIAL_TOKENS = ["<pad>", "<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+WORDS = (
+    "system user assistant tool copy the digits : reverse answer is #### question step by "
+    "think a an of to and what + - * / = ( ) . , ? { } [ ] \" name arguments calculator expression result"
+).split()
+DIGITS = [str(d) for d in range(10)]
+
+
+def build_tiny_tokenizer():
+    """A word-level fast tokenizer (~70 tokens) with a chat template; EOS is `<|im_end|>`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + WORDS + DIGITS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=True)]
+    )
+    from tokenizers import decoders
+
+    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>", "</s>"],
+        padding_side="left",
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    tok.padding_side = "left"
+    return tok
+
+
+def build_tiny_model(tokenizer=None, hidden_size: int = 64, layers: int = 2, heads: int = 4, seed: int = 0):
+    """A random Llama small enough to train on a CPU core in seconds."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tokenizer or build_tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def save_tiny_model(path: str | Path, hidden_size: int = 64, layers: int = 2, heads: int = 4, seed: int = 0) -> Path:
+    """Write a tiny random model + tokenizer as an HF folder and return its path."""
+    path = Path(path)
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, hidden_size=hidden_size, layers=layers, heads=heads, seed=seed)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,93 @@
+"""The rollout backend interface and its registry.
+
+Rollout is token-in/token-out. The driver repeats each prompt `n` times before
+calling `generate`, so a backend produces exactly one response per input row.
+
+Input Batch tensors (prompts left-padded to a common length P):
+    input_ids (B, P) long, attention_mask (B, P) long, position_ids (B, P) long
+Output Batch tensors (responses right-padded to R = config.response_length):
+    prompts (B, P)            the input ids, unchanged
+    responses (B, R)          generated ids, pad_token_id after the end
+    response_mask (B, R)      1 for generated tokens (EOS included), 0 for padding
+    input_ids (B, P+R)        prompts ++ responses
+    attention_mask (B, P+R)   prompt mask ++ response_mask
+    position_ids (B, P+R)     continuing the prompt positions
+    rollout_log_probs (B, R)  float32, only when `calculate_log_probs` is set
+Non-tensor data and meta of the input are carried through unchanged.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from rlkit.protocol import Batch
+from rlkit.registry import Registry
+
+
+@dataclass
+class SamplingConfig:
+    """What to sample. `greedy=True` (validation) ignores temperature/top-p/top-k."""
+
+    response_length: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    greedy: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+    calculate_log_probs: bool = False
+    seed: int | None = None
+
+
+class RolloutBackend(ABC):
+    """One engine per worker process. Created once, then generate/sync/sleep/wake many times."""
+
+    #: whether the backend holds its own copy of the weights that needs `update_weights`
+    needs_weight_sync: bool = True
+
+    @abstractmethod
+    def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:
+        """Generate one response per row; see the module docstring for the layout."""
+
+    @abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load full (unsharded) HF-named tensors into the engine; returns bytes loaded."""
+
+    def sleep(self, level: int = 1) -> None:
+        """Free what the engine can between rollouts (KV cache; level 2 also weights)."""
+
+    def wake_up(self) -> None:
+        """Undo `sleep` before the next generate."""
+
+
+ROLLOUT_BACKENDS: Registry[type[RolloutBackend]] = Registry("rollout backend")
+
+
+def assemble_output(
+    prompts: Batch,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> Batch:
+    """Build the output Batch from right-padded responses (shared by every backend)."""
+    prompt_ids = prompts.tensors["input_ids"]
+    prompt_mask = prompts.tensors["attention_mask"]
+    prompt_pos = prompts.tensors["position_ids"]
+    response_mask = response_mask.to(prompt_mask.dtype)
+    steps = torch.arange(1, responses.shape[1] + 1, dtype=prompt_pos.dtype).unsqueeze(0)
+    response_pos = prompt_pos[:, -1:] + steps
+    tensors = {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "input_ids": torch.cat([prompt_ids, responses], dim=1),
+        "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
+        "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
+    }
+    if rollout_log_probs is not None:
+        tensors["rollout_log_probs"] = rollout_log_probs.float()
+    out = Batch(tensors, prompts.non_tensors, prompts.meta)
+    return out
