@@ -1,0 +1,160 @@
+"""`@register`: how a driver call on a worker group maps to calls on its ranks.
+
+A dispatch mode is a pair of functions: `split` turns the driver's arguments
+into one (args, kwargs) per worker (or None to skip a worker), `collect` turns
+the workers' outputs back into one driver value. Modes live in a registry, so a
+new mode plugs in with `DISPATCH_MODES.add(name, DispatchMode(...))` and no
+group code changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rlkit.protocol import Batch
+from rlkit.registry import Registry
+
+if TYPE_CHECKING:
+    from rlkit.controller.worker_group import WorkerGroupView
+
+ATTR = "_rlkit_register"
+
+
+class Dispatch:
+    """Names of the built-in dispatch modes (strings, so configs and plugins can use them too)."""
+
+    ONE_TO_ALL = "one_to_all"
+    ALL_TO_ALL = "all_to_all"
+    DP_COMPUTE = "dp_compute"
+    RANK_ZERO = "rank_zero"
+
+
+class Execute:
+    ALL = "all"
+    RANK_ZERO = "rank_zero"
+
+
+@dataclass(frozen=True)
+class DispatchInfo:
+    """Where a worker sits in the data-parallel layout of its group."""
+
+    dp_rank: int
+    dp_size: int
+    is_collector: bool = True
+
+
+@dataclass
+class CallPlan:
+    """Per-worker arguments (None = this worker is not called) plus context for `collect`."""
+
+    per_worker: list[tuple[tuple, dict] | None]
+    context: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DispatchMode:
+    split: Callable[[WorkerGroupView, tuple, dict], CallPlan]
+    collect: Callable[[WorkerGroupView, list[Any], CallPlan], Any]
+
+
+DISPATCH_MODES: Registry[DispatchMode] = Registry("dispatch mode")
+
+
+@dataclass(frozen=True)
+class RegisterSpec:
+    dispatch: str
+    execute: str
+    blocking: bool
+
+
+def register(dispatch: str = Dispatch.ALL_TO_ALL, execute: str = Execute.ALL, blocking: bool = True) -> Callable:
+    """Mark a worker method as callable from the driver through its group.
+
+    Calling the method directly inside the worker process is unaffected.
+    """
+    DISPATCH_MODES.get(dispatch)  # fail at import time on a typo
+
+    def deco(fn: Callable) -> Callable:
+        setattr(fn, ATTR, RegisterSpec(dispatch, execute, blocking))
+        return fn
+
+    return deco
+
+
+def get_register_spec(fn: Any) -> RegisterSpec | None:
+    return getattr(fn, ATTR, None)
+
+
+# ----------------------------------------------------------------- built-ins
+def _one_to_all_split(group: WorkerGroupView, args: tuple, kwargs: dict) -> CallPlan:
+    return CallPlan([(args, kwargs)] * group.world_size, {})
+
+
+def _list_collect(group: WorkerGroupView, outputs: list[Any], plan: CallPlan) -> list[Any]:
+    return outputs
+
+
+def _all_to_all_split(group: WorkerGroupView, args: tuple, kwargs: dict) -> CallPlan:
+    n = group.world_size
+    for i, a in enumerate(list(args) + list(kwargs.values())):
+        if not isinstance(a, (list, tuple)) or len(a) != n:
+            raise ValueError(f"ALL_TO_ALL: argument {i} must be a list with one entry per worker ({n})")
+    per = [(tuple(a[r] for a in args), {k: v[r] for k, v in kwargs.items()}) for r in range(n)]
+    return CallPlan(per, {})
+
+
+def _rank_zero_split(group: WorkerGroupView, args: tuple, kwargs: dict) -> CallPlan:
+    return CallPlan([(args, kwargs)] + [None] * (group.world_size - 1), {})
+
+
+def _rank_zero_collect(group: WorkerGroupView, outputs: list[Any], plan: CallPlan) -> Any:
+    return outputs[0]
+
+
+def _dp_split(group: WorkerGroupView, args: tuple, kwargs: dict) -> CallPlan:
+    from rlkit.controller.futures import DataFuture
+
+    infos = group.dispatch_info()
+    dp_size = infos[0].dp_size
+    pads: set[int] = set()
+
+    def shard(value: Any) -> Any:
+        if isinstance(value, Batch):
+            padded, pad = value.pad_to_divisor(dp_size)
+            pads.add(pad)
+            return padded.chunk(dp_size)
+        if isinstance(value, DataFuture):
+            chunks, pad = value.chunk_refs(dp_size)
+            pads.add(pad)
+            return chunks
+        return None
+
+    sharded_args = [shard(a) for a in args]
+    sharded_kwargs = {k: shard(v) for k, v in kwargs.items()}
+    if len(pads) > 1:
+        raise ValueError(f"DP_COMPUTE: Batch arguments of different lengths (pads {sorted(pads)})")
+    per = []
+    for info in infos:
+        a = tuple(s[info.dp_rank] if s is not None else v for s, v in zip(sharded_args, args))
+        kw = {k: (sharded_kwargs[k][info.dp_rank] if sharded_kwargs[k] is not None else v) for k, v in kwargs.items()}
+        per.append((a, kw))
+    return CallPlan(per, {"pad": pads.pop() if pads else 0, "infos": infos})
+
+
+def _dp_collect(group: WorkerGroupView, outputs: list[Any], plan: CallPlan) -> Any:
+    infos: list[DispatchInfo] = plan.context["infos"]
+    by_rank = sorted(
+        ((info.dp_rank, out) for info, out in zip(infos, outputs) if info.is_collector), key=lambda x: x[0]
+    )
+    values = [out for _, out in by_rank]
+    if values and all(isinstance(v, Batch) for v in values):
+        return Batch.concat(values).unpad(plan.context["pad"])
+    return values
+
+
+DISPATCH_MODES.add(Dispatch.ONE_TO_ALL, DispatchMode(_one_to_all_split, _list_collect))
+DISPATCH_MODES.add(Dispatch.ALL_TO_ALL, DispatchMode(_all_to_all_split, _list_collect))
+DISPATCH_MODES.add(Dispatch.RANK_ZERO, DispatchMode(_rank_zero_split, _rank_zero_collect))
+DISPATCH_MODES.add(Dispatch.DP_COMPUTE, DispatchMode(_dp_split, _dp_collect))

@@ -1,0 +1,102 @@
+"""`Worker`: the base class of every role (actor, critic, reference, rollout, reward model).
+
+A worker knows its place in its group from environment variables that the
+group sets before constructing it (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT), so role code reads like a plain torchrun program.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from rlkit.controller.decorator import Dispatch, DispatchInfo, register
+
+DEFAULT_DIST_TIMEOUT_S = int(os.environ.get("RLKIT_DIST_TIMEOUT_S", "1800"))
+
+
+def pick_device() -> torch.device:
+    """cuda if this process sees a GPU, else cpu."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:
+        return "127.0.0.1"
+
+
+class Worker:
+    """Base for role classes. Subclasses call `super().__init__()` first."""
+
+    def __init__(self) -> None:
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.device = pick_device()
+        self._dispatch_info = DispatchInfo(self.rank, self.world_size, True)
+
+    # -------------------------------------------------------- distributed
+    @property
+    def master_addr(self) -> str | None:
+        return os.environ.get("MASTER_ADDR")
+
+    @property
+    def master_port(self) -> int | None:
+        port = os.environ.get("MASTER_PORT")
+        return int(port) if port else None
+
+    def init_distributed(self, timeout_s: int | None = None) -> None:
+        """Join the group's process group (nccl on GPU, gloo on CPU); a no-op if already joined."""
+        if dist.is_initialized():
+            return
+        if self.master_addr is None or self.master_port is None:
+            raise RuntimeError("MASTER_ADDR/MASTER_PORT are not set; was this worker created by a RayWorkerGroup?")
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{self.master_addr}:{self.master_port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s or DEFAULT_DIST_TIMEOUT_S),
+        )
+
+    # ---------------------------------------------------------- dispatch
+    def set_dispatch_info(self, dp_rank: int, dp_size: int, is_collector: bool) -> None:
+        """Called by roles that shard differently (e.g. tensor parallel followers are not collectors)."""
+        self._dispatch_info = DispatchInfo(dp_rank, dp_size, is_collector)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def dispatch_info(self) -> DispatchInfo:
+        return self._dispatch_info
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def where(self) -> dict:
+        """Rank, pid, node and device of this worker (handy in tests and `debug list`)."""
+        import ray
+
+        ctx = ray.get_runtime_context() if ray.is_initialized() else None
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "pid": os.getpid(),
+            "node_id": ctx.get_node_id() if ctx else None,
+            "ip": node_ip(),
+            "device": str(self.device),
+        }

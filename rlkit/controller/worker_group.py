@@ -1,0 +1,188 @@
+"""Worker groups: role classes spawned as Ray actors on a resource pool.
+
+Every Ray actor is a `_WorkerHost` that constructs one or more role classes in
+the same process. One role = a plain worker group; several roles = colocation
+(actor + rollout + reference in one process, handing weights over in memory).
+`group.role("actor")` is a view whose attributes are the role's `@register`ed
+methods, callable from the driver.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlkit.controller.decorator import DISPATCH_MODES, Dispatch, DispatchInfo, Execute, get_register_spec
+from rlkit.controller.futures import DataFuture, get_with_rank
+from rlkit.controller.resource_pool import ResourcePool
+from rlkit.controller.worker import free_port, node_ip
+
+
+@dataclass
+class ClassWithInitArgs:
+    """A role class and the arguments to construct it with inside the worker process."""
+
+    cls: type
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+    def __init__(self, cls: type, *args: Any, **kwargs: Any) -> None:
+        self.cls, self.args, self.kwargs = cls, args, kwargs
+
+
+class _WorkerHost:
+    """The Ray actor: sets the rank environment, then builds each colocated role."""
+
+    def __init__(self, env: dict[str, str], roles: dict[str, ClassWithInitArgs]) -> None:
+        os.environ.update(env)
+        self._roles = {name: spec.cls(*spec.args, **spec.kwargs) for name, spec in roles.items()}
+
+    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._roles[role], method)(*args, **kwargs)
+
+    def master_address(self) -> tuple[str, int]:
+        return node_ip(), free_port()
+
+    def set_env(self, env: dict[str, str]) -> None:
+        os.environ.update(env)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RayWorkerGroup:
+    """Spawn `roles` (one ClassWithInitArgs or a dict of them) on `pool`, one actor per bundle."""
+
+    def __init__(
+        self,
+        pool: ResourcePool,
+        roles: ClassWithInitArgs | Mapping[str, ClassWithInitArgs],
+        name_prefix: str | None = None,
+        runtime_env: dict | None = None,
+        max_restarts: int = 0,
+        get_timeout_s: float | None = None,
+    ) -> None:
+        self.pool = pool
+        self.roles: dict[str, ClassWithInitArgs] = (
+            {"": roles} if isinstance(roles, ClassWithInitArgs) else dict(roles)
+        )
+        self.name_prefix = name_prefix or f"{'_'.join(r or 'worker' for r in self.roles)}_{uuid.uuid4().hex[:6]}"
+        self.get_timeout_s = get_timeout_s
+        self.world_size = pool.world_size
+        self.actors = self._spawn(runtime_env, max_restarts)
+        self._views: dict[str, WorkerGroupView] = {}
+
+    def _spawn(self, runtime_env: dict | None, max_restarts: int) -> list:
+        host = ray.remote(_WorkerHost)
+        actors = []
+        rank = 0
+        gpus = 1.0 if self.pool.use_gpu else 0.0
+        for pg, nprocs in zip(self.pool.placement_groups(), self.pool.process_on_nodes):
+            for local_rank in range(nprocs):
+                env = {
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(self.world_size),
+                    "LOCAL_RANK": str(local_rank),
+                    "LOCAL_WORLD_SIZE": str(nprocs),
+                    "RLKIT_WORKER_NAME": f"{self.name_prefix}:{rank}",
+                }
+                strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=local_rank)
+                opts: dict[str, Any] = {
+                    "scheduling_strategy": strategy,
+                    "num_cpus": self.pool.cpus_per_process,
+                    "num_gpus": gpus,
+                    "name": f"{self.name_prefix}:{rank}",
+                    "max_restarts": max_restarts,
+                }
+                if runtime_env:
+                    opts["runtime_env"] = runtime_env
+                actors.append(host.options(**opts).remote(env, self.roles))
+                rank += 1
+        addr, port = ray.get(actors[0].master_address.remote())
+        ray.get([a.set_env.remote({"MASTER_ADDR": addr, "MASTER_PORT": str(port)}) for a in actors])
+        return actors
+
+    def role(self, name: str) -> WorkerGroupView:
+        if name not in self.roles:
+            raise KeyError(f"no role '{name}' in this group; roles: {sorted(self.roles)}")
+        if name not in self._views:
+            self._views[name] = WorkerGroupView(self, name)
+        return self._views[name]
+
+    def __getattr__(self, item: str) -> Any:
+        # A single-role group exposes the role's methods directly.
+        if item.startswith("_") or "" not in self.__dict__.get("roles", {}):
+            raise AttributeError(item)
+        return getattr(self.role(""), item)
+
+    def shutdown(self) -> None:
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        self.actors = []
+
+
+class WorkerGroupView:
+    """One role of a group, with its registered methods bound as driver calls."""
+
+    def __init__(self, group: RayWorkerGroup, role: str) -> None:
+        self.group, self.role_name = group, role
+        self.world_size = group.world_size
+        self.name = f"{group.name_prefix}{'/' + role if role else ''}"
+        self._dispatch_info: list[DispatchInfo] | None = None
+        cls = group.roles[role].cls
+        for attr in dir(cls):
+            spec = get_register_spec(getattr(cls, attr, None))
+            if spec is not None:
+                setattr(self, attr, functools.partial(self._invoke, attr, spec))
+
+    def dispatch_info(self) -> list[DispatchInfo]:
+        """Each worker's data-parallel coordinates (cached; `refresh_dispatch_info` after re-sharding)."""
+        if self._dispatch_info is None:
+            refs = [a.call.remote(self.role_name, "dispatch_info") for a in self.group.actors]
+            self._dispatch_info = get_with_rank(refs, list(range(len(refs))), self.name, "dispatch_info")
+        return self._dispatch_info
+
+    def refresh_dispatch_info(self) -> None:
+        self._dispatch_info = None
+
+    def _invoke(self, method: str, spec: Any, *args: Any, blocking: bool | None = None, **kwargs: Any) -> Any:
+        mode = DISPATCH_MODES.get(spec.dispatch)
+        plan = mode.split(self, args, kwargs)
+        if spec.execute == Execute.RANK_ZERO:
+            plan.per_worker = [plan.per_worker[0]] + [None] * (len(plan.per_worker) - 1)
+        refs, ranks = [], []
+        for rank, (actor, call) in enumerate(zip(self.group.actors, plan.per_worker)):
+            if call is None:
+                continue
+            a, kw = call
+            refs.append(actor.call.remote(self.role_name, method, *a, **kw))
+            ranks.append(rank)
+        blocking = spec.blocking if blocking is None else blocking
+        side_refs, side_ranks = [], []
+        if spec.dispatch == Dispatch.DP_COMPUTE:
+            infos = plan.context["infos"]
+            keep = [i for i, r in enumerate(ranks) if infos[r].is_collector]
+            keep.sort(key=lambda i: infos[ranks[i]].dp_rank)
+            side = [i for i in range(len(ranks)) if i not in keep]
+            side_refs, side_ranks = [refs[i] for i in side], [ranks[i] for i in side]
+            refs, ranks = [refs[i] for i in keep], [ranks[i] for i in keep]
+            plan.context["infos"] = [DispatchInfo(i, len(keep), True) for i in range(len(keep))]
+        future = DataFuture(
+            refs,
+            ranks,
+            lambda outs: mode.collect(self, outs, plan),
+            self.name,
+            method,
+            pad=plan.context.get("pad", 0),
+            timeout=self.group.get_timeout_s,
+            side_refs=side_refs,
+            side_ranks=side_ranks,
+        )
+        return future.get() if blocking else future

@@ -1,0 +1,25 @@
+"""Shared fixtures: a local Ray instance for tests that need one."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture
+def ray_local():
+    """A local Ray (num_cpus=2), started on first use and kept for the session.
+
+    Tests that need a different cluster shut it down themselves; the next test
+    using this fixture starts it again.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
