@@ -4,7 +4,7 @@ from rlkit.controller.decorator import DISPATCH_MODES, Dispatch, DispatchInfo, D
 from rlkit.controller.futures import DataFuture, WorkerError
 from rlkit.controller.resource_pool import ResourcePool
 from rlkit.controller.worker import Worker
-from rlkit.controller.worker_group import ClassWithInitArgs, RayWorkerGroup, WorkerGroupView
+from rlkit.controller.worker_group import ClassWithInitArgs, RayWorkerGroup, WorkerGroupView, local_role
 
 __all__ = [
     "DISPATCH_MODES",
@@ -19,5 +19,6 @@ __all__ = [
     "Worker",
     "WorkerError",
     "WorkerGroupView",
+    "local_role",
     "register",
 ]

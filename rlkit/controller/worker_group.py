@@ -37,12 +37,25 @@ class ClassWithInitArgs:
         self.cls, self.args, self.kwargs = cls, args, kwargs
 
 
+_LOCAL_ROLES: dict[str, Any] = {}
+
+
+def local_role(name: str) -> Any:
+    """A colocated sibling role in this process (e.g. the rollout reading the actor's weights)."""
+    try:
+        return _LOCAL_ROLES[name]
+    except KeyError:
+        raise KeyError(f"no role '{name}' in this process; colocated roles: {sorted(_LOCAL_ROLES)}") from None
+
+
 class _WorkerHost:
     """The Ray actor: sets the rank environment, then builds each colocated role."""
 
     def __init__(self, env: dict[str, str], roles: dict[str, ClassWithInitArgs]) -> None:
         os.environ.update(env)
-        self._roles = {name: spec.cls(*spec.args, **spec.kwargs) for name, spec in roles.items()}
+        self._roles = {}
+        for name, spec in roles.items():
+            self._roles[name] = _LOCAL_ROLES[name] = spec.cls(*spec.args, **spec.kwargs)
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self._roles[role], method)(*args, **kwargs)

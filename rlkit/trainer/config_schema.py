@@ -1,0 +1,213 @@
+"""The typed config schema. Key names follow the field's convention (verl-style) so
+existing run scripts need little change: `data.train_batch_size`,
+`actor_rollout_ref.rollout.n`, `algorithm.adv_estimator`, `trainer.total_epochs`...
+
+Every field has a default and a one-line meaning (the `help` metadata), from
+which `docs/config.md` is generated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlkit.workers.rollout.config import RolloutConfig
+
+
+def f(default: Any = None, help: str = "", factory: Any = None) -> Any:  # noqa: A002 - "help" reads best in the schema
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class DataConfig:
+    train_files: Any = f("~/data/gsm8k/train.parquet", "parquet file or list of files to train on")
+    val_files: Any = f(None, "parquet file(s) for validation; null = no validation")
+    prompt_key: str = f("prompt", "column holding the chat messages")
+    max_prompt_length: int = f(512, "prompts are left-padded to this many tokens")
+    max_response_length: int = f(512, "max new tokens per response (sets rollout.response_length)")
+    train_batch_size: int = f(64, "prompts per training step (before the n samples per prompt)")
+    val_batch_size: int | None = f(None, "prompts per validation batch; null = all at once")
+    val_max_samples: int | None = f(None, "use only the first N validation rows (a fixed subset)")
+    truncation: str = f("error", "over-long prompts: error | left | right | filter")
+    shuffle: bool = f(True, "shuffle the training set each epoch (seeded, resumable)")
+    seed: int = f(1, "data order seed")
+
+
+@dataclass
+class ModelConfig:
+    path: str = f("smollm2-135m-instruct", "HF folder, hub id, .gguf file or alias (see `rlkit model list`)")
+    enable_gradient_checkpointing: bool = f(False, "recompute activations in backward to save memory")
+    use_remove_padding: bool = f(True, "pack sequences so no FLOPs are spent on pad tokens")
+    trust_remote_code: bool = f(False, "allow custom model code from the model folder")
+    attn_implementation: str = f("sdpa", "attention kernel passed to transformers")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = f(1e-6, "peak learning rate")
+    weight_decay: float = f(0.01, "AdamW weight decay")
+    betas: list = f(factory=lambda: [0.9, 0.999], help="AdamW betas")
+    lr_warmup_steps: int = f(-1, "warmup steps; -1 = use lr_warmup_steps_ratio")
+    lr_warmup_steps_ratio: float = f(0.0, "warmup as a fraction of total steps")
+    lr_scheduler_type: str = f("constant", "constant | cosine (after warmup)")
+    min_lr_ratio: float = f(0.0, "cosine floor as a fraction of lr")
+
+
+@dataclass
+class FSDPConfig:
+    param_offload: bool = f(False, "keep FSDP params on CPU between phases")
+    optimizer_offload: bool = f(False, "keep optimizer state on CPU between phases")
+    param_dtype: str = f("auto", "compute dtype: auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float32")
+    reduce_dtype: str = f("float32", "gradient reduction dtype")
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = f("fsdp2", "training backend (fsdp2)")
+    ppo_mini_batch_size: int = f(16, "prompts per optimizer step (multiplied by rollout.n)")
+    ppo_micro_batch_size_per_gpu: int = f(4, "sequences per forward/backward on each worker")
+    use_dynamic_bsz: bool = f(False, "micro-batches bounded by a token budget instead of a count")
+    ppo_max_token_len_per_gpu: int = f(16384, "token budget per micro-batch when use_dynamic_bsz")
+    ppo_epochs: int = f(1, "passes over each rollout batch")
+    shuffle: bool = f(False, "shuffle mini-batches across epochs")
+    policy_loss: str = f("vanilla", "registered policy loss: vanilla | gspo")
+    clip_ratio: float = f(0.2, "PPO clip (used when clip_ratio_low/high are null)")
+    clip_ratio_low: float | None = f(None, "lower clip; null = clip_ratio")
+    clip_ratio_high: float | None = f(None, "upper clip (clip-higher); null = clip_ratio")
+    clip_ratio_c: float = f(3.0, "dual-clip constant for negative advantages")
+    loss_agg_mode: str = f(
+        "token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm"
+    )
+    entropy_coeff: float = f(0.0, "entropy bonus weight")
+    use_kl_loss: bool = f(False, "add KL(actor || ref) as a loss term (needs the reference model)")
+    kl_loss_coef: float = f(0.001, "weight of the KL loss")
+    kl_loss_type: str = f("low_var_kl", "KL estimator: k1 | k2 | k3/low_var_kl | abs")
+    grad_clip: float = f(1.0, "max grad norm")
+    logits_chunk_size: int = f(1024, "rows of logits turned into log-probs at a time (bounds memory)")
+    recompute_old_log_prob: bool = f(False, "always recompute old log-probs; off = reuse when on-policy (ppo_epochs=1)")
+    optim: OptimConfig = f(factory=OptimConfig, help="optimizer")
+    fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings")
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int = f(8, "sequences per reference forward")
+    fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings of the frozen reference")
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = f(True, "actor, rollout and reference share one process per device")
+    model: ModelConfig = f(factory=ModelConfig, help="the policy model")
+    actor: ActorConfig = f(factory=ActorConfig, help="policy training")
+    ref: RefConfig = f(factory=RefConfig, help="reference policy (only built when a KL is used)")
+    rollout: RolloutConfig = f(factory=RolloutConfig, help="generation engine")
+
+
+@dataclass
+class CriticModelConfig:
+    path: str | None = f(None, "critic backbone; null = the actor's model")
+    enable_gradient_checkpointing: bool = f(False, "recompute activations in backward")
+
+
+@dataclass
+class CriticConfig:
+    enable: bool | None = f(None, "null = on when the advantage estimator needs values (gae)")
+    model: CriticModelConfig = f(factory=CriticModelConfig, help="critic model")
+    optim: OptimConfig = f(factory=lambda: OptimConfig(lr=1e-5), help="critic optimizer")
+    ppo_mini_batch_size: int | None = f(None, "null = the actor's")
+    ppo_micro_batch_size_per_gpu: int = f(4, "sequences per forward/backward")
+    ppo_epochs: int | None = f(None, "null = the actor's")
+    cliprange_value: float = f(0.5, "value clipping range")
+    loss_agg_mode: str = f("token-mean", "aggregation of the value loss")
+    grad_clip: float = f(1.0, "max grad norm")
+    fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings")
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = f(False, "a model-based reward (not in this release: use rule/code/custom rewards)")
+    overrides: dict = f(factory=dict, help="data_source -> scorer name, overriding the built-in map")
+    scorer_kwargs: dict = f(factory=dict, help="scorer name -> kwargs, e.g. {gsm8k: {method: flexible}}")
+    num_workers: int = f(4, "threads scoring in parallel")
+    timeout_s: float = f(10.0, "per-sample scoring timeout (the sample scores 0)")
+    overlong_buffer: dict = f(
+        factory=lambda: {"enable": False, "len": 64, "penalty_factor": 1.0},
+        help="DAPO overlong shaping: linear penalty over the last `len` tokens",
+    )
+
+
+@dataclass
+class CustomRewardConfig:
+    path: str | None = f(None, "python file with your scoring function")
+    name: str = f("compute_score", "function name in that file")
+
+
+@dataclass
+class KLCtrlConfig:
+    type: str = f("fixed", "fixed | adaptive")
+    kl_coef: float = f(0.001, "initial/fixed coefficient")
+    horizon: int = f(10000, "adaptive controller horizon")
+    target_kl: float = f(0.1, "adaptive controller target")
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = f(False, "DAPO dynamic sampling: drop groups whose metric is identical")
+    metric: str = f("score", "per-sample metric used to judge groups")
+    max_num_gen_batches: int = f(10, "give up refilling after this many generation batches")
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = f("grpo", "gae | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax")
+    gamma: float = f(1.0, "discount")
+    lam: float = f(1.0, "GAE lambda")
+    norm_adv_by_std_in_grpo: bool = f(True, "false = Dr.GRPO")
+    use_kl_in_reward: bool = f(False, "fold KL(actor || ref) into the token rewards")
+    kl_penalty: str = f("kl", "estimator for the in-reward KL: kl/k1 | abs | mse/k2 | low_var_kl/k3")
+    kl_ctrl: KLCtrlConfig = f(factory=KLCtrlConfig, help="in-reward KL coefficient controller")
+    rollout_is: bool = f(False, "truncated importance sampling between rollout engine and trainer")
+    rollout_is_threshold: float = f(2.0, "upper bound of the importance weight")
+    filter_groups: FilterGroupsConfig = f(factory=FilterGroupsConfig, help="DAPO dynamic sampling")
+
+
+@dataclass
+class DebugConfig:
+    break_at: list = f(factory=list, help="phases to pause at, e.g. [actor.update_policy] (needs --debug)")
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = f("rlkit", "tracker project")
+    experiment_name: str = f("run", "tracker run name")
+    logger: list = f(factory=lambda: ["console", "file"], help="console | file | tensorboard | wandb")
+    nnodes: int = f(1, "nodes in the cluster")
+    n_gpus_per_node: int = f(1, "workers per node (GPUs, or CPU worker processes without a GPU)")
+    device: str = f("auto", "auto | cuda | cpu")
+    cpus_per_worker: float = f(1.0, "CPU cores reserved per worker process")
+    total_epochs: int = f(1, "passes over the training set")
+    total_training_steps: int | None = f(None, "stop after this many steps (overrides epochs)")
+    val_before_train: bool = f(True, "validate before the first step")
+    test_freq: int = f(-1, "validate every N steps (-1 = only at the end)")
+    save_freq: int = f(-1, "checkpoint every N steps (-1 = only at the end)")
+    default_local_dir: str = f("checkpoints/${trainer.project_name}/${trainer.experiment_name}", "checkpoint root")
+    log_dir: str | None = f(None, "metrics jsonl / tensorboard dir; null = <default_local_dir>/logs")
+    resume_mode: str = f("auto", "auto | disable | <path to a global_step_N dir>")
+    max_actor_ckpt_to_keep: int | None = f(2, "keep the last K checkpoints (null = all)")
+    seed: int = f(42, "global seed")
+    balance_batch: bool = f(True, "balance tokens across data-parallel ranks")
+    debug: DebugConfig = f(factory=DebugConfig, help="debugging switches")
+
+
+@dataclass
+class RLConfig:
+    data: DataConfig = f(factory=DataConfig, help="datasets")
+    actor_rollout_ref: ActorRolloutRefConfig = f(factory=ActorRolloutRefConfig, help="policy, rollout, reference")
+    critic: CriticConfig = f(factory=CriticConfig, help="value model (PPO/GAE)")
+    reward_model: RewardModelConfig = f(factory=RewardModelConfig, help="rewards")
+    custom_reward_function: CustomRewardConfig = f(factory=CustomRewardConfig, help="your own reward")
+    algorithm: AlgorithmConfig = f(factory=AlgorithmConfig, help="advantages, KL, DAPO")
+    trainer: TrainerConfig = f(factory=TrainerConfig, help="loop, resources, checkpoints, logging")

@@ -1,0 +1,274 @@
+"""The single-controller fit loop shared by every algorithm (GRPO, PPO, RLOO, REINFORCE++, DAPO...).
+
+The algorithm is chosen by registry names in the config; the loop never
+branches on them. Read `train_step` top to bottom: it is the RL algorithm.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlkit.algo.dapo import dynamic_sampling_filter
+from rlkit.algo.kl import make_kl_controller
+from rlkit.algo.metrics import compute_data_metrics
+from rlkit.protocol import Batch
+from rlkit.trainer.config_checks import critic_enabled, ref_needed
+from rlkit.trainer.config_schema import RLConfig
+from rlkit.trainer.rollout_flow import (
+    Timer,
+    compute_advantages,
+    reduce_metrics,
+    repeat_with_uids,
+    shape_rewards,
+    validation_metrics,
+)
+from rlkit.trainer.workers_setup import WorkerHandles, build_workers
+from rlkit.workers.micro_batch import balance_across_ranks
+
+log = logging.getLogger("rlkit.trainer")
+PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
+
+
+@dataclass
+class FitSummary:
+    steps: int = 0
+    first_val: dict[str, float] = field(default_factory=dict)
+    last_val: dict[str, float] = field(default_factory=dict)
+    train_scores: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    checkpoint: str | None = None
+    log_dir: str | None = None
+
+
+class RLTrainer:
+    """Owns the data, the reward manager and the worker groups; `fit()` runs the loop."""
+
+    def __init__(self, cfg: RLConfig, workers: WorkerHandles | None = None, tracker: Any = None) -> None:
+        from rlkit.data import RLDataLoader, RLDataset
+        from rlkit.reward.manager import RewardManager
+        from rlkit.utils.model_loading import load_tokenizer, resolve_model_path
+
+        self.cfg = cfg
+        self.model_path = str(resolve_model_path(cfg.actor_rollout_ref.model.path))
+        self.tokenizer = load_tokenizer(self.model_path)
+        d = cfg.data
+        self.train_set = RLDataset(d.train_files, self.tokenizer, d.max_prompt_length, d.truncation, d.prompt_key)
+        self.train_loader = RLDataLoader(self.train_set, d.train_batch_size, shuffle=d.shuffle, seed=d.seed)
+        self.val_set = (
+            RLDataset(d.val_files, self.tokenizer, d.max_prompt_length, d.truncation, d.prompt_key,
+                      max_samples=d.val_max_samples)
+            if d.val_files else None
+        )
+        if len(self.train_loader) == 0:
+            raise_user(f"data.train_batch_size={d.train_batch_size} is larger than the {len(self.train_set)} "
+                       f"training prompts in {d.train_files}; lower it")
+        self.total_steps = cfg.trainer.total_training_steps or len(self.train_loader) * cfg.trainer.total_epochs
+        rm = cfg.reward_model
+        self.reward_fn = RewardManager(
+            self.tokenizer, scorer_overrides=rm.overrides, custom_fn=_custom_fn(cfg),
+            num_workers=rm.num_workers, timeout_s=rm.timeout_s, scorer_kwargs=rm.scorer_kwargs,
+        )
+        kl = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
+        self.workers = workers or build_workers(cfg, self.model_path, self.total_steps)
+        self.global_step = 0
+        self.tracker = tracker
+        self.ckpt_root = Path(cfg.trainer.default_local_dir).expanduser()
+
+    # ------------------------------------------------------------------ loop
+    def fit(self) -> FitSummary:
+        summary = FitSummary()
+        self._maybe_resume()
+        if self.val_set is not None and self.cfg.trainer.val_before_train:
+            summary.first_val = self.validate()
+            self._log(summary.first_val)
+        self._data_iter = data_iter = self._batches()
+        while self.global_step < self.total_steps:
+            prompts = next(data_iter)
+            self.global_step += 1
+            start = time.perf_counter()
+            metrics = self.train_step(prompts)
+            step_s = time.perf_counter() - start
+            metrics["timing_s/step"] = step_s
+            metrics["perf/throughput"] = metrics.pop("_tokens", 0.0) / step_s
+            metrics["training/epoch"] = self.train_loader.epoch
+            summary.train_scores.append(metrics.get("critic/score/mean", float("nan")))
+            summary.step_seconds.append(step_s)
+            last = self.global_step == self.total_steps
+            tf = self.cfg.trainer.test_freq
+            if self.val_set is not None and (last or (tf > 0 and self.global_step % tf == 0)):
+                summary.last_val = self.validate()
+                metrics.update(summary.last_val)
+            sf = self.cfg.trainer.save_freq
+            if last or (sf > 0 and self.global_step % sf == 0):
+                summary.checkpoint = str(self.save_checkpoint())
+            self._log(metrics)
+        summary.steps = self.global_step
+        return summary
+
+    def train_step(self, prompts: Batch) -> dict[str, Any]:
+        cfg, w, timer = self.cfg, self.workers, Timer()
+        with timer("gen"):
+            batch, gen_metrics = self._rollout(prompts, timer)
+        if cfg.trainer.balance_batch:
+            batch.reorder(balance_across_ranks(batch, w.world_size))
+        one_pass = cfg.actor_rollout_ref.actor.ppo_epochs == 1 and (
+            cfg.actor_rollout_ref.actor.ppo_mini_batch_size == cfg.data.train_batch_size
+        )
+        if cfg.actor_rollout_ref.actor.recompute_old_log_prob or not one_pass or cfg.algorithm.use_kl_in_reward:
+            with timer("old_log_prob"):
+                batch.union(w.actor.compute_log_prob(batch))
+            if "rollout_log_probs" in batch:
+                gap = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * batch["response_mask"]
+                gen_metrics["rollout/log_prob_abs_diff"] = float(gap.sum() / batch["response_mask"].sum().clamp(min=1))
+        if w.ref is not None:
+            with timer("ref"):
+                batch.union(w.ref.compute_ref_log_prob(batch))
+        if w.critic is not None:
+            with timer("values"):
+                batch.union(w.critic.compute_values(batch))
+        with timer("adv"):
+            gen_metrics.update(shape_rewards(batch, cfg, self.kl_ctrl))
+            compute_advantages(batch, cfg)
+        if w.critic is not None:
+            with timer("update_critic"):
+                batch.union(w.critic.update_critic(batch))
+        with timer("update_actor"):
+            batch.union(w.actor.update_actor(batch))
+        with timer("update_weights"):
+            sync = w.rollout.sync_weights()
+        worker_metrics = batch.meta.get("metrics", {})
+        metrics = {
+            **reduce_metrics(worker_metrics), **reduce_metrics({k: [s[k] for s in sync] for k in sync[0]}),
+            **compute_data_metrics(batch), **gen_metrics, **timer.seconds,
+        }
+        metrics["_tokens"] = float(batch["attention_mask"].sum())
+        return metrics
+
+    # ------------------------------------------------------------- rollout
+    def _rollout(self, prompts: Batch, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        """Generate n samples per prompt and score them; with dynamic sampling, refill until the batch is full."""
+        cfg = self.cfg
+        n = cfg.actor_rollout_ref.rollout.n
+        kept: list[Batch] = []
+        metrics: dict[str, float] = {}
+        target = len(prompts) * n
+        filt = cfg.algorithm.filter_groups
+        for attempt in range(max(1, filt.max_num_gen_batches if filt.enable else 1)):
+            if attempt > 0:
+                prompts = next(self._data_iter)
+            gen = repeat_with_uids(prompts, n)
+            out = self.workers.rollout.generate_sequences(gen.select(PROMPT_KEYS), blocking=True)
+            out.non_tensors.update(gen.non_tensors)
+            with timer("reward"):
+                out.union(self.reward_fn(out))
+            if not filt.enable:
+                return out, {}
+            score = out["token_level_scores"].sum(-1)
+            result = dynamic_sampling_filter(score.numpy(), out["uid"])
+            metrics["dapo/kept_groups"] = metrics.get("dapo/kept_groups", 0) + result.kept_groups
+            metrics["dapo/gen_batches"] = attempt + 1
+            kept.append(out.index(result.keep_indices))
+            if sum(len(k) for k in kept) >= target:
+                break
+        batch = Batch.concat(kept)
+        if len(batch) == 0:
+            raise RuntimeError("dynamic sampling kept no group: every group had identical rewards")
+        usable = (len(batch) // (n * self.workers.world_size)) * n * self.workers.world_size
+        usable = min(usable or len(batch), target)
+        return batch[:usable], metrics
+
+    def _batches(self):
+        while True:
+            yield from self.train_loader
+
+    # ----------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        assert self.val_set is not None
+        start = time.perf_counter()
+        n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
+        bs = self.cfg.data.val_batch_size or len(self.val_set)
+        outs = []
+        for i in range(0, len(self.val_set), bs):
+            prompts = self.val_set.get_batch(np.arange(i, min(i + bs, len(self.val_set))))
+            gen = repeat_with_uids(prompts, n)
+            out = self.workers.rollout.generate_sequences(gen.select(PROMPT_KEYS), validate=True)
+            out.non_tensors.update(gen.non_tensors)
+            out.union(self.reward_fn(out))
+            outs.append(out)
+        batch = Batch.concat(outs)
+        metrics = validation_metrics(batch, n)
+        metrics["timing_s/validate"] = time.perf_counter() - start
+        return metrics
+
+    # ---------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path:
+        from rlkit.utils.checkpoint_io import begin_checkpoint, commit_checkpoint, save_rng_state
+
+        tmp = begin_checkpoint(self.ckpt_root, self.global_step)
+        self.workers.actor.save_checkpoint(str(tmp / "actor"))
+        if self.workers.critic is not None:
+            self.workers.critic.save_checkpoint(str(tmp / "critic"))
+        self.tokenizer.save_pretrained(tmp / "actor" / "tokenizer")
+        state = {
+            "global_step": self.global_step,
+            "dataloader": self.train_loader.state_dict(),
+            "rng": save_rng_state(),
+            "kl_coef": float(self.kl_ctrl.value),
+        }
+        torch.save(state, tmp / "trainer_state.pt")
+        (tmp / "config.json").write_text(json.dumps(_plain(self.cfg), indent=1, default=str))
+        return commit_checkpoint(self.ckpt_root, tmp, self.global_step, self.cfg.trainer.max_actor_ckpt_to_keep)
+
+    def _maybe_resume(self) -> None:
+        from rlkit.utils.checkpoint_io import load_rng_state, resolve_resume
+
+        path = resolve_resume(self.ckpt_root, self.cfg.trainer.resume_mode)
+        if path is None:
+            return
+        log.warning("resuming from %s", path)
+        self.workers.actor.load_checkpoint(str(path / "actor"))
+        if self.workers.critic is not None and (path / "critic").exists():
+            self.workers.critic.load_checkpoint(str(path / "critic"))
+        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        self.global_step = int(state["global_step"])
+        self.train_loader.load_state_dict(state["dataloader"])
+        load_rng_state(state["rng"])
+        try:
+            self.kl_ctrl.value = state.get("kl_coef", self.kl_ctrl.value)
+        except AttributeError:  # a controller whose value is derived, not stored
+            pass
+        self.workers.rollout.sync_weights()
+        self.resumed_from = path
+
+    def _log(self, metrics: dict[str, Any]) -> None:
+        if self.tracker is not None:
+            self.tracker.log(metrics, step=self.global_step)
+
+
+def raise_user(msg: str) -> None:
+    from rlkit.errors import UserError
+
+    raise UserError(msg)
+
+
+def _custom_fn(cfg: RLConfig) -> dict | None:
+    c = cfg.custom_reward_function
+    return {"path": c.path, "name": c.name} if c.path else None
+
+
+def _plain(cfg: RLConfig) -> dict:
+    from rlkit.trainer.config import to_dict
+
+    return to_dict(cfg)
+
+
+__all__ = ["RLTrainer", "FitSummary", "critic_enabled", "ref_needed"]

@@ -1,0 +1,128 @@
+"""Driver-side pieces of a step that are not worker calls: uids, rewards -> advantages, metrics.
+
+Kept apart from the fit loop so the loop reads as the algorithm and these stay
+unit-testable without Ray.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from rlkit.algo import ADV_ESTIMATORS
+from rlkit.algo.dapo import overlong_reward_shaping
+from rlkit.algo.kl import apply_kl_penalty
+from rlkit.protocol import Batch
+from rlkit.trainer.config_schema import RLConfig
+
+
+class Timer:
+    """`with timer("gen"):` accumulates seconds under `timing_s/gen`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[f"timing_s/{name}"] += time.perf_counter() - start
+
+
+def repeat_with_uids(prompts: Batch, n: int) -> Batch:
+    """Give each prompt a uid, then repeat it n times (interleaved) so the samples of a group are adjacent."""
+    prompts["uid"] = np.array([uuid.uuid4().hex for _ in range(len(prompts))], dtype=object)
+    return prompts.repeat(n, interleave=True)
+
+
+def shape_rewards(batch: Batch, cfg: RLConfig, kl_ctrl) -> dict[str, float]:
+    """token_level_scores -> token_level_rewards: optional overlong penalty and in-reward KL."""
+    metrics: dict[str, float] = {}
+    scores = batch["token_level_scores"].clone()
+    overlong = cfg.reward_model.overlong_buffer
+    if overlong.get("enable"):
+        lengths = batch["response_mask"].sum(-1)
+        penalty = overlong_reward_shaping(
+            lengths, cfg.data.max_response_length, int(overlong["len"]), float(overlong["penalty_factor"])
+        )
+        last = (batch["response_mask"].long() * torch.arange(scores.shape[1])).argmax(-1)
+        scores[torch.arange(len(scores)), last] += penalty
+        metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
+    if cfg.algorithm.use_kl_in_reward:
+        rewards, kl_metrics = apply_kl_penalty(
+            scores, batch["old_log_probs"], batch["ref_log_prob"], batch["response_mask"].float(),
+            kl_ctrl, cfg.algorithm.kl_penalty,
+        )
+        metrics.update(kl_metrics)
+    else:
+        rewards = scores
+    batch["token_level_rewards"] = rewards
+    return metrics
+
+
+def compute_advantages(batch: Batch, cfg: RLConfig) -> None:
+    """Look the estimator up by name and write `advantages` and `returns` into the batch."""
+    algo = cfg.algorithm
+    estimator = ADV_ESTIMATORS.get(algo.adv_estimator)
+    advantages, returns = estimator(
+        batch["token_level_rewards"],
+        batch["response_mask"].float(),
+        index=batch["uid"] if "uid" in batch else None,
+        values=batch["values"] if "values" in batch else None,
+        gamma=algo.gamma,
+        lam=algo.lam,
+        norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
+        reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
+    )
+    batch["advantages"] = advantages.float()
+    batch["returns"] = returns.float()
+
+
+def reduce_metrics(metrics: dict) -> dict[str, float]:
+    """Lists of per-rank/per-micro values -> their mean (timings: the max, the slowest rank sets the pace)."""
+    out = {}
+    for k, v in metrics.items():
+        vals = v if isinstance(v, list) else [v]
+        vals = [float(x) for x in vals if x is not None]
+        if not vals:
+            continue
+        out[k] = max(vals) if k.startswith("timing_s/") else float(np.mean(vals))
+    return out
+
+
+def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
+    """mean@n, best@n and (when the scorer reports `pred`) maj@n of the score, per data_source."""
+    scores = batch["token_level_scores"].sum(-1).numpy()
+    sources = batch["data_source"]
+    uids = batch["uid"]
+    preds = batch["reward_extra/pred"] if "reward_extra/pred" in batch else None
+    out: dict[str, float] = {}
+    for ds in sorted(set(sources)):
+        rows = [i for i in range(len(scores)) if sources[i] == ds]
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i in rows:
+            groups[uids[i]].append(i)
+        prefix = f"val/{ds}"
+        out[f"{prefix}/score/mean@{n}"] = float(np.mean(scores[rows]))
+        if n > 1:
+            out[f"{prefix}/score/best@{n}"] = float(np.mean([scores[g].max() for g in groups.values()]))
+            if preds is not None:
+                maj = []
+                for g in groups.values():
+                    votes: dict[str, list[float]] = defaultdict(list)
+                    for i in g:
+                        votes[str(preds[i])].append(scores[i])
+                    best = max(votes.values(), key=len)
+                    maj.append(best[0])
+                out[f"{prefix}/score/maj@{n}"] = float(np.mean(maj))
+        lengths = batch["response_mask"][rows].sum(-1).float()
+        out[f"{prefix}/response_length/mean"] = float(lengths.mean())
+    return out

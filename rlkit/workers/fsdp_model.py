@@ -1,0 +1,242 @@
+"""An HF model sharded with FSDP2 (`fully_shard`): build, forward log-probs/values, optimizer, gather, checkpoint.
+
+One implementation serves the actor, the frozen reference and the critic; the
+roles differ only in whether an optimizer exists and which head is on top.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+from rlkit.algo.utils import entropy_from_logits, logprobs_from_logits
+from rlkit.trainer.config_schema import FSDPConfig, OptimConfig
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto` = bf16 on GPU (fast, the field's default) and fp32 on CPU (bf16 matmuls are slow there)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+@dataclass
+class ForwardOut:
+    log_probs: torch.Tensor | None = None  # (b, R)
+    entropy: torch.Tensor | None = None  # (b, R)
+    values: torch.Tensor | None = None  # (b, R)
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks, each its own FSDP unit (so only one is gathered at a time)."""
+    for attr in ("model", "transformer", "gpt_neox", "backbone"):
+        inner = getattr(model, attr, None)
+        for name in ("layers", "h", "blocks"):
+            layers = getattr(inner, name, None) if inner is not None else None
+            if isinstance(layers, torch.nn.ModuleList):
+                return list(layers)
+    return []
+
+
+def lr_lambda(optim: OptimConfig, total_steps: int):
+    """Linear warmup, then constant or cosine down to min_lr_ratio."""
+    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(optim.lr_warmup_steps_ratio * total_steps)
+
+    def fn(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if optim.lr_scheduler_type == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+            return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    return fn
+
+
+def pack_mask(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-diagonal causal mask for the valid tokens of each row, laid end to end (remove-padding)."""
+    valid = attention_mask.bool()
+    seq_id = torch.arange(attention_mask.shape[0], device=valid.device).unsqueeze(1).expand_as(valid)[valid]
+    t = seq_id.shape[0]
+    causal = torch.arange(t, device=valid.device)
+    allowed = (seq_id[:, None] == seq_id[None, :]) & (causal[:, None] >= causal[None, :])
+    return valid, allowed[None, None]
+
+
+class FSDPModel:
+    """A causal LM (or a value model) wrapped with FSDP2 on the default process group."""
+
+    def __init__(
+        self,
+        model_path: str,
+        fsdp: FSDPConfig,
+        device: torch.device,
+        *,
+        value_head: bool = False,
+        gradient_checkpointing: bool = False,
+        attn_implementation: str = "sdpa",
+        trust_remote_code: bool = False,
+    ) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+        self.device = device
+        self.value_head = value_head
+        self.param_dtype = resolve_dtype(fsdp.param_dtype, device)
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+        if value_head:
+            config.num_labels = 1
+            model = AutoModelForTokenClassification.from_pretrained(model_path, config=config, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_path, config=config, **kwargs)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.config = model.config
+        mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])
+        offload = CPUOffloadPolicy() if (fsdp.param_offload and device.type == "cuda") else None
+        shard_kwargs = {"mp_policy": mp}
+        if offload is not None:
+            shard_kwargs["offload_policy"] = offload
+        for layer in _decoder_layers(model):
+            fully_shard(layer, **shard_kwargs)
+        fully_shard(model, **shard_kwargs)
+        if offload is None:
+            model.to(device)
+        self.module = model
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+
+    # ------------------------------------------------------------ training
+    def setup_optimizer(self, optim: OptimConfig, total_steps: int) -> None:
+        self.optimizer = torch.optim.AdamW(
+            self.module.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim, total_steps))
+
+    def clip_and_step(self, max_norm: float) -> float:
+        """Clip the global grad norm, step if finite; returns the norm (nan/inf = step skipped)."""
+        assert self.optimizer is not None
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        norm_f = float(norm)
+        if math.isfinite(norm_f):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm_f
+
+    # ------------------------------------------------------------- forward
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        response_length: int,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        remove_padding: bool = True,
+        chunk_size: int = 1024,
+    ) -> ForwardOut:
+        """Log-probs (and entropy) of the response tokens, or values when this is a critic."""
+        input_ids, attention_mask, position_ids = (t.to(self.device) for t in (input_ids, attention_mask, position_ids))
+        if remove_padding:
+            valid, mask4d = pack_mask(attention_mask)
+            out = self.module(
+                input_ids=input_ids[valid].unsqueeze(0),
+                position_ids=position_ids[valid].unsqueeze(0),
+                attention_mask=mask4d,
+                use_cache=False,
+            )
+            packed = out.logits[0]  # (T, V) or (T, 1)
+            full = packed.new_zeros((*input_ids.shape, packed.shape[-1]))
+            full[valid] = packed
+            logits = full
+        else:
+            logits = self.module(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            ).logits
+        if self.value_head:
+            values = logits[:, -response_length - 1 : -1, 0].float()
+            return ForwardOut(values=values)
+        resp_logits = logits[:, -response_length - 1 : -1, :]
+        if temperature != 1.0:
+            resp_logits = resp_logits / temperature
+        responses = input_ids[:, -response_length:]
+        flat = resp_logits.reshape(-1, resp_logits.shape[-1])
+        lp = logprobs_from_logits(flat, responses.reshape(-1), chunk_size=chunk_size).view(responses.shape)
+        ent = entropy_from_logits(flat, chunk_size=chunk_size).view(responses.shape) if with_entropy else None
+        return ForwardOut(log_probs=lp, entropy=ent)
+
+    # ------------------------------------------------------- weights out
+    def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (HF name, full tensor) one parameter at a time; every rank must iterate (collective)."""
+        for name, tensor in self.module.state_dict().items():
+            if hasattr(tensor, "full_tensor"):
+                tensor = tensor.full_tensor()
+            yield name, tensor.detach()
+
+    def full_state_dict(self, to_cpu: bool = True) -> dict[str, torch.Tensor]:
+        return {k: (v.cpu() if to_cpu else v) for k, v in self.iter_full_params()}
+
+    # ------------------------------------------------------- checkpoints
+    def save(self, path: Path, with_optimizer: bool = True) -> None:
+        """Sharded save with torch.distributed.checkpoint (each rank writes its shards)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        state = {"model": get_model_state_dict(self.module)}
+        if with_optimizer and self.optimizer is not None:
+            state["optim"] = get_optimizer_state_dict(self.module, self.optimizer)
+        dcp.save(state, checkpoint_id=str(path))
+        if dist.get_rank() == 0:
+            self.config.save_pretrained(path / "hf_config")
+            if self.scheduler is not None:
+                torch.save(self.scheduler.state_dict(), path / "scheduler.pt")
+
+    def load(self, path: Path, with_optimizer: bool = True) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        state = {"model": get_model_state_dict(self.module)}
+        if with_optimizer and self.optimizer is not None:
+            state["optim"] = get_optimizer_state_dict(self.module, self.optimizer)
+        dcp.load(state, checkpoint_id=str(path))
+        set_model_state_dict(self.module, state["model"])
+        if "optim" in state:
+            set_optimizer_state_dict(self.module, self.optimizer, state["optim"])
+        sched = path / "scheduler.pt"
+        if self.scheduler is not None and sched.exists():
+            self.scheduler.load_state_dict(torch.load(sched, weights_only=False))
+
+
+def export_hf(checkpoint_actor_dir: Path, out_dir: Path, tokenizer_dir: Path | None = None) -> Path:
+    """Turn a sharded actor checkpoint into a plain HF folder, in one process (no cluster needed)."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(checkpoint_actor_dir / "hf_config")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(checkpoint_actor_dir), no_dist=True)
+    model.load_state_dict(state["model"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    if tokenizer_dir is not None and tokenizer_dir.exists():
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
+    return out_dir

@@ -1,0 +1,73 @@
+"""Rollout role: the generation engine living next to the actor (hybrid engine).
+
+Cycle per step: sync (if the actor changed) -> wake -> generate -> sleep. The
+sync pulls full tensors from the colocated actor one parameter at a time, so
+the process never holds a second full copy of the model in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from rlkit.controller import Dispatch, Worker, local_role, register
+from rlkit.protocol import Batch
+from rlkit.trainer.config_schema import RLConfig
+from rlkit.workers.rollout.base import ROLLOUT_BACKENDS
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process(os.getpid()).memory_info().rss / 2**20
+
+
+class RolloutWorker(Worker):
+    def __init__(self, cfg: RLConfig, model_path: str) -> None:
+        super().__init__()
+        self.cfg, self.model_path = cfg, model_path
+        self._stale = False
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict:
+        import rlkit.workers.rollout  # noqa: F401  (registers the backends)
+
+        start = time.perf_counter()
+        rollout = self.cfg.actor_rollout_ref.rollout
+        backend = ROLLOUT_BACKENDS.get(rollout.name)
+        self.engine = backend(self.model_path, rollout)
+        if rollout.free_cache_engine:
+            self.engine.sleep(rollout.sleep_level)
+        return {"backend": rollout.name, "init_s": time.perf_counter() - start}
+
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def generate_sequences(self, batch: Batch, validate: bool = False) -> Batch:
+        rollout = self.cfg.actor_rollout_ref.rollout
+        start = time.perf_counter()
+        rss_sleep = _rss_mb()
+        self.engine.wake_up()
+        rss_awake = _rss_mb()
+        sampling = rollout.to_val_sampling() if validate else rollout.to_sampling()
+        if rollout.seed is not None:
+            sampling.seed = rollout.seed + self.rank
+        out = self.engine.generate(batch, sampling)
+        gen_s = time.perf_counter() - start
+        if rollout.free_cache_engine:
+            self.engine.sleep(rollout.sleep_level)
+        tokens = float(out["response_mask"].sum())
+        out.meta.setdefault("metrics", {})
+        out.meta["metrics"] = {
+            "timing_s/gen": gen_s,
+            "perf/rollout_tokens_per_s": tokens / max(gen_s, 1e-9),
+            "perf/rollout_rss_mb_asleep": rss_sleep,
+            "perf/rollout_rss_mb_awake": rss_awake,
+        }
+        return out
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def sync_weights(self) -> dict:
+        """Stream the actor's current weights into the engine (every rank takes part in the gather)."""
+        start = time.perf_counter()
+        actor = local_role("actor")
+        nbytes = self.engine.update_weights(actor.model.iter_full_params())
+        return {"timing_s/update_weights": time.perf_counter() - start, "perf/update_weights_mb": nbytes / 2**20}
