@@ -1,0 +1,117 @@
+"""Policy-gradient losses, looked up by `actor.policy_loss.loss_mode`.
+
+Shared signature:
+
+    fn(old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low=0.2, clip_ratio_high=0.2,
+       clip_ratio_c=3.0, loss_agg_mode="token-mean", rollout_is_weights=None, **_)
+    -> {"pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"}
+
+`pg_loss` carries the gradient; the other entries are detached scalars for logging.
+`rollout_is_weights` (B, R), detached, multiply the per-token loss: truncated
+importance sampling that corrects for the rollout engine's numerics differing from
+the trainer's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rlkit.algo.utils import agg_loss, masked_mean
+from rlkit.registry import Registry
+
+PolicyLoss = Callable[..., dict[str, torch.Tensor]]
+
+#: name -> loss fn; see the module docstring for the shared signature.
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+
+#: bound on log-ratios before exp(), so a stale or diverged sample cannot produce inf.
+MAX_LOG_RATIO = 20.0
+
+
+def _weighted(loss_mat: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    return loss_mat if rollout_is_weights is None else loss_mat * rollout_is_weights.detach()
+
+
+def _clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic max(-A r, -A clip(r, 1-low, 1+high)) and where the clip was active."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped)
+
+
+@POLICY_LOSSES.register("vanilla", "ppo")
+def vanilla(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
+    loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    **_: Any,
+) -> dict[str, torch.Tensor]:
+    """Token-level PPO clip with separate low/high bounds (DAPO clip-higher) and dual-clip.
+
+    Dual-clip: for A < 0 the clipped objective is unbounded as the ratio grows, so
+    the loss is capped at -A * c (c > 1); `clip_ratio_c=None` disables it.
+    """
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip, got {clip_ratio_c}")
+    log_ratio = torch.clamp(log_prob - old_log_prob, -MAX_LOG_RATIO, MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    loss, clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
+    lower = torch.zeros_like(clipped)
+    if clip_ratio_c is not None:
+        cap = -advantages * clip_ratio_c
+        lower = (advantages < 0) & (loss > cap)
+        loss = torch.where(advantages < 0, torch.minimum(loss, cap), loss)
+    mask = response_mask
+    return {
+        "pg_loss": agg_loss(_weighted(loss, rollout_is_weights), mask, loss_agg_mode),
+        "pg_clipfrac": masked_mean(clipped.float(), mask).detach(),
+        "ppo_kl": masked_mean(-log_ratio, mask).detach(),
+        "pg_clipfrac_lower": masked_mean(lower.float(), mask).detach(),
+    }
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
+    loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    **_: Any,
+) -> dict[str, torch.Tensor]:
+    """GSPO: clip the sequence-level ratio s = exp(mean_t log r_t) (geometric mean of token ratios).
+
+    Per token we use log s_i.detach() + log_prob_t - log_prob_t.detach(): its value is
+    log s_i, and its gradient is d log_prob_t, so every token of sequence i is scaled
+    by the same s_i. GSPO usually pairs with `seq-mean-token-mean` and clip ranges
+    around 3e-4 / 4e-4; both come from the config. `clip_ratio_c` is unused.
+    """
+    mask = response_mask
+    log_ratio = log_prob - old_log_prob
+    seq_log_ratio = masked_mean(log_ratio, mask, dim=-1, keepdim=True)
+    token_log_ratio = seq_log_ratio.detach() + log_prob - log_prob.detach()
+    ratio = torch.exp(torch.clamp(token_log_ratio, max=MAX_LOG_RATIO / 2))
+    loss, clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
+    return {
+        "pg_loss": agg_loss(_weighted(loss, rollout_is_weights), mask, loss_agg_mode),
+        "pg_clipfrac": masked_mean(clipped.float(), mask).detach(),
+        "ppo_kl": masked_mean(-log_ratio, mask).detach(),
+        "pg_clipfrac_lower": log_prob.new_zeros(()),
+    }

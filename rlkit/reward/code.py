@@ -1,0 +1,169 @@
+"""`code` scorer: run the model's Python program against tests in the sandbox.
+
+Two test formats, read from `extra_info` (keys at top level) or from the ground
+truth (a JSON string or dict):
+
+* `{"tests": ["assert f(1) == 2", ...]}`: the program is executed once, then each
+  assert runs as its own check (own time limit) in the same process;
+* `{"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}`: one sandboxed run per
+  case, stdin in, stdout compared line by line (trailing whitespace ignored).
+
+Score = fraction of checks passed. `error` is the first failure's kind
+(ok / wrong_answer / runtime_error / timeout / memory / syntax_error / output_limit).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from rlkit.errors import UserError
+from rlkit.reward.registry import SCORERS
+from rlkit.reward.sandbox import SandboxJob, SandboxLimits, run_many, run_program
+
+_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_PY_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+
+# Runs inside the sandbox. The result line carries a nonce read from stdin, so a
+# program printing a fake result line does not count as passing.
+_HARNESS = r"""
+import json as _json, signal as _signal, sys as _sys
+_nonce = _sys.stdin.readline().strip()
+_SOLUTION = {solution!r}
+_TESTS = {tests!r}
+_PER_TEST_S = {per_test_s!r}
+class _Timeout(BaseException):
+    pass
+def _alarm(*_):
+    raise _Timeout()
+_signal.signal(_signal.SIGALRM, _alarm)
+def _kind(exc):
+    if isinstance(exc, _Timeout):
+        return "timeout"
+    if isinstance(exc, MemoryError):
+        return "memory"
+    if isinstance(exc, AssertionError):
+        return "wrong_answer"
+    if isinstance(exc, SyntaxError):
+        return "syntax_error"
+    return "runtime_error"
+def _run(src, ns, name):
+    _signal.setitimer(_signal.ITIMER_REAL, _PER_TEST_S)
+    try:
+        exec(compile(src, name, "exec"), ns)
+        return "ok"
+    except BaseException as exc:
+        return _kind(exc)
+    finally:
+        _signal.setitimer(_signal.ITIMER_REAL, 0)
+_ns = {{"__name__": "solution"}}
+_setup = _run(_SOLUTION, _ns, "solution.py")
+_results = [_setup if _setup != "ok" else _run(_t, _ns, "test_%d" % _i) for _i, _t in enumerate(_TESTS)]
+_sys.__stdout__.write("\n" + _nonce + _json.dumps(_results) + "\n")
+_sys.__stdout__.flush()
+"""
+
+
+def extract_code(response: str) -> str:
+    """The last ```python fenced block (else the last plain ``` block, else the whole text)."""
+    blocks = _PY_FENCE.findall(response) or _FENCE.findall(response)
+    return blocks[-1] if blocks else response
+
+
+def load_tests(ground_truth: Any, extra_info: Mapping | None) -> dict:
+    """Tests from extra_info (preferred) or the ground truth; a clear error when there are none."""
+    if isinstance(extra_info, Mapping) and ("tests" in extra_info or "inputs" in extra_info):
+        spec: Any = extra_info
+    else:
+        spec = ground_truth
+        if isinstance(spec, str):
+            try:
+                spec = json.loads(spec)
+            except ValueError:
+                raise UserError(
+                    "code scorer: ground_truth is not JSON tests ({'tests': [...]} or inputs/outputs)"
+                ) from None
+    if isinstance(spec, Mapping) and "tests" in spec:
+        return {"tests": [str(t) for t in spec["tests"]]}
+    if isinstance(spec, Mapping) and "inputs" in spec and "outputs" in spec:
+        if len(spec["inputs"]) != len(spec["outputs"]):
+            raise UserError("code scorer: 'inputs' and 'outputs' have different lengths")
+        return {"inputs": [str(x) for x in spec["inputs"]], "outputs": [str(x) for x in spec["outputs"]]}
+    raise UserError("code scorer: no tests found; give {'tests': [...]} or {'inputs': [...], 'outputs': [...]}")
+
+
+def _same_output(got: str, want: str) -> bool:
+    norm = lambda s: [line.rstrip() for line in s.strip().splitlines()]
+    return norm(got) == norm(want)
+
+
+def _first_failure(kinds: list[str]) -> str:
+    return next((k for k in kinds if k != "ok"), "ok")
+
+
+def _run_asserts(code: str, tests: list[str], limits: SandboxLimits, per_test_s: float) -> list[str]:
+    """One sandboxed run: the program, then each assert with its own alarm; a kind per assert."""
+    nonce = secrets.token_hex(16)
+    program = _HARNESS.format(solution=code, tests=tests, per_test_s=per_test_s)
+    res = run_program(program, stdin=nonce + "\n", limits=limits)
+    marker = next((ln for ln in reversed(res.stdout.splitlines()) if ln.startswith(nonce)), None)
+    if marker is None:  # killed, crashed or exited early: every check fails with the run's status
+        return [res.status if res.status != "ok" else "runtime_error"] * len(tests)
+    return json.loads(marker[len(nonce) :])
+
+
+def _run_io(code: str, spec: dict, limits: SandboxLimits, workers: int, total_s: float) -> list[str]:
+    """One sandboxed run per case, `workers` at a time; cases left after `total_s` count as timeouts."""
+    deadline = time.monotonic() + total_s
+    kinds: list[str] = []
+    cases = list(zip(spec["inputs"], spec["outputs"]))
+    for i in range(0, len(cases), workers):
+        chunk = cases[i : i + workers]
+        if time.monotonic() >= deadline:
+            kinds += ["timeout"] * len(chunk)
+            continue
+        results = run_many([SandboxJob(code, stdin, limits) for stdin, _ in chunk], max_workers=workers)
+        for res, (_, want) in zip(results, chunk):
+            if res.status != "ok":
+                kinds.append(res.status)
+            else:
+                kinds.append("ok" if _same_output(res.stdout, want) else "wrong_answer")
+    return kinds
+
+
+@SCORERS.register("code")
+def code_score(
+    response: str,
+    ground_truth: Any,
+    extra_info: Mapping | None = None,
+    *,
+    timeout_s: float = 3.0,
+    total_timeout_s: float = 8.0,
+    memory_mb: int = 1024,
+    workers: int = 1,
+    **_: Any,
+) -> dict:
+    """Pass fraction of the program extracted from `response` on the row's tests.
+
+    `timeout_s` bounds each check, `total_timeout_s` the whole sample; keep the latter
+    below the RewardManager's per-sample timeout (10 s by default).
+    """
+    tests = load_tests(ground_truth, extra_info)
+    code = extract_code(response)
+    if "tests" in tests:
+        wall = min(timeout_s * (len(tests["tests"]) + 1), total_timeout_s)
+        kinds = _run_asserts(code, tests["tests"], SandboxLimits(wall_s=wall, memory_mb=memory_mb), timeout_s)
+    else:
+        limits = SandboxLimits(wall_s=timeout_s, memory_mb=memory_mb)
+        kinds = _run_io(code, tests, limits, max(1, workers), total_timeout_s)
+    passed = sum(k == "ok" for k in kinds)
+    return {
+        "score": passed / len(kinds) if kinds else 0.0,
+        "error": _first_failure(kinds),
+        "passed": passed,
+        "total": len(kinds),
+    }

@@ -1,0 +1,263 @@
+"""RewardManager: decode responses, score them by data_source, place the score on
+the last response token.
+
+Scorers run in worker threads (code scorers wait on subprocesses, math scorers
+can be slow) with a per-sample timeout. A scorer that raises or runs past the
+timeout costs that sample a 0 and one logged error; the batch always completes.
+A timed-out thread cannot be killed: it is abandoned (daemon) and frees its slot,
+so a stuck scorer never stalls the batch; sandboxed code still dies at its own
+wall limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlkit.errors import UserError
+from rlkit.protocol import METRICS_KEY, Batch
+from rlkit.reward.custom import accepts, load_custom_fn
+from rlkit.reward.registry import get_scorer, scorer_name_for
+
+logger = logging.getLogger(__name__)
+CUSTOM = "custom"
+
+
+@dataclass
+class SampleScore:
+    score: float
+    extras: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # None, "timeout" or "<ExceptionType>: message"
+    scorer: str = ""
+
+
+class RewardManager:
+    """Rule/function-based rewards for a rollout Batch (or for plain texts via `score_texts`).
+
+    scorer_overrides: data_source -> scorer name, on top of `registry.DATA_SOURCES`.
+    custom_fn: a callable, or {"path": ..., "name": ...}; when given it scores every row.
+    scorer_kwargs: scorer name ("custom" for the custom function) -> keyword arguments.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any = None,
+        scorer_overrides: Mapping[str, str] | None = None,
+        custom_fn: Callable[..., Any] | Mapping[str, Any] | None = None,
+        num_workers: int = 4,
+        timeout_s: float = 10.0,
+        scorer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        if isinstance(custom_fn, Mapping):
+            path = custom_fn.get("path")
+            custom_fn = load_custom_fn(path, custom_fn.get("name") or "compute_score") if path else None
+        if num_workers < 1:
+            raise UserError(f"reward num_workers must be >= 1, got {num_workers}")
+        if timeout_s <= 0:
+            raise UserError(f"reward timeout_s must be > 0, got {timeout_s}")
+        self.tokenizer = tokenizer
+        self.scorer_overrides = dict(scorer_overrides or {})
+        self.custom_fn = custom_fn
+        self.num_workers = num_workers
+        self.timeout_s = float(timeout_s)
+        self.scorer_kwargs = {k: dict(v) for k, v in (scorer_kwargs or {}).items()}
+        self._logged: set[tuple[str, str]] = set()
+        self._log_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:  # picklable for Ray: locks do not travel
+        state = dict(self.__dict__)
+        state.pop("_log_lock")
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._log_lock = threading.Lock()
+
+    # ----------------------------------------------------------------- batch
+    def __call__(self, batch: Batch) -> Batch:
+        return self.compute(batch)
+
+    def compute(self, batch: Batch) -> Batch:
+        """A new Batch: `token_level_scores` (B,R), `reward_extra/<name>` and `meta['metrics']`.
+
+        The text scored is the response up to its last `response_mask` token (tool
+        tokens in between included), decoded without special tokens. A response with
+        no valid token scores as "" and its score sits on position 0.
+        """
+        if self.tokenizer is None:
+            raise UserError("RewardManager.compute needs a tokenizer; use score_texts for decoded text")
+        for key in ("responses", "data_source"):
+            if key not in batch:
+                raise UserError(f"reward: the batch has no '{key}'; keys: {batch.keys()}")
+        responses = batch["responses"]
+        mask = batch["response_mask"] if "response_mask" in batch else (responses != self.tokenizer.pad_token_id)
+        mask = mask.to(torch.long)
+        positions = torch.arange(responses.shape[1], device=mask.device)
+        last = (mask * positions).argmax(dim=-1).cpu()  # last valid token (0 when there is none)
+        lengths = torch.where(mask.any(dim=-1).cpu(), last + 1, 0).tolist()
+        ids = [row[:n] for row, n in zip(responses.cpu().tolist(), lengths)]
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        reward_model = batch["reward_model"] if "reward_model" in batch else [None] * len(batch)
+        ground_truths = [rm.get("ground_truth") if isinstance(rm, Mapping) else None for rm in reward_model]
+        extra_infos = batch["extra_info"] if "extra_info" in batch else [None] * len(batch)
+        data_sources = [str(d) for d in batch["data_source"]]
+        results = self.score_texts(texts, ground_truths, data_sources, extra_infos)
+
+        scores = torch.zeros(responses.shape, dtype=torch.float32)
+        scores[torch.arange(len(results)), last] = torch.tensor([r.score for r in results], dtype=torch.float32)
+        extra_names = sorted({k for r in results for k in r.extras})
+        non_tensors = {f"reward_extra/{k}": [r.extras.get(k) for r in results] for k in extra_names}
+        return Batch({"token_level_scores": scores}, non_tensors, {METRICS_KEY: summarize(results, data_sources)})
+
+    # ------------------------------------------------------------------ text
+    def score_texts(
+        self,
+        responses: Sequence[str],
+        ground_truths: Sequence[Any],
+        data_sources: Sequence[str],
+        extra_infos: Sequence[Mapping | None] | None = None,
+    ) -> list[SampleScore]:
+        """Score decoded responses; never raises for a scorer failure (see SampleScore.error)."""
+        n = len(responses)
+        if not (len(ground_truths) == len(data_sources) == n):
+            raise ValueError("score_texts: responses, ground_truths and data_sources differ in length")
+        extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
+        names = {ds: (CUSTOM if self.custom_fn else scorer_name_for(ds, self.scorer_overrides)) for ds in data_sources}
+        fns = {name: (self.custom_fn if name == CUSTOM else get_scorer(name)) for name in set(names.values())}
+        calls = [
+            self._bind(fns[names[ds]], names[ds], ds, resp, gt, info)
+            for resp, gt, ds, info in zip(responses, ground_truths, data_sources, extra_infos)
+        ]
+        outcomes = _run_with_timeouts(calls, self.num_workers, self.timeout_s)
+        results = []
+        for ds, (kind, value, tb) in zip(data_sources, outcomes):
+            name = names[ds]
+            if kind == "ok":
+                try:
+                    results.append(_normalize(value, name))
+                    continue
+                except (TypeError, ValueError) as exc:
+                    kind, value, tb = "error", exc, ""
+            error = "timeout" if kind == "timeout" else f"{type(value).__name__}: {value}"
+            self._log_once(name, ds, error, tb)
+            results.append(SampleScore(0.0, {}, error, name))
+        return results
+
+    def _bind(self, fn: Callable[..., Any], name: str, data_source: str, response: str, gt: Any, info: Any):
+        kwargs = dict(self.scorer_kwargs.get(name, {}))
+        if name == CUSTOM and accepts(fn, "data_source"):
+            kwargs["data_source"] = data_source
+        info = dict(info) if isinstance(info, Mapping) else info
+
+        def call() -> Any:
+            out = fn(response, gt, info, **kwargs)
+            if inspect.isawaitable(out):
+                out = asyncio.run(_await(out))
+            return out
+
+        return call
+
+    def _log_once(self, scorer: str, data_source: str, error: str, tb: str) -> None:
+        key = (scorer, error.split(":", 1)[0])
+        with self._log_lock:
+            first = key not in self._logged
+            self._logged.add(key)
+        if first:
+            detail = f"\n{tb}" if tb else ""
+            logger.warning(
+                "reward scorer '%s' failed on data_source '%s' (%s); the sample scores 0. "
+                "Later failures of this kind are counted in reward/errors only.%s",
+                scorer,
+                data_source,
+                error,
+                detail,
+            )
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _normalize(value: Any, scorer: str) -> SampleScore:
+    """float | dict(score=..., **extras) -> SampleScore; anything else is the scorer's error."""
+    extras: dict[str, Any] = {}
+    if isinstance(value, Mapping):
+        if "score" not in value:
+            raise ValueError(f"scorer '{scorer}' returned a dict without 'score' (keys: {sorted(value)})")
+        extras = {k: v for k, v in value.items() if k != "score"}
+        value = value["score"]
+    if not isinstance(value, (bool, int, float, np.bool_, np.number)):
+        raise TypeError(f"scorer '{scorer}' returned {type(value).__name__}, expected a float or a dict")
+    score = float(value)
+    if not math.isfinite(score):
+        raise ValueError(f"scorer '{scorer}' returned a non-finite score {score}")
+    return SampleScore(score, extras, None, scorer)
+
+
+def _run_with_timeouts(calls: Sequence[Callable[[], Any]], workers: int, timeout_s: float) -> list[tuple]:
+    """Run calls on at most `workers` daemon threads; each gets `timeout_s` from its own start.
+
+    Returns (kind, value, traceback) per call, kind in ok / error / timeout.
+    """
+    import traceback
+
+    results: list[tuple | None] = [None] * len(calls)
+    finished: deque[tuple[int, tuple]] = deque()
+    cond = threading.Condition()
+
+    def work(i: int) -> None:
+        try:
+            out = ("ok", calls[i](), "")
+        except BaseException as exc:  # a scorer may raise anything, SystemExit included
+            out = ("error", exc, traceback.format_exc())
+        with cond:
+            finished.append((i, out))
+            cond.notify()
+
+    pending, running = deque(range(len(calls))), {}
+    while pending or running:
+        while pending and len(running) < workers:
+            i = pending.popleft()
+            running[i] = time.monotonic()
+            threading.Thread(target=work, args=(i,), name=f"rlkit-reward-{i}", daemon=True).start()
+        with cond:
+            if not finished:
+                cond.wait(timeout=max(0.0, min(running.values()) + timeout_s - time.monotonic()))
+            done = list(finished)
+            finished.clear()
+        for i, out in done:
+            if running.pop(i, None) is not None:  # a late result of a timed-out call is dropped
+                results[i] = out
+        now = time.monotonic()
+        for i, started in list(running.items()):
+            if now - started >= timeout_s:
+                del running[i]
+                results[i] = ("timeout", None, "")
+    return results  # type: ignore[return-value]
+
+
+def summarize(results: Sequence[SampleScore], data_sources: Sequence[str]) -> dict[str, list[float]]:
+    """Batch metrics: error/timeout counts, mean score overall and per data_source."""
+    metrics: dict[str, list[float]] = {
+        "reward/errors": [float(sum(r.error is not None for r in results))],
+        "reward/timeouts": [float(sum(r.error == "timeout" for r in results))],
+    }
+    if results:
+        metrics["reward/score/mean"] = [float(np.mean([r.score for r in results]))]
+    by_source: dict[str, list[float]] = defaultdict(list)
+    for r, ds in zip(results, data_sources):
+        by_source[ds].append(r.score)
+    for ds, vals in sorted(by_source.items()):
+        metrics[f"reward/{ds}/score/mean"] = [float(np.mean(vals))]
+    return metrics
