@@ -1,0 +1,158 @@
+"""Targeted breakpoints: pause one rank, at one step, or at a named trainer phase.
+
+With N data-parallel ranks a bare `breakpoint()` pauses all N and leaves N
+debuggers to attach; pausing one rank is usually what you want (its peers wait
+in the next collective, which is why debug mode relaxes the timeouts).
+
+- `rlkit.debug.breakpoint(rank=0, step=None)` in code you are editing;
+- `trainer.debug.break_at=actor.update_policy` (env `RLKIT_BREAK_AT`) pauses at a
+  phase the trainer announces with `maybe_break("actor.update_policy")`, no edit needed.
+
+Rules in `RLKIT_BREAK_AT` are comma separated: `PHASE[:rank=N|*][:step=N]`, PHASE may use
+shell wildcards (`actor.*`). The default rank is 0.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import os
+import sys
+from dataclasses import dataclass
+from types import FrameType
+
+from rlkit.errors import UserError
+
+BREAK_AT_ENV = "RLKIT_BREAK_AT"
+RAY_WORKER_HOOK = "ray.util.rpdb.set_trace"  # what Ray puts in PYTHONBREAKPOINT in a worker
+_step: int | None = None
+
+
+def set_step(step: int | None) -> None:
+    """Called by the trainer at the start of each step (in every worker) so `step=` filters work."""
+    global _step
+    _step = step
+
+
+def current_step() -> int | None:
+    return _step
+
+
+def current_rank() -> int:
+    """This process's rank: torch's RANK env var (0 when unset, e.g. a single process)."""
+    try:
+        return int(os.environ.get("RANK", "0") or 0)
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True)
+class BreakRule:
+    phase: str
+    rank: int | None = 0  # None: every rank
+    step: int | None = None  # None: every step
+
+    def matches(self, phase: str, rank: int, step: int | None) -> bool:
+        return (
+            fnmatch.fnmatchcase(phase, self.phase)
+            and (self.rank is None or self.rank == rank)
+            and (self.step is None or self.step == step)
+        )
+
+
+def parse_break_at(spec: str) -> tuple[BreakRule, ...]:
+    """Parse `actor.update_policy:rank=1:step=3,rollout.*` into rules (UserError on typos)."""
+    rules = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        phase, *opts = item.split(":")
+        fields: dict[str, int | None] = {}
+        for opt in opts:
+            key, _, value = opt.partition("=")
+            if key not in ("rank", "step") or not value:
+                raise UserError(f"{BREAK_AT_ENV}: bad option '{opt}' in '{item}'; use PHASE[:rank=N|*][:step=N]")
+            try:
+                fields[key] = None if value == "*" else int(value)
+            except ValueError:
+                raise UserError(f"{BREAK_AT_ENV}: '{opt}' in '{item}' needs a number (or rank=*)") from None
+        rules.append(BreakRule(phase.strip(), **fields))  # type: ignore[arg-type]
+    return tuple(rules)
+
+
+@functools.lru_cache(maxsize=8)
+def _rules_for(spec: str) -> tuple[BreakRule, ...]:
+    return parse_break_at(spec)
+
+
+def break_rules() -> tuple[BreakRule, ...]:
+    return _rules_for(os.environ.get(BREAK_AT_ENV, ""))
+
+
+def breakpoint(rank: int | None = 0, step: int | None = None) -> None:  # noqa: A001 - mirrors the builtin on purpose
+    """Pause here on rank `rank` (None: all ranks), at trainer step `step` (None: any step).
+
+    Goes through `sys.breakpointhook`, so it opens the Ray debugger in a debug run, pdb in
+    the driver, and is a no-op in a worker when debugging is off.
+    """
+    if rank is not None and current_rank() != rank:
+        return
+    if step is not None and _step != step:
+        return
+    _pause(sys._getframe(1))
+
+
+def maybe_break(phase: str) -> bool:
+    """Pause if a `RLKIT_BREAK_AT` rule names `phase` for this rank/step; returns whether it paused."""
+    rules = break_rules()
+    if not rules:
+        return False
+    rank = current_rank()
+    if not any(rule.matches(phase, rank, _step) for rule in rules):
+        return False
+    print(f"[rlkit.debug] pausing at phase '{phase}' (rank {rank}, step {_step})", file=sys.stderr, flush=True)
+    _pause(sys._getframe(1))
+    return True
+
+
+def _pause(frame: FrameType) -> None:
+    """Stop in `frame` (our caller's caller), not inside this helper.
+
+    - Ray worker in a debug run: Ray's debugpy flow (listen, mark the worker paused so the
+      dashboard lists it, wait for a client), with the stop placed on `frame`;
+    - a process already under debugpy (VS Code's "Driver" launch): stop there, on `frame`;
+    - otherwise with the default hook: pdb on `frame`; any other hook (disabled, custom) is honoured.
+    """
+    hook = os.environ.get("PYTHONBREAKPOINT", "")
+    if hook == RAY_WORKER_HOOK and os.environ.get("RAY_DEBUG", "1") == "1" and _ray_debugpy_pause(frame):
+        return
+    if hook in ("", "pdb.set_trace"):
+        pydevd = sys.modules.get("pydevd")
+        if pydevd is not None and pydevd.get_global_debugger() is not None:
+            pydevd.settrace(stop_at_frame=frame)
+            return
+        if sys.breakpointhook is sys.__breakpointhook__:
+            import pdb
+
+            pdb.Pdb().set_trace(frame)
+            return
+    sys.breakpointhook()
+
+
+def _ray_debugpy_pause(frame: FrameType) -> bool:
+    """Mirror of ray.util.debugpy.set_trace (Ray 2.60) with `stop_at_frame=frame`; False if Ray changed."""
+    try:
+        import debugpy
+        import ray
+        from ray.util import debugpy as ray_debugpy
+
+        worker = ray._private.worker.global_worker
+        ray_debugpy._ensure_debugger_port_open_thread_safe()
+        ray_debugpy._override_breakpoint_hooks()
+        paused = worker.worker_paused_by_debugger()
+    except (ImportError, AttributeError):
+        return False
+    with paused:
+        debugpy.wait_for_client()
+    import pydevd  # importable only once debugpy is listening (it puts its vendored copy on sys.path)
+
+    pydevd.settrace(stop_at_frame=frame)
+    return True

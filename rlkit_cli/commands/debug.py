@@ -1,0 +1,128 @@
+"""`rlkit debug list|attach`: find Ray workers paused at a breakpoint and debug them from a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rlkit.debug.cluster import resolve_dashboard
+from rlkit.debug.state import Dashboard, PausedWorker, paused_workers, peek_where, pick_worker
+from rlkit.errors import UserError
+from rlkit_cli.errors import friendly_errors
+
+console = Console()
+DASH_HELP = "Dashboard URL (default: the cluster `rlkit cluster up` started)."
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(
+        help="Debug paused Ray workers from the terminal. Example: [bold]rlkit debug list[/bold]",
+        no_args_is_help=True,
+        rich_markup_mode="rich",
+    )
+    group.command("list")(list_workers)
+    group.command("attach")(attach)
+    app.add_typer(group, name="debug")
+
+
+def find_paused(dashboard: str | None, where: bool = True) -> list[PausedWorker]:
+    workers = paused_workers(Dashboard(resolve_dashboard(dashboard)))
+    if where:
+        for w in workers:
+            w.where = peek_where(w)
+    return workers
+
+
+def workers_table(workers: list[PausedWorker]) -> Table:
+    table = Table(title=f"Paused workers ({len(workers)})", title_justify="left")
+    for col in ("#", "role", "rank", "task", "stopped at", "node", "pid", "port", "worker"):
+        table.add_column(col)
+    for i, w in enumerate(workers):
+        table.add_row(
+            str(i),
+            w.role,
+            "-" if w.rank is None else str(w.rank),
+            w.task or "-",
+            w.where or "-",
+            w.ip,
+            str(w.pid),
+            str(w.port),
+            w.short_id(),
+        )
+    return table
+
+
+@friendly_errors
+def list_workers(
+    dashboard: str = typer.Option(None, "--dashboard", help=DASH_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
+    where: bool = typer.Option(True, "--where/--no-where", help="Show where local workers stopped (py-spy)."),
+) -> None:
+    """Workers paused in the debugger: role/actor, rank, task, where it stopped, node, pid, debug port.
+
+    Example: [bold]rlkit debug list[/bold]
+    """
+    workers = find_paused(dashboard, where=where)
+    if as_json:
+        typer.echo(json.dumps([asdict(w) for w in workers], indent=2))
+        return
+    if not workers:
+        console.print("no paused workers (a worker shows up here when it hits breakpoint() in a --debug run)")
+        return
+    console.print(workers_table(workers))
+    console.print(
+        "attach here: [bold]rlkit debug attach"
+        + ("" if len(workers) == 1 else " 0")
+        + "[/bold]   or in VS Code: Ray Distributed Debugger -> click the paused worker"
+    )
+
+
+@friendly_errors
+def attach(
+    worker: str = typer.Argument(None, help="Index in `rlkit debug list`, pid, rankN or worker-id prefix."),
+    local_folder: str = typer.Option(
+        None, "--local-folder", help="Your checkout of the code the workers run (default: current directory)."
+    ),
+    remote_root: str = typer.Option(None, "--remote-root", help="The workers' code root if it differs (path mapping)."),
+    host: str = typer.Option(None, "--host", help="Attach to this debugpy host directly (skips the dashboard)."),
+    port: int = typer.Option(None, "--port", help="debugpy port (with --host)."),
+    dashboard: str = typer.Option(None, "--dashboard", help=DASH_HELP),
+    wait: float = typer.Option(0.0, "--wait", help="Seconds to wait for a worker to pause before giving up."),
+) -> None:
+    """Attach a terminal debugger (DAP) to a paused worker: stack, locals, p EXPR, n/s/finish, c, q to detach.
+
+    Example: [bold]rlkit debug attach 0 --local-folder .[/bold]
+    """
+    from rlkit.debug.dap import DapError
+    from rlkit.debug.repl import Repl
+    from rlkit.debug.session import DebugSession
+
+    if (host is None) != (port is None):
+        raise UserError("--host and --port go together (or leave both out to pick a paused worker)")
+    if host is None:
+        target = _wait_for_worker(dashboard, worker, wait)
+        host, port = target.ip, target.port
+        console.print(f"attaching to {target.role} (pid {target.pid}) at {host}:{port} ...")
+    folder = os.path.abspath(local_folder or os.getcwd())
+    t0 = time.monotonic()
+    try:
+        session = DebugSession.attach(host, port, local_folder=folder, remote_root=remote_root)
+    except DapError as exc:
+        raise UserError(f"attach to {host}:{port} failed: {exc}") from None
+    console.print(f"attached in {time.monotonic() - t0:.2f}s; `h` for help, `q` detaches (the worker continues)")
+    Repl(session, console=console).run()
+
+
+def _wait_for_worker(dashboard: str | None, selector: str | None, wait: float) -> PausedWorker:
+    deadline = time.monotonic() + wait
+    while True:
+        workers = find_paused(dashboard, where=False)
+        if workers or time.monotonic() >= deadline:
+            return pick_worker(workers, selector)
+        time.sleep(0.5)

@@ -1,0 +1,326 @@
+"""Fast checks without a cluster: runtime env, targeted breakpoints, DAP framing, worker picking."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+
+import pytest
+from typer.testing import CliRunner
+
+import rlkit.debug as rd
+from rlkit.debug import breakpoints as bp
+from rlkit.debug import cluster as cl
+from rlkit.debug.dap import DapClient, DapError, DapTimeout
+from rlkit.debug.runtime import SILENCE_HOOK, _disabled_breakpoint, silence_worker_breakpoints
+from rlkit.debug.state import PausedWorker, _rank_of, pick_worker, where_from_dump
+from rlkit.errors import UserError
+from rlkit_cli.main import app
+
+
+# -- runtime env / settings ---------------------------------------------------------------------
+def test_runtime_env_per_mode():
+    on = rd.debug_runtime_env("on")["env_vars"]
+    assert on["RAY_DEBUG"] == "1" and on["RAY_DEBUG_POST_MORTEM"] == "0"
+    assert on["PYDEVD_DISABLE_FILE_VALIDATION"] == "1"
+    pm = rd.debug_runtime_env("post-mortem", break_at=["actor.update_policy"])["env_vars"]
+    assert pm["RAY_DEBUG_POST_MORTEM"] == "1" and pm["RLKIT_BREAK_AT"] == "actor.update_policy"
+    off = rd.debug_runtime_env(None)
+    assert off["env_vars"]["RAY_DEBUG"] not in ("1", "legacy")  # Ray's breakpoint hook becomes a no-op
+    assert off["worker_process_setup_hook"] == SILENCE_HOOK
+    with pytest.raises(UserError, match="unknown debug mode 'postmortem'.*post-mortem"):
+        rd.debug_runtime_env("postmortem")
+    with pytest.raises(UserError, match="bad option"):
+        rd.debug_runtime_env("on", break_at="actor.x:ranks=1")
+
+
+def test_settings_relax_only_in_debug_mode():
+    on, off = rd.debug_settings("on"), rd.debug_settings(None)
+    assert on.enabled and not off.enabled
+    assert on.dist_timeout_s(600) >= 3600 and off.dist_timeout_s(600) == 600
+    assert on.ray_get_timeout_s(120) is None and off.ray_get_timeout_s(120) == 120
+    assert on.max_restarts(3) == 0 and off.max_restarts(3) == 3
+    assert on.max_task_retries(2) == 0
+    assert on.ray_init_kwargs()["include_dashboard"] is True and off.ray_init_kwargs() == {}
+    assert "rlkit debug list" in rd.debug_banner("on", "http://127.0.0.1:8265", "/src")
+    assert rd.debug_banner(None, None, "/src") == ""
+
+
+def test_merge_runtime_env_and_driver_env(monkeypatch):
+    base = {"working_dir": ".", "env_vars": {"A": "1", "RAY_DEBUG": "x"}}
+    merged = rd.merge_runtime_env(base, rd.debug_runtime_env("on"))
+    assert merged["working_dir"] == "." and merged["env_vars"]["A"] == "1" and merged["env_vars"]["RAY_DEBUG"] == "1"
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    rd.prepare_driver_env(None)
+    assert "RAY_AUTH_MODE" not in __import__("os").environ
+    rd.prepare_driver_env("on")
+    assert __import__("os").environ["RAY_AUTH_MODE"] == "disabled"
+
+
+def test_silenced_worker_breakpoint_warns_once(monkeypatch, capsys):
+    monkeypatch.setattr("rlkit.debug.runtime._warned", False)
+    monkeypatch.setenv("PYTHONBREAKPOINT", "ray.util.rpdb.set_trace")
+    silence_worker_breakpoints()
+    assert __import__("os").environ["PYTHONBREAKPOINT"] == "rlkit.debug.runtime._disabled_breakpoint"
+    _disabled_breakpoint()
+    _disabled_breakpoint()
+    assert capsys.readouterr().err.count("breakpoint() ignored") == 1
+
+
+# -- targeted breakpoints -----------------------------------------------------------------------
+@pytest.fixture
+def hook_calls(monkeypatch):
+    calls: list[int] = []
+    monkeypatch.setenv("PYTHONBREAKPOINT", "tests.debug.fake_hook")  # neither Ray's nor pdb: goes to the hook
+    monkeypatch.setattr(sys, "breakpointhook", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(bp, "_step", None)
+    return calls
+
+
+def test_breakpoint_rank_and_step_filters(monkeypatch, hook_calls):
+    monkeypatch.setenv("RANK", "0")
+    rd.breakpoint(rank=1)
+    assert hook_calls == []  # rank 1 only: nothing on rank 0
+    rd.breakpoint(rank=0)
+    assert len(hook_calls) == 1
+    rd.breakpoint(rank=None, step=5)
+    assert len(hook_calls) == 1  # step unknown
+    rd.set_step(5)
+    rd.breakpoint(rank=None, step=5)
+    assert len(hook_calls) == 2
+    monkeypatch.setenv("RANK", "1")
+    rd.breakpoint()  # default rank 0
+    assert len(hook_calls) == 2
+
+
+def test_maybe_break_follows_break_at(monkeypatch, hook_calls):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("RLKIT_BREAK_AT", raising=False)
+    assert not rd.maybe_break("actor.update_policy")
+    monkeypatch.setenv("RLKIT_BREAK_AT", "rollout.generate, actor.update_*:rank=*:step=2")
+    assert not rd.maybe_break("actor.update_policy")  # step 2 only
+    rd.set_step(2)
+    assert rd.maybe_break("actor.update_policy") and len(hook_calls) == 1
+    assert rd.maybe_break("rollout.generate")
+    monkeypatch.setenv("RANK", "3")
+    assert not rd.maybe_break("rollout.generate")  # default rank 0
+    assert rd.maybe_break("actor.update_critic")  # rank=*
+
+
+def test_parse_break_at():
+    rules = bp.parse_break_at("a.b, c.*:rank=2:step=7,d:rank=*")
+    assert rules == (bp.BreakRule("a.b"), bp.BreakRule("c.*", 2, 7), bp.BreakRule("d", None, None))
+    with pytest.raises(UserError, match="needs a number"):
+        bp.parse_break_at("a:step=x")
+
+
+# -- DAP framing against a scripted fake adapter ----------------------------------------------------
+def _frame(msg: dict) -> bytes:
+    data = json.dumps(msg).encode()
+    return b"Content-Length: %d\r\n\r\n" % len(data) + data
+
+
+def _read(conn: socket.socket, buf: bytes) -> tuple[dict, bytes]:
+    while b"\r\n\r\n" not in buf:
+        buf += conn.recv(4096)
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    n = int(head.split(b":")[1])
+    while len(rest) < n:
+        rest += conn.recv(4096)
+    return json.loads(rest[:n]), rest[n:]
+
+
+def test_dap_client_matches_responses_and_queues_events():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def adapter():
+        conn, _ = server.accept()
+        buf = b""
+        req, buf = _read(conn, buf)  # evaluate: answer late, after an event, split across two sends
+        event = _frame({"seq": 1, "type": "event", "event": "output", "body": {"output": "hi"}})
+        resp = _frame({"seq": 2, "type": "response", "request_seq": req["seq"], "success": True,
+                       "command": req["command"], "body": {"result": "42"}})  # fmt: skip
+        conn.sendall(event + resp[:7])
+        conn.sendall(resp[7:])
+        req, buf = _read(conn, buf)
+        conn.sendall(_frame({"seq": 3, "type": "response", "request_seq": req["seq"], "success": False,
+                             "command": req["command"], "message": "nope"}))  # fmt: skip
+        conn.sendall(_frame({"seq": 4, "type": "request", "command": "runInTerminal", "arguments": {}}))
+        reply, buf = _read(conn, buf)
+        assert reply["type"] == "response" and reply["success"] is False
+        conn.close()
+
+    t = threading.Thread(target=adapter, daemon=True)
+    t.start()
+    client = DapClient.connect("127.0.0.1", server.getsockname()[1], timeout=5)
+    assert client.request("evaluate", {"expression": "6*7"}) == {"result": "42"}
+    assert client.wait_event("output")["body"]["output"] == "hi"
+    with pytest.raises(DapError, match="nope"):
+        client.request("next", {"threadId": 1})
+    t.join(5)
+    with pytest.raises(DapError, match="closed"):
+        client.wait_event("stopped", timeout=5)
+    client.close()
+    server.close()
+
+
+def test_dap_timeout_and_refused():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = DapClient.connect("127.0.0.1", server.getsockname()[1], timeout=0.3)
+    with pytest.raises(DapTimeout):
+        client.request("threads")
+    client.close()
+    port = server.getsockname()[1]
+    server.close()
+    with pytest.raises(DapError, match="cannot connect"):
+        DapClient.connect("127.0.0.1", port, timeout=1)
+
+
+# -- picking a worker, reading where it stopped ----------------------------------------------------
+def _w(pid: int, wid: str, rank: int | None = None) -> PausedWorker:
+    return PausedWorker(worker_id=wid, pid=pid, ip="10.0.0.1", port=5000 + pid, rank=rank)
+
+
+def test_pick_worker():
+    workers = [_w(101, "abcd01", 0), _w(202, "ef0102", 1)]
+    assert pick_worker(workers[:1], None).pid == 101
+    with pytest.raises(UserError, match="2 workers are paused"):
+        pick_worker(workers, None)
+    assert pick_worker(workers, "1").pid == 202
+    assert pick_worker(workers, "202").pid == 202
+    assert pick_worker(workers, "rank1").pid == 202
+    assert pick_worker(workers, "abc").pid == 101
+    with pytest.raises(UserError, match="no single paused worker"):
+        pick_worker(workers, "zz")
+    with pytest.raises(UserError, match="no paused workers"):
+        pick_worker([], None)
+
+
+def test_rank_from_actor_name_or_runtime_env():
+    assert _rank_of({"name": "actor_rollout_rank3"}, {}) == 3
+    assert _rank_of({"name": "w", "repr_name": "Worker(rank=2)"}, {}) == 2
+    env = json.dumps({"env_vars": {"RANK": "5"}})
+    assert _rank_of({"name": "w", "serialized_runtime_env": env}, {}) == 5
+    assert _rank_of({}, {}) is None
+
+
+def test_where_from_py_spy_dump():
+    dump = """Process 1: ray::Policy.work
+Python v3.11.7
+
+Thread 1 (idle): "MainThread"
+    Event.wait (threading.py:629)
+    _wait_for_attach (pydevd.py:3040)
+    wait_for_client_cls.__call__ (debugpy/server/api.py:325)
+    set_trace (ray/util/debugpy.py:92)
+    _pause (rlkit/debug/breakpoints.py:125)
+    work (debug/_targets.py:18)
+    Worker.main_loop (ray/_private/worker.py:1069)
+Thread 2 (idle): "PythonGCThread"
+    Event.wait (threading.py:629)
+"""
+    assert where_from_dump(dump) == "work (debug/_targets.py:18)"
+    assert where_from_dump("Process 1\n\nThread 9 (idle): x\n    run (a.py:1)\n") == ""
+
+
+def flat(text: str) -> str:
+    """CLI output with rich's line wrapping undone."""
+    return " ".join(text.split())
+
+
+# -- cluster CLI with nothing running --------------------------------------------------------------
+def test_cluster_commands_with_nothing_running(tmp_path, monkeypatch):
+    monkeypatch.setenv(cl.STATE_ENV, str(tmp_path / "cluster.json"))
+    monkeypatch.delenv("RLKIT_DASHBOARD", raising=False)
+    monkeypatch.setattr(cl, "DEFAULT_DASHBOARD_PORT", cl.free_port())  # someone else may own :8265
+    runner = CliRunner()
+    down = runner.invoke(app, ["cluster", "down"])
+    assert down.exit_code == 1 and "no cluster started by `rlkit cluster up`" in flat(down.output)
+    status = runner.invoke(app, ["cluster", "status"])
+    assert status.exit_code == 1 and "no Ray cluster is running" in flat(status.output)
+    listed = runner.invoke(app, ["debug", "list"])
+    assert listed.exit_code == 1 and "rlkit cluster up" in flat(listed.output)
+    bad = runner.invoke(app, ["debug", "attach", "--host", "127.0.0.1"])
+    assert bad.exit_code == 1 and "--host and --port go together" in flat(bad.output)
+
+
+def test_state_file_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv(cl.STATE_ENV, str(tmp_path / "s" / "cluster.json"))
+    info = cl.ClusterInfo(address="10.0.0.1:6379", dashboard_url="http://127.0.0.1:1", temp_dir="/nonexistent-rlk")
+    cl.save_state(info)
+    assert cl.load_state() == info
+    assert cl.running_cluster() is None  # dead dashboard, no processes: forgotten
+    assert cl.load_state() is None
+
+
+# -- the shipped .vscode files ----------------------------------------------------------------------
+def _jsonc(name: str) -> dict:
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / ".vscode" / name
+    lines = [ln for ln in path.read_text().splitlines() if not ln.strip().startswith("//")]
+    return json.loads("\n".join(lines))
+
+
+def test_vscode_files():
+    launch = _jsonc("launch.json")["configurations"]
+    drivers = [c for c in launch if c["request"] == "launch"]
+    assert drivers and all(c["subProcess"] is False for c in drivers)  # else ray.init breaks under debugpy
+    attach = next(c for c in launch if c["request"] == "attach")
+    assert attach["type"] == "debugpy" and attach["justMyCode"] is False and "connect" in attach
+    tasks = {t["label"]: t["command"] for t in _jsonc("tasks.json")["tasks"]}
+    assert tasks["rlkit: cluster up"].endswith("rlkit cluster up")
+    assert any("train grpo --debug" in cmd for cmd in tasks.values())
+    settings = _jsonc("settings.json")
+    assert settings["terminal.integrated.env.linux"]["RAY_AUTH_MODE"] == "disabled"
+
+
+DRIVER_UNDER_DEBUGPY = """
+import rlkit.debug
+
+def main():
+    here = "driver under debugpy"
+    rlkit.debug.breakpoint()
+    print("after", here, flush=True)
+
+main()
+"""
+
+
+def test_helper_stops_in_the_callers_frame_under_debugpy(tmp_path):
+    """VS Code's "Driver" launch: rlkit.debug.breakpoint() stops in the caller, seen through our DAP client."""
+    import subprocess
+    import time
+
+    from rlkit.debug.session import DebugSession
+
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER_UNDER_DEBUGPY)
+    port = cl.free_port()
+    cmd = [sys.executable, "-m", "debugpy", "--listen", f"127.0.0.1:{port}", "--wait-for-client", str(script)]
+    env = {**__import__("os").environ, "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                session = DebugSession.attach("127.0.0.1", port, timeout=10)
+                break
+            except DapError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        top = session.stack()[0]
+        assert (top.name, top.line) == ("main", 7)  # the line after the call, in the caller
+        assert session.evaluate("here", top.id).value == "'driver under debugpy'"
+        session.detach()
+        out, _ = proc.communicate(timeout=30)
+        assert "after driver under debugpy" in out
+    finally:
+        proc.kill()
