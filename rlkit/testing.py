@@ -52,8 +52,15 @@ def build_tiny_tokenizer():
     return tok
 
 
-def build_tiny_model(tokenizer=None, hidden_size: int = 64, layers: int = 2, heads: int = 4, seed: int = 0):
-    """A random Llama small enough to train on a CPU core in seconds."""
+def build_tiny_model(
+    tokenizer=None, hidden_size: int = 64, layers: int = 2, heads: int = 4, seed: int = 0, tie_embeddings: bool = False
+):
+    """A random Llama small enough to train on a CPU core in seconds.
+
+    `tie_embeddings=True` gives the model a built-in copy bias (attending to a token
+    and passing its embedding through raises that token's logit), which makes the
+    toy copy task learnable by RL from scratch in a couple of hundred steps.
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -69,18 +76,27 @@ def build_tiny_model(tokenizer=None, hidden_size: int = 64, layers: int = 2, hea
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_embeddings,
         torch_dtype="float32",
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
 
 
-def save_tiny_model(path: str | Path, hidden_size: int = 64, layers: int = 2, heads: int = 4, seed: int = 0) -> Path:
+def save_tiny_model(
+    path: str | Path,
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    seed: int = 0,
+    tie_embeddings: bool = False,
+) -> Path:
     """Write a tiny random model + tokenizer as an HF folder and return its path."""
     path = Path(path)
     tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(tokenizer, hidden_size=hidden_size, layers=layers, heads=heads, seed=seed)
+    model = build_tiny_model(
+        tokenizer, hidden_size=hidden_size, layers=layers, heads=heads, seed=seed, tie_embeddings=tie_embeddings
+    )
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(path)

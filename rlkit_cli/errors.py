@@ -24,7 +24,7 @@ def friendly_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except (UserError, FileNotFoundError, FileExistsError) as exc:
-            err_console.print(f"[bold red]error:[/bold red] {exc}")
+            err_console.print(f"[bold red]error:[/bold red] {exc}", soft_wrap=True)
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]

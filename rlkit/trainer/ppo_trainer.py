@@ -166,7 +166,8 @@ class RLTrainer:
             if attempt > 0:
                 prompts = next(self._data_iter)
             gen = repeat_with_uids(prompts, n)
-            out = self.workers.rollout.generate_sequences(gen.select(PROMPT_KEYS), blocking=True)
+            call_id = self.global_step * 1000 + attempt
+            out = self.workers.rollout.generate_sequences(gen.select(PROMPT_KEYS), call_id=call_id)
             out.non_tensors.update(gen.non_tensors)
             with timer("reward"):
                 out.union(self.reward_fn(out))

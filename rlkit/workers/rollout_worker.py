@@ -26,7 +26,6 @@ class RolloutWorker(Worker):
     def __init__(self, cfg: RLConfig, model_path: str) -> None:
         super().__init__()
         self.cfg, self.model_path = cfg, model_path
-        self._stale = False
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict:
@@ -41,7 +40,9 @@ class RolloutWorker(Worker):
         return {"backend": rollout.name, "init_s": time.perf_counter() - start}
 
     @register(dispatch=Dispatch.DP_COMPUTE)
-    def generate_sequences(self, batch: Batch, validate: bool = False) -> Batch:
+    def generate_sequences(self, batch: Batch, validate: bool = False, call_id: int = 0) -> Batch:
+        """One response per row. `call_id` (the driver's step) seeds sampling: reproducible on resume,
+        and never the same draws twice (a fixed seed would replay them every step)."""
         rollout = self.cfg.actor_rollout_ref.rollout
         start = time.perf_counter()
         rss_sleep = _rss_mb()
@@ -49,7 +50,7 @@ class RolloutWorker(Worker):
         rss_awake = _rss_mb()
         sampling = rollout.to_val_sampling() if validate else rollout.to_sampling()
         if rollout.seed is not None:
-            sampling.seed = rollout.seed + self.rank
+            sampling.seed = (rollout.seed * 1_000_003 + call_id * 7919 + self.rank) % 2**31
         out = self.engine.generate(batch, sampling)
         gen_s = time.perf_counter() - start
         if rollout.free_cache_engine:

@@ -1,0 +1,136 @@
+"""Start (or join) Ray with the right runtime environment and run a trainer: what `rlkit train` does."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from rlkit.trainer.config_checks import critic_enabled, ref_needed, world_size
+from rlkit.trainer.config_schema import RLConfig
+
+
+@dataclass
+class LaunchOptions:
+    address: str | None = None
+    debug: str | None = None  # None | "on" | "post-mortem"
+    num_cpus: int | None = None
+
+
+def resource_plan(cfg: RLConfig) -> Table:
+    """What will run where (printed by --dry-run and at start-up)."""
+    t = cfg.trainer
+    roles = ["actor", f"rollout ({cfg.actor_rollout_ref.rollout.name})"]
+    roles += ["ref"] if ref_needed(cfg) else []
+    roles += ["critic"] if critic_enabled(cfg) else []
+    n = cfg.actor_rollout_ref.rollout.n
+    table = Table(title="resource plan", show_header=False)
+    table.add_row("workers", f"{t.nnodes} node(s) x {t.n_gpus_per_node} = {world_size(cfg)} (device: {t.device})")
+    table.add_row("colocated roles per worker", ", ".join(roles))
+    actor = cfg.actor_rollout_ref.actor
+    bsz = cfg.data.train_batch_size
+    table.add_row("sequences per step", f"{bsz} prompts x n={n} = {bsz * n}")
+    table.add_row("optimizer steps per step", str(bsz // actor.ppo_mini_batch_size * actor.ppo_epochs))
+    table.add_row("advantage estimator", cfg.algorithm.adv_estimator)
+    table.add_row("policy loss", f"{actor.policy_loss} ({actor.loss_agg_mode})")
+    table.add_row("checkpoints", cfg.trainer.default_local_dir)
+    return table
+
+
+def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
+    import ray
+
+    from rlkit.debug import (
+        debug_banner,
+        debug_runtime_env,
+        debug_settings,
+        merge_runtime_env,
+        prepare_driver_env,
+        restore_driver_breakpoint,
+    )
+
+    settings = debug_settings(opts.debug)
+    prepare_driver_env(opts.debug)
+    env_vars = {
+        "TOKENIZERS_PARALLELISM": "false",
+        "RLKIT_DIST_TIMEOUT_S": str(settings.dist_timeout_s(1800)),
+    }
+    runtime_env = merge_runtime_env({"env_vars": env_vars}, debug_runtime_env(opts.debug, cfg.trainer.debug.break_at))
+    kwargs: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": True, **settings.ray_init_kwargs()}
+    if opts.address:
+        kwargs["address"] = opts.address
+    else:
+        kwargs["num_cpus"] = opts.num_cpus or os.cpu_count()
+        kwargs.setdefault("include_dashboard", False)
+    ctx = ray.init(**kwargs)
+    restore_driver_breakpoint()
+    if opts.debug:
+        from rlkit.debug.cluster import record_driver_cluster
+
+        url = getattr(ctx, "dashboard_url", None)
+        record_driver_cluster(url, ctx.address_info.get("address", "") if hasattr(ctx, "address_info") else "")
+        console.print(debug_banner(opts.debug, url, os.getcwd()))
+    return ctx
+
+
+def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = None) -> Any:
+    """Run a full training job; returns the FitSummary."""
+    import ray
+
+    from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.utils.tracking import Tracking
+
+    console = console or Console()
+    console.print(resource_plan(cfg))
+    console.print(f"rollout backend: [bold]{cfg.actor_rollout_ref.rollout.name}[/bold]")
+    started = time.perf_counter()
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
+        init_ray(cfg, opts, console)
+    log_dir = cfg.trainer.log_dir or os.path.join(os.path.expanduser(cfg.trainer.default_local_dir), "logs")
+    trainer = None
+    try:
+        with console.status("starting workers (model load, FSDP, rollout engine)..."):
+            trainer = RLTrainer(cfg)
+        with Tracking(cfg.trainer.logger, cfg.trainer.project_name, cfg.trainer.experiment_name, log_dir,
+                      trainer.total_steps, cfg) as tracker:
+            trainer.tracker = tracker
+            summary = trainer.fit()
+        summary.log_dir = log_dir
+        summary.wall_s = time.perf_counter() - started  # type: ignore[attr-defined]
+        console.print(summary_table(summary))
+        return summary
+    finally:
+        if trainer is not None:
+            trainer.workers.shutdown()
+        if owns_ray:
+            ray.shutdown()
+
+
+def summary_table(summary: Any) -> Table:
+    import math
+
+    table = Table(title="run summary", show_header=False)
+    table.add_row("steps", str(summary.steps))
+    scores = [s for s in summary.train_scores if not math.isnan(s)]
+    if scores:
+        k = max(1, min(5, len(scores) // 3 or 1))
+        first, last = sum(scores[:k]) / k, sum(scores[-k:]) / k
+        table.add_row(f"train reward (first {k} -> last {k} steps)", f"{first:.3f} -> {last:.3f}")
+    for key in sorted(set(summary.first_val) | set(summary.last_val)):
+        if key.startswith("timing_s"):
+            continue
+        before, after = summary.first_val.get(key), summary.last_val.get(key)
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"
+        table.add_row(key, f"{fmt(before)} -> {fmt(after)}")
+    if summary.step_seconds:
+        table.add_row("time per step (median)", f"{sorted(summary.step_seconds)[len(summary.step_seconds) // 2]:.2f}s")
+    if hasattr(summary, "wall_s"):
+        table.add_row("wall time", f"{summary.wall_s:.0f}s")
+    table.add_row("checkpoint", str(summary.checkpoint))
+    table.add_row("logs", str(summary.log_dir))
+    return table
