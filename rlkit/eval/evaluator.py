@@ -1,0 +1,161 @@
+"""Offline evaluation: sample K responses per prompt with a rollout backend, score them, aggregate.
+
+Runs in one process (no Ray): the same rollout backends and reward manager as
+training, so an eval number means the same thing as a `val/` metric.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlkit.errors import UserError
+from rlkit.protocol import Batch
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # data_source -> metric -> value
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def resolve_eval_model(spec: str) -> tuple[str, tempfile.TemporaryDirectory | None]:
+    """A model folder/alias/hub id, or a training checkpoint (exported to a temp HF folder first)."""
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "actor").is_dir():
+        from rlkit.workers.fsdp_model import export_hf
+
+        tmp = tempfile.TemporaryDirectory(prefix="rlkit-eval-")
+        export_hf(path / "actor", Path(tmp.name), tokenizer_dir=path / "actor" / "tokenizer")
+        return tmp.name, tmp
+    from rlkit.utils.model_loading import resolve_model_path
+
+    return str(resolve_model_path(spec)), None
+
+
+def _is_correct(score: float, extras: dict[str, Any]) -> bool:
+    acc = extras.get("acc")
+    return bool(acc) if acc is not None else score >= 1.0
+
+
+def aggregate(rows: list[dict[str, Any]], k: int) -> dict[str, dict[str, float]]:
+    """mean@k (mean score), maj@k (majority vote on the extracted answer), pass@k (any correct), lengths."""
+    by_source: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        by_source[r["data_source"]][r["prompt_index"]].append(r)
+    out: dict[str, dict[str, float]] = {}
+    for ds, groups in sorted(by_source.items()):
+        mean_k, maj_k, pass_k, lengths = [], [], [], []
+        for samples in groups.values():
+            mean_k.append(np.mean([s["score"] for s in samples]))
+            pass_k.append(float(any(_is_correct(s["score"], s["extras"]) for s in samples)))
+            preds = [s["extras"].get("pred") for s in samples]
+            if any(p is not None for p in preds):
+                top, _ = Counter(str(p) for p in preds if p is not None).most_common(1)[0]
+                winner = next(s for s in samples if str(s["extras"].get("pred")) == top)
+                maj_k.append(float(_is_correct(winner["score"], winner["extras"])))
+            lengths.extend(s["response_length"] for s in samples)
+        metrics = {
+            "prompts": float(len(groups)),
+            f"mean@{k}": float(np.mean(mean_k)),
+            f"pass@{k}": float(np.mean(pass_k)),
+            "response_length/mean": float(np.mean(lengths)),
+            "response_length/max": float(np.max(lengths)),
+        }
+        if maj_k:
+            metrics[f"maj@{k}"] = float(np.mean(maj_k))
+        out[ds] = metrics
+    return out
+
+
+def evaluate(
+    model: str,
+    data: str,
+    n: int = 1,
+    limit: int | None = None,
+    backend: str | None = None,
+    temperature: float | None = None,
+    max_prompt_length: int = 512,
+    max_response_length: int = 512,
+    batch_size: int = 64,
+    progress: Any = None,
+) -> EvalResult:
+    from rlkit.data import RLDataset
+    from rlkit.reward.manager import RewardManager
+    from rlkit.utils.model_loading import load_tokenizer
+    from rlkit.workers.rollout import ROLLOUT_BACKENDS, RolloutConfig, default_backend_name
+
+    if n < 1:
+        raise UserError(f"--n must be >= 1, got {n}")
+    model_path, tmp = resolve_eval_model(model)
+    try:
+        tokenizer = load_tokenizer(model_path)
+        dataset = RLDataset(data, tokenizer, max_prompt_length, truncation="left", max_samples=limit)
+        temp = temperature if temperature is not None else (0.0 if n == 1 else 1.0)
+        cfg = RolloutConfig(
+            name=backend or default_backend_name(), prompt_length=max_prompt_length,
+            response_length=max_response_length, temperature=temp, do_sample=temp > 0,
+        )
+        engine = ROLLOUT_BACKENDS.get(cfg.name)(model_path, cfg)
+        reward = RewardManager(tokenizer)
+        rows: list[dict[str, Any]] = []
+        total = len(dataset)
+        for start in range(0, total, batch_size):
+            idx = np.arange(start, min(start + batch_size, total))
+            prompts = dataset.get_batch(idx).repeat(n, interleave=True)
+            prompts["prompt_index"] = np.repeat(idx, n)
+            sampling = cfg.to_sampling(greedy=temp == 0)
+            sampling.seed = start
+            out = engine.generate(prompts.select(["input_ids", "attention_mask", "position_ids"]), sampling)
+            out.non_tensors.update(prompts.non_tensors)
+            scored = reward(out)
+            rows.extend(_rows(out, scored, tokenizer))
+            if progress is not None:
+                progress(min(start + batch_size, total), total)
+        return EvalResult(aggregate(rows, n), rows)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _rows(out: Batch, scored: Batch, tokenizer: Any) -> list[dict[str, Any]]:
+    scores = scored["token_level_scores"].sum(-1).tolist()
+    lengths = out["response_mask"].sum(-1).tolist()
+    texts = tokenizer.batch_decode(
+        [r[: int(n)].tolist() for r, n in zip(out["responses"], lengths)], skip_special_tokens=True
+    )
+    extra_keys = [k for k in scored.non_tensors if k.startswith("reward_extra/")]
+    rows = []
+    for i in range(len(out)):
+        extras = {k.split("/", 1)[1]: _plain(scored[k][i]) for k in extra_keys if scored[k][i] is not None}
+        rm = out["reward_model"][i]
+        rows.append({
+            "prompt_index": int(out["prompt_index"][i]),
+            "data_source": str(out["data_source"][i]),
+            "prompt": out["raw_prompt"][i] if "raw_prompt" in out else None,
+            "response": texts[i],
+            "ground_truth": rm.get("ground_truth") if isinstance(rm, dict) else None,
+            "score": float(scores[i]),
+            "extras": extras,
+            "response_length": int(lengths[i]),
+        })
+    return rows
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (np.generic,)):
+        return v.item()
+    return v
+
+
+def write_jsonl(rows: list[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for r in rows:
+            f.write(json.dumps(r, default=str) + "\n")

@@ -1,0 +1,57 @@
+"""`rlkit eval MODEL_OR_CHECKPOINT --data FILE [--n K --limit N]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rlkit_cli.errors import friendly_errors
+
+
+def eval_command(
+    model: str = typer.Argument(..., help="HF folder, alias, hub id, or a training checkpoint (global_step_N)."),
+    data: Path = typer.Option(..., "--data", "-d", help="Parquet file in the RL schema (see `rlkit data`)."),
+    n: int = typer.Option(1, "--n", "-k", help="Samples per prompt (K in mean@K / maj@K / pass@K)."),
+    limit: int = typer.Option(None, "--limit", help="Evaluate only the first N prompts."),
+    temperature: float = typer.Option(None, "--temperature", help="Default: 0 (greedy) for n=1, else 1.0."),
+    max_response_length: int = typer.Option(512, "--max-response-length", help="Max new tokens."),
+    max_prompt_length: int = typer.Option(512, "--max-prompt-length", help="Longer prompts are cut on the left."),
+    backend: str = typer.Option(None, "--backend", help="vllm | hf (default: vllm when installed)."),
+    out: Path = typer.Option(None, "--out", "-o", help="JSONL of generations with scores (default: next to data)."),
+) -> None:
+    """Score a model or checkpoint on a dataset: mean@K, maj@K, pass@K per data_source.
+
+    Example: rlkit eval smollm2-135m-instruct --data ~/data/gsm8k/test.parquet --n 4 --limit 50
+
+    Exit status: 0 on success, 1 on bad input (missing model/data).
+    """
+    from rlkit.eval.evaluator import evaluate, write_jsonl
+
+    console = Console()
+    with Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        task = bar.add_task("eval", total=None)
+        result = evaluate(
+            model, str(data), n=n, limit=limit, backend=backend, temperature=temperature,
+            max_prompt_length=max_prompt_length, max_response_length=max_response_length,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    table = Table(title=f"eval of {model} on {data.name} (K={n})")
+    keys = sorted({k for m in result.metrics.values() for k in m})
+    table.add_column("data_source")
+    for k in keys:
+        table.add_column(k, justify="right")
+    for ds, metrics in result.metrics.items():
+        table.add_row(ds, *(f"{metrics[k]:.3f}" if k in metrics else "-" for k in keys))
+    console.print(table)
+    out = out or data.with_name(f"{data.stem}.eval.jsonl")
+    write_jsonl(result.rows, out)
+    console.print(f"generations: {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(friendly_errors(eval_command))
