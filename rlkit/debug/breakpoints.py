@@ -10,20 +10,32 @@ in the next collective, which is why debug mode relaxes the timeouts).
 
 Rules in `RLKIT_BREAK_AT` are comma separated: `PHASE[:rank=N|*][:step=N]`, PHASE may use
 shell wildcards (`actor.*`). The default rank is 0.
+
+Phases the workers announce (rlkit/workers): rollout.generate, rollout.validate,
+actor.compute_log_prob, actor.update_policy, ref.compute_log_prob, critic.compute_values,
+critic.update. The step is the trainer's global step (set by the rollout at each step).
+
+Test hooks (for the debug tests; comma separated phase patterns, every rank):
+`RLKIT_TEST_RAISE_IN=actor.update_policy` raises there (a worker-side failure),
+`RLKIT_TEST_BREAKPOINT_IN=actor.update_policy` calls the builtin breakpoint() there.
 """
 
 from __future__ import annotations
 
+import builtins
 import fnmatch
 import functools
 import os
 import sys
+import time
 from dataclasses import dataclass
 from types import FrameType
 
 from rlkit.errors import UserError
 
 BREAK_AT_ENV = "RLKIT_BREAK_AT"
+TEST_RAISE_ENV = "RLKIT_TEST_RAISE_IN"
+TEST_BREAKPOINT_ENV = "RLKIT_TEST_BREAKPOINT_IN"
 RAY_WORKER_HOOK = "ray.util.rpdb.set_trace"  # what Ray puts in PYTHONBREAKPOINT in a worker
 _step: int | None = None
 
@@ -102,15 +114,33 @@ def breakpoint(rank: int | None = 0, step: int | None = None) -> None:  # noqa: 
 
 def maybe_break(phase: str) -> bool:
     """Pause if a `RLKIT_BREAK_AT` rule names `phase` for this rank/step; returns whether it paused."""
+    _test_hooks(phase)
     rules = break_rules()
     if not rules:
         return False
     rank = current_rank()
     if not any(rule.matches(phase, rank, _step) for rule in rules):
         return False
-    print(f"[rlkit.debug] pausing at phase '{phase}' (rank {rank}, step {_step})", file=sys.stderr, flush=True)
+    # The wall-clock time says when the pause began (the debug tests measure "hit -> listed" from it).
+    now = time.time()
+    stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+    print(f"[rlkit.debug] pausing at phase '{phase}' (rank {rank}, step {_step}) at {stamp}",
+          file=sys.stderr, flush=True)  # fmt: skip
     _pause(sys._getframe(1))
     return True
+
+
+def _names(env: str, phase: str) -> bool:
+    patterns = os.environ.get(env, "")
+    return bool(patterns) and any(fnmatch.fnmatchcase(phase, p.strip()) for p in patterns.split(",") if p.strip())
+
+
+def _test_hooks(phase: str) -> None:
+    """Test-only failure/breakpoint injection at a phase (see the module docstring); off unless the env asks."""
+    if _names(TEST_BREAKPOINT_ENV, phase):
+        builtins.breakpoint()  # a plain, stray breakpoint() as a user would leave it
+    if _names(TEST_RAISE_ENV, phase):
+        raise RuntimeError(f"injected failure in {phase} on rank {current_rank()} ({TEST_RAISE_ENV})")
 
 
 def _pause(frame: FrameType) -> None:

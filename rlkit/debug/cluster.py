@@ -40,6 +40,7 @@ class ClusterInfo:
     started_at: float = field(default_factory=time.time)
     num_cpus: float | None = None
     num_gpus: float | None = None
+    driver_pid: int = 0  # for a cluster `rlkit train` started itself: it lives as long as that process
 
 
 # -- the state file ----------------------------------------------------------------------------
@@ -78,7 +79,17 @@ def record_driver_cluster(dashboard_url: str | None, address: str, temp_dir: str
     if not dashboard_url:
         return
     url = dashboard_url if "://" in dashboard_url else f"http://{dashboard_url}"
-    save_state(ClusterInfo(address=address, dashboard_url=url, temp_dir=temp_dir, started_by="rlkit train"))
+    try:
+        known = load_state()
+    except UserError:
+        known = None
+    if known is not None and known.dashboard_url.rstrip("/") == url.rstrip("/") and dashboard_alive(url):
+        return  # a run joined (--address) the cluster `rlkit cluster up` started: keep that record
+    save_state(
+        ClusterInfo(
+            address=address, dashboard_url=url, temp_dir=temp_dir, started_by="rlkit train", driver_pid=os.getpid()
+        )
+    )
 
 
 # -- probes ------------------------------------------------------------------------------------
@@ -115,8 +126,19 @@ def running_cluster() -> ClusterInfo | None:
         return info
     if info.started_by == "rlkit cluster up" and cluster_processes(info.temp_dir):
         return info  # half alive (dashboard died): keep it so `rlkit cluster down` can clean up
+    if info.driver_pid and _pid_alive(info.driver_pid):
+        return info  # the run that owns it is still going (its dashboard is slow or still starting)
     clear_state()
     return None
+
+
+def _pid_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 # -- start / stop ------------------------------------------------------------------------------

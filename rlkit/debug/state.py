@@ -21,6 +21,7 @@ from rlkit.errors import UserError
 
 Filter = tuple[str, str, str]
 _RANK_RE = re.compile(r"rank[\s_=:-]*(\d+)", re.IGNORECASE)
+_NAME_RANK_RE = re.compile(r":(\d+)$")  # worker-group actors are named "<group>:<rank>" (rlkit.controller)
 
 
 class Dashboard:
@@ -122,11 +123,14 @@ def _describe(dashboard: Dashboard, row: dict) -> PausedWorker:
 
 
 def _rank_of(actor: dict, task: dict) -> int | None:
-    """Rank from the actor's name / repr ("...rank1", "rank=1") or a RANK env var in its runtime_env."""
+    """Rank from the actor's name / repr ("...rank1", "rank=1", "group:1") or a RANK env var in its runtime_env."""
     for text in (actor.get("name"), actor.get("repr_name")):
         match = _RANK_RE.search(text or "")
         if match:
             return int(match.group(1))
+    match = _NAME_RANK_RE.search(str(actor.get("name") or ""))
+    if match:
+        return int(match.group(1))
     for serialized in (
         actor.get("serialized_runtime_env"),
         ((task.get("runtime_env_info") or {}).get("serialized_runtime_env")),

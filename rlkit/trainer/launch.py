@@ -57,13 +57,15 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
     prepare_driver_env(opts.debug)
     env_vars = {
         "TOKENIZERS_PARALLELISM": "false",
-        "RLKIT_DIST_TIMEOUT_S": str(settings.dist_timeout_s(1800)),
+        "RLKIT_DIST_TIMEOUT_S": str(int(settings.dist_timeout_s(1800))),  # read with int() in the workers
     }
     runtime_env = merge_runtime_env({"env_vars": env_vars}, debug_runtime_env(opts.debug, cfg.trainer.debug.break_at))
     kwargs: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": True, **settings.ray_init_kwargs()}
-    if opts.address:
-        kwargs["address"] = opts.address
+    if opts.address or os.environ.get("RAY_ADDRESS"):
+        kwargs["address"] = opts.address or os.environ["RAY_ADDRESS"]
     else:
+        # a fresh local Ray, never a cluster someone else started on this machine (use --address to join one)
+        kwargs["address"] = "local"
         kwargs["num_cpus"] = opts.num_cpus or os.cpu_count()
         kwargs.setdefault("include_dashboard", False)
     ctx = ray.init(**kwargs)

@@ -10,6 +10,7 @@ import torch
 from rlkit.algo import KL_ESTIMATORS, POLICY_LOSSES
 from rlkit.algo.utils import agg_loss, masked_mean
 from rlkit.controller import Dispatch, Worker, register
+from rlkit.debug import maybe_break
 from rlkit.protocol import Batch
 from rlkit.trainer.config_schema import RLConfig
 from rlkit.workers.fsdp_model import FSDPModel
@@ -80,6 +81,7 @@ class ActorWorker(_PolicyScorer):
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch) -> Batch:
+        maybe_break("actor.compute_log_prob")
         start = time.perf_counter()
         micro = self.cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
         lp, ent = self._log_probs(batch, micro, with_entropy=True)
@@ -90,6 +92,7 @@ class ActorWorker(_PolicyScorer):
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update_actor(self, batch: Batch) -> Batch:
         """PPO update; if `old_log_probs` is absent (on-policy, one pass) the first forward supplies it."""
+        maybe_break("actor.update_policy")
         start = time.perf_counter()
         cfg = self.cfg.actor_rollout_ref.actor
         algo = self.cfg.algorithm
@@ -192,6 +195,7 @@ class RefWorker(_PolicyScorer):
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        maybe_break("ref.compute_log_prob")
         start = time.perf_counter()
         lp, _ = self._log_probs(batch, self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu, False)
         return Batch({"ref_log_prob": lp}, meta={"metrics": {"timing_s/ref": time.perf_counter() - start}})

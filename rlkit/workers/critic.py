@@ -10,6 +10,7 @@ import torch
 
 from rlkit.algo.value_loss import compute_value_loss
 from rlkit.controller import Dispatch, Worker, register
+from rlkit.debug import maybe_break
 from rlkit.protocol import Batch
 from rlkit.trainer.config_schema import RLConfig
 from rlkit.workers.fsdp_model import FSDPModel
@@ -40,6 +41,7 @@ class CriticWorker(Worker):
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_values(self, batch: Batch) -> Batch:
+        maybe_break("critic.compute_values")
         start = time.perf_counter()
         self.model.module.eval()
         with torch.no_grad():
@@ -50,6 +52,7 @@ class CriticWorker(Worker):
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update_critic(self, batch: Batch) -> Batch:
+        maybe_break("critic.update")
         start = time.perf_counter()
         c = self.cfg.critic
         n = self.cfg.actor_rollout_ref.rollout.n

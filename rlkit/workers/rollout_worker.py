@@ -11,6 +11,7 @@ import os
 import time
 
 from rlkit.controller import Dispatch, Worker, local_role, register
+from rlkit.debug import maybe_break, set_step
 from rlkit.protocol import Batch
 from rlkit.trainer.config_schema import RLConfig
 from rlkit.workers.rollout.base import ROLLOUT_BACKENDS
@@ -43,6 +44,9 @@ class RolloutWorker(Worker):
     def generate_sequences(self, batch: Batch, validate: bool = False, call_id: int = 0) -> Batch:
         """One response per row. `call_id` (the driver's step) seeds sampling: reproducible on resume,
         and never the same draws twice (a fixed seed would replay them every step)."""
+        if not validate:
+            set_step(call_id // 1000)  # call_id = global_step * 1000 + attempt; roles share the process
+        maybe_break("rollout.validate" if validate else "rollout.generate")
         rollout = self.cfg.actor_rollout_ref.rollout
         start = time.perf_counter()
         rss_sleep = _rss_mb()

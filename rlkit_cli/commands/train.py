@@ -52,7 +52,10 @@ def train(
     try:
         run_training(cfg, LaunchOptions(address=address, debug=mode, num_cpus=num_cpus), console)
     except WorkerError as exc:
-        Console(stderr=True).print(f"[bold red]worker failure:[/bold red] {exc}")
+        from rich.text import Text
+
+        # The worker's traceback is plain text with ANSI colours: not rich markup ("x[role]" must survive), no wrapping.
+        Console(stderr=True, soft_wrap=True).print("[bold red]worker failure:[/bold red]", Text.from_ansi(str(exc)))
         raise typer.Exit(1) from None
 
 

@@ -109,6 +109,19 @@ def test_maybe_break_follows_break_at(monkeypatch, hook_calls):
     assert rd.maybe_break("actor.update_critic")  # rank=*
 
 
+def test_test_hooks_raise_or_breakpoint_at_a_phase(monkeypatch, hook_calls):
+    monkeypatch.delenv("RLKIT_BREAK_AT", raising=False)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv(bp.TEST_RAISE_ENV, "critic.*, actor.update_policy")
+    with pytest.raises(RuntimeError, match="injected failure in actor.update_policy on rank 2"):
+        rd.maybe_break("actor.update_policy")
+    assert not rd.maybe_break("rollout.generate")
+    monkeypatch.delenv(bp.TEST_RAISE_ENV)
+    monkeypatch.setenv(bp.TEST_BREAKPOINT_ENV, "rollout.*")
+    assert not rd.maybe_break("rollout.generate") and len(hook_calls) == 1  # the builtin breakpoint(), every rank
+    assert not rd.maybe_break("actor.update_policy") and len(hook_calls) == 1
+
+
 def test_parse_break_at():
     rules = bp.parse_break_at("a.b, c.*:rank=2:step=7,d:rank=*")
     assert rules == (bp.BreakRule("a.b"), bp.BreakRule("c.*", 2, 7), bp.BreakRule("d", None, None))
@@ -207,6 +220,7 @@ def test_rank_from_actor_name_or_runtime_env():
     assert _rank_of({"name": "w", "repr_name": "Worker(rank=2)"}, {}) == 2
     env = json.dumps({"env_vars": {"RANK": "5"}})
     assert _rank_of({"name": "w", "serialized_runtime_env": env}, {}) == 5
+    assert _rank_of({"name": "rlkit:1"}, {}) == 1  # worker-group actors: "<group>:<rank>"
     assert _rank_of({}, {}) is None
 
 
@@ -257,6 +271,22 @@ def test_state_file_round_trip(tmp_path, monkeypatch):
     assert cl.load_state() == info
     assert cl.running_cluster() is None  # dead dashboard, no processes: forgotten
     assert cl.load_state() is None
+
+
+def test_record_driver_cluster_keeps_a_cluster_up_record(tmp_path, monkeypatch):
+    monkeypatch.setenv(cl.STATE_ENV, str(tmp_path / "cluster.json"))
+    cl.record_driver_cluster("127.0.0.1:1", "10.0.0.1:2")  # a run's own local Ray
+    info = cl.load_state()
+    assert info is not None and info.started_by == "rlkit train" and info.dashboard_url == "http://127.0.0.1:1"
+    assert info.driver_pid == __import__("os").getpid()
+    assert cl.running_cluster() == info  # dashboard not answering (yet), but the run is alive: kept
+    cl.save_state(cl.ClusterInfo(**{**info.__dict__, "driver_pid": 2**22 + 12345}))  # the run is gone
+    assert cl.running_cluster() is None and cl.load_state() is None
+    up = cl.ClusterInfo(address="10.0.0.1:6379", dashboard_url="http://127.0.0.1:2", temp_dir="/x")
+    cl.save_state(up)
+    monkeypatch.setattr(cl, "dashboard_alive", lambda url, timeout=2.0: True)
+    cl.record_driver_cluster("http://127.0.0.1:2", "10.0.0.1:6379")  # a run joined it with --address
+    assert cl.load_state() == up  # `rlkit cluster down` still owns it
 
 
 # -- the shipped .vscode files ----------------------------------------------------------------------

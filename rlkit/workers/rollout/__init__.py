@@ -1,0 +1,23 @@
+"""Rollout backends (token-in/token-out generation) and their registry.
+
+Importing this package registers every backend in `ROLLOUT_BACKENDS`; none of
+them imports vLLM until an engine is built.
+"""
+
+from rlkit.workers.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
+from rlkit.workers.rollout.config import RolloutConfig, ValKwargs
+from rlkit.workers.rollout.hf_rollout import HFRollout
+from rlkit.workers.rollout.vllm_rollout import VLLMRollout, default_backend_name, prepare_vllm_env
+
+__all__ = [
+    "ROLLOUT_BACKENDS",
+    "HFRollout",
+    "RolloutBackend",
+    "RolloutConfig",
+    "SamplingConfig",
+    "VLLMRollout",
+    "ValKwargs",
+    "assemble_output",
+    "default_backend_name",
+    "prepare_vllm_env",
+]

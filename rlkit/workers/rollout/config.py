@@ -1,0 +1,126 @@
+"""`RolloutConfig`: the `actor_rollout_ref.rollout` config section.
+
+Key names follow the convention of existing RL toolkits so run scripts carry
+over (`rollout.n`, `rollout.response_length`, `rollout.gpu_memory_utilization`,
+`rollout.val_kwargs.*`). Defaults are chosen to work on a laptop CPU:
+
+* `dtype="float32"`: CPU kernels are exact in float32 and the actor trains in
+  float32 on CPU, so rollout and actor log-probs agree to ~1e-5. GPU presets
+  should set `bfloat16`.
+* `kv_cache_memory_mb=256`: on CPU vLLM sizes its KV cache from this (a fixed
+  budget is more predictable than a fraction of shared host memory);
+  `gpu_memory_utilization` is used on GPU only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlkit.errors import UserError
+from rlkit.workers.rollout.base import SamplingConfig
+
+DTYPES = ("bfloat16", "float32", "float16")
+BACKEND_NAMES = ("vllm", "hf")
+
+
+@dataclass
+class ValKwargs:
+    """Sampling used for validation (`rollout.val_kwargs`); greedy by default."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+    do_sample: bool = False
+
+
+@dataclass
+class RolloutConfig:
+    """Rollout engine + sampling settings. See the module docstring for the CPU defaults."""
+
+    name: str | None = None  # "vllm" | "hf"; None -> default_backend_name()
+    n: int = 1  # samples per prompt; the driver repeats rows, backends see one row per sample
+    prompt_length: int = 512
+    response_length: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off
+    do_sample: bool = True
+    dtype: str = "float32"
+    enforce_eager: bool = True
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    kv_cache_memory_mb: int = 256
+    max_num_seqs: int = 64  # vLLM scheduler batch; HF micro-batch size
+    max_num_batched_tokens: int | None = None  # None -> vLLM's default
+    max_model_len: int | None = None  # None -> prompt_length + response_length
+    free_cache_engine: bool = True  # sleep the engine between rollouts
+    sleep_level: int = 1  # 1: drop KV cache, keep weights; 2: drop both
+    calculate_log_probs: bool = False  # also return rollout_log_probs
+    update_weights_bucket_mb: int = 128  # weight sync streams buckets of this size
+    seed: int = 0  # engine seed (vLLM) / seed of the HF backend's private sampling stream
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.val_kwargs, dict):
+            self.val_kwargs = ValKwargs(**self.val_kwargs)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise UserError naming the key for values no backend can use."""
+        p = "actor_rollout_ref.rollout."
+        if self.name is not None and self.name not in BACKEND_NAMES:
+            raise UserError(f"{p}name='{self.name}' is not a rollout backend; use one of {list(BACKEND_NAMES)}")
+        if self.dtype not in DTYPES:
+            raise UserError(f"{p}dtype='{self.dtype}' is not supported; use one of {list(DTYPES)}")
+        for key in ("n", "prompt_length", "response_length", "max_num_seqs", "tensor_model_parallel_size",
+                    "kv_cache_memory_mb", "update_weights_bucket_mb"):
+            if getattr(self, key) < 1:
+                raise UserError(f"{p}{key}={getattr(self, key)} must be >= 1")
+        for prefix, temp, top_p, top_k in (
+            (p, self.temperature, self.top_p, self.top_k),
+            (p + "val_kwargs.", self.val_kwargs.temperature, self.val_kwargs.top_p, self.val_kwargs.top_k),
+        ):
+            if temp < 0:
+                raise UserError(f"{prefix}temperature={temp} must be >= 0")
+            if not 0 < top_p <= 1:
+                raise UserError(f"{prefix}top_p={top_p} must be in (0, 1]")
+            if top_k == 0 or top_k < -1:
+                raise UserError(f"{prefix}top_k={top_k} must be -1 (off) or >= 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise UserError(f"{p}gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
+        if self.sleep_level not in (1, 2):
+            raise UserError(f"{p}sleep_level={self.sleep_level} must be 1 or 2")
+        if self.max_model_len is not None and self.max_model_len < self.prompt_length + self.response_length:
+            raise UserError(
+                f"{p}max_model_len={self.max_model_len} is shorter than prompt_length + response_length "
+                f"({self.prompt_length + self.response_length}); raise it or leave it unset"
+            )
+
+    @property
+    def model_len(self) -> int:
+        """The context the engine must hold: prompt + response unless set explicitly."""
+        return self.max_model_len or self.prompt_length + self.response_length
+
+    def to_sampling(self, greedy: bool = False) -> SamplingConfig:
+        """Training-time sampling; `greedy=True` (or `do_sample=False`) forces argmax decoding."""
+        return SamplingConfig(
+            response_length=self.response_length,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            greedy=greedy or not self.do_sample or self.temperature == 0,
+            calculate_log_probs=self.calculate_log_probs,
+        )
+
+    def to_val_sampling(self) -> SamplingConfig:
+        """Validation sampling from `val_kwargs` (greedy unless `val_kwargs.do_sample`)."""
+        v = self.val_kwargs
+        return SamplingConfig(
+            response_length=self.response_length,
+            temperature=v.temperature,
+            top_p=v.top_p,
+            top_k=v.top_k,
+            greedy=not v.do_sample or v.temperature == 0,
+            calculate_log_probs=False,
+        )

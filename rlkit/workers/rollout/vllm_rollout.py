@@ -1,0 +1,274 @@
+"""`vllm` rollout backend: one in-process `vllm.LLM` engine per worker (the hybrid engine).
+
+The engine lives in the worker's own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)
+so the trainer can stream its gathered weights straight into the model runner
+(`reload_weights(weights_iterator=...)`), without pickling tensors to an engine
+subprocess. vLLM is imported lazily: this module imports on machines without it.
+
+Log-probs: the engine runs with `logprobs_mode="processed_logprobs"`, so the
+log-prob of each sampled token is taken from the distribution it was sampled
+from: logits / temperature, top-k/top-p applied, renormalised (greedy: raw
+log_softmax). vLLM's default, `raw_logprobs`, would be log_softmax of the raw
+logits, i.e. temperature 1 whatever the sampling temperature. The HF backend
+returns the same quantity as this one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import gc
+import importlib.util
+import logging
+import os
+import random
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlkit.protocol import Batch
+from rlkit.workers.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
+from rlkit.workers.rollout.config import RolloutConfig
+from rlkit.workers.rollout.model_info import WeightNames, merge_stop_ids, special_token_ids
+
+GREEDY_EPS = 1e-5  # vLLM decodes greedily below this temperature
+
+
+def default_backend_name() -> str:
+    """"vllm" where it is installed, else "hf". Only looks for the package; importing vLLM is slow."""
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+
+def prepare_vllm_env() -> None:
+    """Environment vLLM must see before it is imported: engine in this process, caches in a temp dir.
+
+    Only sets variables that are unset, so a user's choice wins.
+    """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if "VLLM_CACHE_ROOT" in os.environ and "VLLM_RPC_BASE_PATH" in os.environ:
+        return
+    tmp = tempfile.mkdtemp(prefix="rlkit-vllm-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(tmp, "cache"))
+    os.environ.setdefault("VLLM_RPC_BASE_PATH", os.path.join(tmp, "rpc"))
+
+
+class _DropChatWarmupWarning(logging.Filter):
+    """With skip_tokenizer_init vLLM logs a traceback for its chat-template warmup; it is expected here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Chat template warmup failed" not in record.getMessage()
+
+
+_CHAT_WARMUP_FILTER = _DropChatWarmupWarning()
+
+
+@contextlib.contextmanager
+def _keep_global_rng() -> Iterator[None]:
+    """vLLM re-seeds the process-global RNGs (random, numpy, torch) when an engine starts; in a
+    colocated worker that would reset the trainer's RNG, so restore the caller's state afterwards."""
+    import numpy as np
+
+    py_state, np_state = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+    random.setstate(py_state)
+    np.random.set_state(np_state)
+
+
+def _release_engine_core(core) -> None:
+    """`EngineCore.shutdown` without its last step, `cleanup_dist_env_and_memory()`: that destroys
+    torch.distributed's WORLD group, which in a colocated worker is the trainer's (and is shared by
+    every engine in the process)."""
+    if getattr(core, "structured_output_manager", None) is not None:
+        core.structured_output_manager.clear_backend()
+    if getattr(core, "model_executor", None) is not None:
+        core.model_executor.shutdown()
+    if getattr(core, "scheduler", None) is not None:
+        core.scheduler.shutdown()
+    gc.unfreeze()
+
+
+def _trim_host_memory() -> None:
+    """Return freed heap pages to the OS (glibc only); no-op elsewhere."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+@ROLLOUT_BACKENDS.register("vllm")
+class VLLMRollout(RolloutBackend):
+    """An in-process vLLM engine, created once; generate / update_weights / sleep / wake_up many times."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        config: RolloutConfig,
+        tokenizer=None,
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        prepare_vllm_env()
+        import vllm
+        from vllm.platforms import current_platform
+
+        self.config = config
+        self.stop_ids, self.pad_id = special_token_ids(model_path, tokenizer)
+        self.weight_names = WeightNames.from_folder(model_path)
+        self.on_cpu = current_platform.is_cpu()
+        kwargs: dict[str, Any] = dict(
+            model=str(model_path),
+            dtype=config.dtype,
+            enforce_eager=config.enforce_eager,
+            tensor_parallel_size=config.tensor_model_parallel_size,
+            seed=config.seed,
+            max_model_len=config.model_len,
+            max_num_seqs=config.max_num_seqs,
+            skip_tokenizer_init=True,  # token ids in, token ids out
+            logprobs_mode="processed_logprobs",
+        )
+        if config.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
+        if self.on_cpu:
+            kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_mb << 20
+        else:
+            kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = True
+        kwargs.update(engine_kwargs or {})
+        logging.getLogger("vllm.renderers.base").addFilter(_CHAT_WARMUP_FILTER)  # added once
+        with _keep_global_rng():
+            self.llm = vllm.LLM(**kwargs)
+        client = self.llm.llm_engine.engine_core
+        if isinstance(getattr(client, "_finalizer", None), weakref.finalize):  # in-process engine
+            client._finalizer.detach()
+            client._finalizer = weakref.finalize(client, _release_engine_core, client.engine_core)
+        self.sleeping = False
+        self.last_update: dict[str, float] = {}
+
+    # ----------------------------------------------------------------- generate
+    def _sampling_params(self, sampling: SamplingConfig, seed: int | None):
+        from vllm import SamplingParams
+
+        greedy = sampling.greedy or sampling.temperature < GREEDY_EPS
+        return SamplingParams(
+            n=1,
+            temperature=0.0 if greedy else sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=0 if greedy or sampling.top_k < 1 else sampling.top_k,
+            max_tokens=sampling.response_length,
+            stop_token_ids=merge_stop_ids(sampling.stop_token_ids, self.stop_ids),
+            logprobs=0 if sampling.calculate_log_probs else None,
+            detokenize=False,
+            seed=seed,
+        )
+
+    def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:
+        from vllm import TokensPrompt
+
+        if self.sleeping:
+            self.wake_up()
+        ids, attn = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
+        requests = [TokensPrompt(prompt_token_ids=row[keep].tolist()) for row, keep in zip(ids, attn)]
+        if sampling.seed is None:
+            params = self._sampling_params(sampling, None)
+        else:  # one seed per row, or the n copies of a prompt would be identical samples
+            params = [self._sampling_params(sampling, sampling.seed + i) for i in range(len(requests))]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+
+        rows, length = len(requests), sampling.response_length
+        responses = torch.full((rows, length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((rows, length), dtype=torch.long)
+        log_probs = torch.zeros((rows, length), dtype=torch.float32) if sampling.calculate_log_probs else None
+        for i, out in enumerate(outputs):
+            completion = out.outputs[0]
+            tokens = list(completion.token_ids)[:length]
+            n = len(tokens)
+            responses[i, :n] = torch.tensor(tokens, dtype=torch.long)
+            mask[i, :n] = 1
+            if log_probs is not None:
+                per_step = completion.logprobs[:n]
+                log_probs[i, :n] = torch.tensor([step[t].logprob for step, t in zip(per_step, tokens)])
+        return assemble_output(prompts, responses, mask, log_probs)
+
+    # ------------------------------------------------------------- weight sync
+    def _check_in_process(self) -> None:
+        from vllm.v1.engine.core_client import InprocClient
+
+        if not isinstance(self.llm.llm_engine.engine_core, InprocClient):
+            raise RuntimeError(
+                "update_weights needs the vLLM engine in this process; set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+                "before vLLM is imported (prepare_vllm_env() does this when it runs first)"
+            )
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Stream full HF-named tensors into the model runner, then drop the prefix cache (stale KV).
+
+        Consumes `named_tensors` lazily (a bucketed generator is never materialised here); names
+        and shapes are checked against the model folder and any mismatch raises after the load.
+        """
+        self._check_in_process()
+        stream = self.weight_names.stream(named_tensors)
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
+        finally:
+            self.llm.reset_prefix_cache()
+        self.last_update = stream.finish()
+        return int(self.last_update["bytes"])
+
+    # ------------------------------------------------------------ sleep / wake
+    def sleep(self, level: int | None = None) -> None:
+        """GPU: vLLM sleep mode (1: offload weights, drop KV cache; 2: drop both).
+
+        CPU: vLLM has no sleep mode; the KV cache (`kv_cache_memory_mb`) and the weights stay
+        allocated. We drop the prefix cache and return freed heap to the OS, nothing more.
+        """
+        if self.sleeping:
+            return
+        level = self.config.sleep_level if level is None else level
+        if self.on_cpu:
+            self.llm.reset_prefix_cache()
+            _trim_host_memory()
+        else:
+            self.llm.sleep(level=level)
+            gc.collect()
+            torch.cuda.empty_cache()
+        self.sleeping = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Undo `sleep`. `tags=["weights"]` then `["kv_cache"]` wakes in two steps (GPU), so a weight
+        sync can run before the KV cache is allocated; after a level-2 sleep a sync is required."""
+        if not self.on_cpu:
+            self.llm.wake_up(tags)
+        if tags is None or "kv_cache" in tags:
+            self.sleeping = False
+
+    def memory_report(self) -> dict[str, int]:
+        """Process RSS (and CUDA allocated bytes on GPU), for before/after comparisons."""
+        import psutil
+
+        report = {"rss_bytes": psutil.Process().memory_info().rss}
+        if not self.on_cpu and torch.cuda.is_available():
+            report["device_allocated_bytes"] = torch.cuda.memory_allocated()
+        return report
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (tests, benchmarks)."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        client = llm.llm_engine.engine_core
+        finalizer = getattr(client, "_finalizer", None)
+        if isinstance(finalizer, weakref.finalize):
+            finalizer()  # _release_engine_core, once
+        else:
+            client.shutdown()
+        del self.llm
+        _trim_host_memory()
