@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Multi-node launch. Hardware: 2+ nodes with the same Python env and a shared filesystem for checkpoints.
+#   head node:    rlkit cluster up --num-gpus 8            (prints the address, e.g. 10.0.0.1:6379)
+#   each worker:  ray start --address 10.0.0.1:6379
+#   head node:    bash recipes/multinode.sh 10.0.0.1:6379
+# Expected: `rlkit cluster status` shows every node; ranks are placed node by node in a stable order.
+set -euo pipefail
+ADDRESS=${1:?usage: multinode.sh HEAD_ADDRESS [overrides...]}
+shift
+NNODES=${NNODES:-2}
+N_GPUS=${N_GPUS:-8}
+rlkit train grpo --address "$ADDRESS" \
+  data.train_files=~/data/gsm8k/train.parquet data.val_files=~/data/gsm8k/test.parquet \
+  actor_rollout_ref.model.path=Qwen/Qwen3-0.6B actor_rollout_ref.rollout.name=vllm \
+  actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.fsdp_config.param_dtype=bfloat16 \
+  trainer.nnodes="$NNODES" trainer.n_gpus_per_node="$N_GPUS" trainer.device=cuda \
+  trainer.default_local_dir=/shared/checkpoints/gsm8k_multinode "$@"
