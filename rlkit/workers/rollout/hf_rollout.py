@@ -157,6 +157,16 @@ class HFRollout(RolloutBackend):
         self.last_update = stream.finish()
         return int(self.last_update["bytes"])
 
+    def sleep(self, level: int | None = None) -> None:
+        """On GPU, park the weights in host memory between rollouts (any level); on CPU nothing to free."""
+        if self.device.type == "cuda":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        if self.device.type == "cuda":
+            self.model.to(self.device)
+
     def memory_report(self) -> dict[str, int]:
         """Process RSS (and CUDA allocated bytes on GPU), for before/after comparisons."""
         import psutil

@@ -96,6 +96,13 @@ def _release_engine_core(core) -> None:
     gc.unfreeze()
 
 
+def row_seed(seed: int, row: int) -> int:
+    """A well-mixed per-row seed: `seed + row` would collide with callers that offset `seed` by rank."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed % 2**63, row]).generate_state(1)[0] >> 1)
+
+
 def _trim_host_memory() -> None:
     """Return freed heap pages to the OS (glibc only); no-op elsewhere."""
     gc.collect()
@@ -180,7 +187,7 @@ class VLLMRollout(RolloutBackend):
         if sampling.seed is None:
             params = self._sampling_params(sampling, None)
         else:  # one seed per row, or the n copies of a prompt would be identical samples
-            params = [self._sampling_params(sampling, sampling.seed + i) for i in range(len(requests))]
+            params = [self._sampling_params(sampling, row_seed(sampling.seed, i)) for i in range(len(requests))]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
 
         rows, length = len(requests), sampling.response_length
@@ -200,12 +207,20 @@ class VLLMRollout(RolloutBackend):
 
     # ------------------------------------------------------------- weight sync
     def _check_in_process(self) -> None:
+        """Streaming a generator needs engine core and worker in this process (uniproc or external_launcher)."""
         from vllm.v1.engine.core_client import InprocClient
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
-        if not isinstance(self.llm.llm_engine.engine_core, InprocClient):
+        client = self.llm.llm_engine.engine_core
+        if not isinstance(client, InprocClient):
             raise RuntimeError(
                 "update_weights needs the vLLM engine in this process; set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
                 "before vLLM is imported (prepare_vllm_env() does this when it runs first)"
+            )
+        if not isinstance(client.engine_core.model_executor, UniProcExecutor):
+            raise RuntimeError(
+                "update_weights needs the model runner in this process: tensor_model_parallel_size > 1 needs "
+                "engine_kwargs={'distributed_executor_backend': 'external_launcher'} (one engine per rank)"
             )
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -245,6 +260,8 @@ class VLLMRollout(RolloutBackend):
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Undo `sleep`. `tags=["weights"]` then `["kv_cache"]` wakes in two steps (GPU), so a weight
         sync can run before the KV cache is allocated; after a level-2 sleep a sync is required."""
+        if not self.sleeping:
+            return
         if not self.on_cpu:
             self.llm.wake_up(tags)
         if tags is None or "kv_cache" in tags:

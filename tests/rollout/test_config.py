@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from rlkit.errors import UserError
+from rlkit.workers.rollout import (
+    ROLLOUT_BACKENDS,
+    HFRollout,
+    RolloutConfig,
+    VLLMRollout,
+    default_backend_name,
+    prepare_vllm_env,
+)
+
+
+def test_defaults_are_cpu_friendly():
+    cfg = RolloutConfig()
+    assert cfg.dtype == "float32" and cfg.enforce_eager and cfg.tensor_model_parallel_size == 1
+    assert cfg.kv_cache_memory_mb == 256 and cfg.gpu_memory_utilization == 0.5
+    assert cfg.top_k == -1 and cfg.free_cache_engine and cfg.sleep_level == 1
+    assert cfg.model_len == cfg.prompt_length + cfg.response_length
+    assert cfg.val_kwargs.temperature == 0 and not cfg.val_kwargs.do_sample and cfg.val_kwargs.n == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({"dtype": "fp8"}, "dtype"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"n": 0}, "n="),
+        ({"sleep_level": 3}, "sleep_level"),
+        ({"name": "vlm"}, "name"),
+        ({"max_model_len": 8}, "max_model_len"),
+        ({"val_kwargs": {"top_p": 2.0}}, "val_kwargs.top_p"),
+    ],
+)
+def test_bad_values_name_the_key(kwargs, key):
+    with pytest.raises(UserError, match=f"actor_rollout_ref.rollout.{key}"):
+        RolloutConfig(**kwargs)
+
+
+def test_to_sampling():
+    cfg = RolloutConfig(response_length=7, temperature=0.7, top_p=0.9, top_k=5, calculate_log_probs=True)
+    s = cfg.to_sampling()
+    assert (s.response_length, s.temperature, s.top_p, s.top_k, s.greedy) == (7, 0.7, 0.9, 5, False)
+    assert s.calculate_log_probs and s.seed is None
+    assert cfg.to_sampling(greedy=True).greedy
+    assert RolloutConfig(do_sample=False).to_sampling().greedy
+    val = cfg.to_val_sampling()
+    assert val.greedy and not val.calculate_log_probs and val.response_length == 7
+    sampled_val = RolloutConfig(val_kwargs={"do_sample": True, "temperature": 0.6, "n": 4}).to_val_sampling()
+    assert not sampled_val.greedy and sampled_val.temperature == 0.6
+
+
+def test_registry_and_default_backend(monkeypatch):
+    assert ROLLOUT_BACKENDS.get("hf") is HFRollout
+    assert ROLLOUT_BACKENDS.get("vllm") is VLLMRollout
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert default_backend_name() == "hf"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert default_backend_name() == "vllm"
+
+
+def test_prepare_vllm_env_keeps_user_values(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "mine"))
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
+    prepare_vllm_env()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "mine")
+    assert "rlkit-vllm-" in os.environ["VLLM_RPC_BASE_PATH"]

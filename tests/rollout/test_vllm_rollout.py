@@ -1,0 +1,149 @@
+"""The `vllm` backend against the `hf` reference, on the tiny model in float32 (one shared engine)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from rlkit.workers.rollout import HFRollout, RolloutConfig, VLLMRollout  # noqa: E402
+from tests.rollout.helpers import check_layout, perturbed_state, reference_log_probs  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning")]
+
+R = 16
+# vLLM's CPU attention/GEMM kernels vs one transformers forward, float32: observed ~1e-6.
+LOGPROB_TOL = 1e-4
+RSS_GROWTH_LIMIT = 64 << 20  # 10 sleep/wake/generate cycles
+
+
+@pytest.fixture(scope="module")
+def config():
+    return RolloutConfig(prompt_length=32, response_length=R, calculate_log_probs=True, kv_cache_memory_mb=32)
+
+
+@pytest.fixture(scope="module")
+def engine(model_path, config):
+    """One engine for the module. Teardown also undoes what an in-process vLLM leaves in the pytest
+    process: its torch.distributed group and its no-op `torch.set_num_threads`."""
+    set_num_threads = torch.set_num_threads
+    rollout = VLLMRollout(model_path, config)
+    yield rollout
+    rollout.close()
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
+    torch.set_num_threads = set_num_threads
+
+
+@pytest.fixture(scope="module")
+def hf(model_path, config):
+    return HFRollout(model_path, config)
+
+
+@pytest.fixture(scope="module")
+def ref_model(model_path):
+    return AutoModelForCausalLM.from_pretrained(model_path).eval()
+
+
+def test_layout_and_log_probs(engine, ref_model, config, prompts):
+    batch = prompts.repeat(4)
+    for temperature, top_k in ((1.0, -1), (0.7, 20), (0.0, -1)):
+        sampling = dataclasses.replace(config.to_sampling(), temperature=temperature, top_k=top_k)
+        out = engine.generate(batch, sampling)
+        check_layout(out, batch, R, engine.stop_ids, engine.pad_id)
+        ref = reference_log_probs(ref_model, out, temperature=temperature or 1.0, top_k=top_k)
+        torch.testing.assert_close(out["rollout_log_probs"], ref, atol=LOGPROB_TOL, rtol=0)
+    no_lp = dataclasses.replace(config.to_sampling(), calculate_log_probs=False)
+    assert "rollout_log_probs" not in engine.generate(prompts, no_lp)
+
+
+def test_greedy_equals_hf_greedy(engine, hf, config, prompts):
+    greedy = config.to_sampling(greedy=True)
+    ours, ref = engine.generate(prompts, greedy), hf.generate(prompts, greedy)
+    assert torch.equal(ours["responses"], ref["responses"])
+    assert torch.equal(ours["response_mask"], ref["response_mask"])
+    torch.testing.assert_close(ours["rollout_log_probs"], ref["rollout_log_probs"], atol=LOGPROB_TOL, rtol=0)
+
+
+def test_stop_tokens_and_seeds(engine, hf, config, prompts):
+    greedy = config.to_sampling(greedy=True)
+    row = engine.generate(prompts, greedy)["responses"][0].tolist()
+    pos = next(i for i in range(2, R) if row[i] not in row[:i])
+    stopped = dataclasses.replace(greedy, stop_token_ids=[row[pos]])
+    out = engine.generate(prompts, stopped)
+    check_layout(out, prompts, R, [row[pos], *engine.stop_ids], engine.pad_id)
+    assert int(out["response_mask"][0].sum()) == pos + 1
+    assert torch.equal(out["responses"], hf.generate(prompts, stopped)["responses"])
+
+    seeded = dataclasses.replace(config.to_sampling(), seed=7)
+    batch = prompts.repeat(2)
+    first = engine.generate(batch, seeded)["responses"]
+    assert torch.equal(first, engine.generate(batch, seeded)["responses"])
+    assert not torch.equal(first[0::2], first[1::2]), "each row gets its own seed"
+
+
+def test_update_weights_matches_a_fresh_engine(engine, model_path, config, prompts, ref_model, tmp_path):
+    greedy = config.to_sampling(greedy=True)
+    before = engine.generate(prompts, greedy)
+    original = {k: v.clone() for k, v in ref_model.state_dict().items()}
+    new_state = perturbed_state(ref_model)
+    nbytes = engine.update_weights(iter(new_state.items()))
+    assert nbytes == sum(t.numel() * t.element_size() for t in new_state.values())
+    synced = engine.generate(prompts, greedy)
+    assert not torch.equal(before["responses"], synced["responses"]), "a sync that changed nothing"
+
+    folder = tmp_path / "perturbed"
+    shutil.copytree(model_path, folder)
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    model.load_state_dict(new_state)
+    model.save_pretrained(folder)
+    rng = torch.get_rng_state()
+    fresh = VLLMRollout(folder, config)
+    assert torch.equal(rng, torch.get_rng_state()), "engine start-up must not reseed the caller's RNG"
+    try:
+        expected = fresh.generate(prompts, greedy)
+    finally:
+        fresh.close()
+    assert torch.equal(synced["responses"], expected["responses"])
+    torch.testing.assert_close(synced["rollout_log_probs"], expected["rollout_log_probs"], atol=1e-5, rtol=0)
+
+    engine.update_weights(original.items())
+    assert torch.equal(engine.generate(prompts, greedy)["responses"], before["responses"])
+
+
+def test_update_weights_is_strict(engine, config, prompts, ref_model):
+    greedy = config.to_sampling(greedy=True)
+    before = engine.generate(prompts, greedy)["responses"]
+    with pytest.raises(ValueError, match=r"unknown names.*model\.layers\.9"):
+        engine.update_weights([("model.layers.9.mlp.up_proj.weight", torch.zeros(3))])
+    # nothing valid arrived: the engine still holds its weights
+    assert torch.equal(engine.generate(prompts, greedy)["responses"], before)
+    state = ref_model.state_dict()
+    with pytest.raises(ValueError, match="wrong shapes"):
+        engine.update_weights({**state, "lm_head.weight": state["lm_head.weight"][:-1]}.items())
+    engine.update_weights(state.items())
+    assert torch.equal(engine.generate(prompts, greedy)["responses"], before)
+
+
+def test_sleep_wake_cycles_do_not_grow_memory(engine, config, prompts):
+    sampling = config.to_sampling()
+    engine.generate(prompts, sampling)  # warm allocator
+    start = engine.memory_report()["rss_bytes"]
+    for _ in range(10):
+        engine.sleep()
+        assert engine.sleeping
+        engine.wake_up()
+        out = engine.generate(prompts, sampling)
+        assert len(out) == len(prompts)
+    engine.sleep()
+    engine.generate(prompts, sampling)  # generate wakes a sleeping engine itself
+    assert not engine.sleeping
+    growth = engine.memory_report()["rss_bytes"] - start
+    assert growth < RSS_GROWTH_LIMIT, f"RSS grew by {growth / 2**20:.1f} MiB over 10 cycles"
