@@ -56,10 +56,10 @@ class RolloutBackend(ABC):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load full (unsharded) HF-named tensors into the engine; returns bytes loaded."""
 
-    def sleep(self, level: int = 1) -> None:
+    def sleep(self, level: int = 1) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Free what the engine can between rollouts (KV cache; level 2 also weights)."""
 
-    def wake_up(self) -> None:
+    def wake_up(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Undo `sleep` before the next generate."""
 
 
