@@ -103,6 +103,9 @@ class ActorWorker(_PolicyScorer):
         response_length = batch["responses"].shape[1]
         temperature = self.cfg.actor_rollout_ref.rollout.temperature
         metrics: dict[str, list[float]] = defaultdict(list)
+        offload = cfg.fsdp_config.optimizer_offload
+        if offload:
+            self.model.load_optimizer()
         self.model.module.train()
         gen = torch.Generator().manual_seed(self.cfg.trainer.seed + self.rank)
         for _epoch in range(cfg.ppo_epochs):
@@ -150,6 +153,8 @@ class ActorWorker(_PolicyScorer):
                     metrics["actor/ppo_kl"].append(float(pg["ppo_kl"]))
                     metrics["actor/pg_clipfrac_lower"].append(float(pg["pg_clipfrac_lower"]))
                 metrics["actor/grad_norm"].append(self.model.clip_and_step(cfg.grad_clip))
+        if offload:
+            self.model.offload_optimizer()
         assert self.model.scheduler is not None
         metrics["actor/lr"].append(self.model.scheduler.get_last_lr()[0])
         self.model.scheduler.step()

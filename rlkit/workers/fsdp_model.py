@@ -121,6 +121,23 @@ class FSDPModel:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim, total_steps))
 
+    def offload_optimizer(self) -> None:
+        """Move optimizer state to host memory between updates (frees device memory for the rollout engine)."""
+        self._move_optimizer(torch.device("cpu"))
+
+    def load_optimizer(self) -> None:
+        self._move_optimizer(self.device)
+
+    def _move_optimizer(self, device: torch.device) -> None:
+        if self.optimizer is None or self.device.type == "cpu":
+            return  # on CPU the state already lives in host memory
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    state[key] = value.to(device, non_blocking=True)
+        if device.type == "cpu":
+            torch.cuda.empty_cache()
+
     def clip_and_step(self, max_norm: float) -> float:
         """Clip the global grad norm, step if finite; returns the norm (nan/inf = step skipped)."""
         assert self.optimizer is not None
