@@ -92,6 +92,7 @@ def test_sync_matches_fresh_engine_and_logprobs_agree(tmp_path, ray_local):
     assert summary.steps == 4
 
 
+@pytest.mark.timeout(1800)
 def test_grpo_with_vllm_learns_toy(tmp_path, ray_local):
     from rlkit.trainer.ppo_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
