@@ -45,7 +45,7 @@ def toy_config(toy, model, tmp_path, steps, extra=()):
         "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.rollout.n=8",
         "actor_rollout_ref.rollout.kv_cache_memory_mb=64", "actor_rollout_ref.actor.optim.lr=5e-3",
         f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={tmp_path}/ckpt",
-        "trainer.n_gpus_per_node=1", "trainer.cpus_per_worker=2", "trainer.resume_mode=disable",
+        "trainer.n_gpus_per_node=1", "trainer.cpus_per_worker=1", "trainer.resume_mode=disable",
         "trainer.logger=[file]", f"trainer.log_dir={tmp_path}/logs", *extra,
     ])
 
