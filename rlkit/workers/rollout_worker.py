@@ -36,6 +36,11 @@ class RolloutWorker(Worker):
         rollout = self.cfg.actor_rollout_ref.rollout
         backend = ROLLOUT_BACKENDS.get(rollout.name)
         self.engine = backend(self.model_path, rollout)
+        if rollout.multi_turn.enable:  # the agent loop (tools between turns) drives the engine
+            from rlkit.utils.model_loading import load_tokenizer
+            from rlkit.workers.rollout.agent_rollout import AgentRollout
+
+            self.engine = AgentRollout(self.engine, load_tokenizer(self.model_path), rollout)
         if rollout.free_cache_engine:
             self.engine.sleep(rollout.sleep_level)
         return {"backend": rollout.name, "init_s": time.perf_counter() - start}
@@ -60,8 +65,8 @@ class RolloutWorker(Worker):
         if rollout.free_cache_engine:
             self.engine.sleep(rollout.sleep_level)
         tokens = float(out["response_mask"].sum())
-        out.meta.setdefault("metrics", {})
         out.meta["metrics"] = {
+            **out.meta.get("metrics", {}),  # the agent loop's num_turns/*, tool_calls/*, ...
             "timing_s/gen": gen_s,
             "perf/rollout_tokens_per_s": tokens / max(gen_s, 1e-9),
             "perf/rollout_rss_mb_asleep": rss_sleep,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlkit.agent.config import MultiTurnConfig
 from rlkit.errors import UserError
 from rlkit.workers.rollout.base import SamplingConfig
 
@@ -60,10 +61,13 @@ class RolloutConfig:
     update_weights_bucket_mb: int = 128  # weight sync streams buckets of this size
     seed: int = 0  # engine seed (vLLM) / seed of the HF backend's private sampling stream
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # agent loop with tools (docs/agents.md)
 
     def __post_init__(self) -> None:
         if isinstance(self.val_kwargs, dict):
             self.val_kwargs = ValKwargs(**self.val_kwargs)
+        if isinstance(self.multi_turn, dict):
+            self.multi_turn = MultiTurnConfig(**self.multi_turn)
         self.validate()
 
     def validate(self) -> None:
@@ -96,6 +100,8 @@ class RolloutConfig:
                 f"{p}max_model_len={self.max_model_len} is shorter than prompt_length + response_length "
                 f"({self.prompt_length + self.response_length}); raise it or leave it unset"
             )
+        if self.multi_turn.enable:
+            self.multi_turn.validate()  # tool / format / interaction names exist
 
     @property
     def model_len(self) -> int:

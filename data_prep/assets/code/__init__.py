@@ -1,0 +1,1 @@
+"""rlkit's handmade code problems (problem, entry point, reference solution, assert tests)."""
