@@ -57,6 +57,10 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
     prepare_driver_env(opts.debug)
     env_vars = {
         "TOKENIZERS_PARALLELISM": "false",
+        # vLLM's per-request INFO/WARNING lines drown the progress view; RLKIT_VERBOSE=1 or your own value keeps them
+        "VLLM_LOGGING_LEVEL": os.environ.get(
+            "VLLM_LOGGING_LEVEL", "INFO" if os.environ.get("RLKIT_VERBOSE") else "ERROR"
+        ),
         "RLKIT_DIST_TIMEOUT_S": str(int(settings.dist_timeout_s(1800))),  # read with int() in the workers
     }
     runtime_env = merge_runtime_env({"env_vars": env_vars}, debug_runtime_env(opts.debug, cfg.trainer.debug.break_at))
@@ -83,7 +87,7 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
     """Run a full training job; returns the FitSummary."""
     import ray
 
-    from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.trainer.async_trainer import build_trainer
     from rlkit.utils.tracking import Tracking
 
     console = console or Console()
@@ -97,7 +101,7 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
     trainer = None
     try:
         with console.status("starting workers (model load, FSDP, rollout engine)..."):
-            trainer = RLTrainer(cfg)
+            trainer = build_trainer(cfg)
         with Tracking(cfg.trainer.logger, cfg.trainer.project_name, cfg.trainer.experiment_name, log_dir,
                       trainer.total_steps, cfg) as tracker:
             trainer.tracker = tracker
