@@ -40,6 +40,7 @@ class ModelConfig:
     path: str = f("smollm2-135m-instruct", "HF folder, hub id, .gguf file or alias (see `rlkit model list`)")
     enable_gradient_checkpointing: bool = f(False, "recompute activations in backward to save memory")
     use_remove_padding: bool = f(True, "pack sequences so no FLOPs are spent on pad tokens")
+    response_logits_only: bool = f(True, "LM head only where response tokens are predicted (no prompt/pad logits)")
     trust_remote_code: bool = f(False, "allow custom model code from the model folder")
     attn_implementation: str = f("sdpa", "attention kernel passed to transformers")
 
@@ -199,6 +200,12 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: int | None = f(2, "keep the last K checkpoints (null = all)")
     seed: int = f(42, "global seed")
     balance_batch: bool = f(True, "balance tokens across data-parallel ranks")
+    one_step_off_policy: bool = f(
+        False, "async: a separate rollout group generates batch k+1 while the actor trains on batch k "
+        "(turns on rollout log-probs and algorithm.rollout_is; see docs/performance.md)"
+    )
+    rollout_workers_per_node: int = f(1, "one_step_off_policy: rollout worker processes per node")
+    rollout_cpus_per_worker: float = f(1.0, "one_step_off_policy: CPU cores reserved per rollout worker")
     debug: DebugConfig = f(factory=DebugConfig, help="debugging switches")
 
 

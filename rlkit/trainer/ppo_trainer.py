@@ -78,7 +78,8 @@ class RLTrainer:
         )
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
-        self.workers = workers or build_workers(cfg, self.model_path, self.total_steps)
+        self.workers = workers or self._build_workers()
+        self.mfu_meter = _mfu_meter(cfg, self.model_path)
         self.global_step = 0
         self.tracker = tracker
         self.ckpt_root = Path(cfg.trainer.default_local_dir).expanduser()
@@ -99,6 +100,9 @@ class RLTrainer:
             step_s = time.perf_counter() - start
             metrics["timing_s/step"] = step_s
             metrics["perf/throughput"] = metrics.pop("_tokens", 0.0) / step_s
+            flops = metrics.pop("_flops", 0.0)
+            if self.mfu_meter is not None:
+                metrics["perf/mfu"] = self.mfu_meter(flops, step_s)
             metrics["training/epoch"] = self.train_loader.epoch
             summary.train_scores.append(metrics.get("critic/score/mean", float("nan")))
             summary.step_seconds.append(step_s)
@@ -151,6 +155,8 @@ class RLTrainer:
             **compute_data_metrics(batch), **gen_metrics, **timer.seconds,
         }
         metrics["_tokens"] = float(batch["attention_mask"].sum())
+        if self.mfu_meter is not None:
+            metrics["_flops"] = self.mfu_meter.step_flops(batch["attention_mask"], timer.seconds)
         return metrics
 
     # ------------------------------------------------------------- rollout
@@ -167,7 +173,7 @@ class RLTrainer:
                 prompts = next(self._data_iter)
             gen = repeat_with_uids(prompts, n)
             call_id = self.global_step * 1000 + attempt
-            out = self.workers.rollout.generate_sequences(gen.select(PROMPT_KEYS), call_id=call_id)
+            out = self.workers.rollout.generate_sequences(gen.select(self._rollout_keys(gen)), call_id=call_id)
             out.non_tensors.update(gen.non_tensors)
             with timer("reward"):
                 out.union(self.reward_fn(out))
@@ -187,9 +193,21 @@ class RLTrainer:
         usable = min(usable or len(batch), target)
         return batch[:usable], metrics
 
+    def _rollout_keys(self, gen: Batch) -> list[str]:
+        """Prompt tensors; with multi-turn also the raw messages and tool/interaction kwargs the agent loop reads."""
+        if not self.cfg.actor_rollout_ref.rollout.multi_turn.enable:
+            return PROMPT_KEYS
+        from rlkit.workers.rollout.agent_rollout import agent_input_keys
+
+        return PROMPT_KEYS + agent_input_keys(gen)
+
     def _batches(self):
         while True:
             yield from self.train_loader
+
+    def _build_workers(self) -> WorkerHandles:
+        """The worker groups of this trainer (a subclass may lay them out differently)."""
+        return build_workers(self.cfg, self.model_path, self.total_steps)
 
     # ----------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
@@ -201,7 +219,7 @@ class RLTrainer:
         for i in range(0, len(self.val_set), bs):
             prompts = self.val_set.get_batch(np.arange(i, min(i + bs, len(self.val_set))))
             gen = repeat_with_uids(prompts, n)
-            out = self.workers.rollout.generate_sequences(gen.select(PROMPT_KEYS), validate=True)
+            out = self.workers.rollout.generate_sequences(gen.select(self._rollout_keys(gen)), validate=True)
             out.non_tensors.update(gen.non_tensors)
             out.union(self.reward_fn(out))
             outs.append(out)
@@ -259,6 +277,22 @@ def raise_user(msg: str) -> None:
     from rlkit.errors import UserError
 
     raise UserError(msg)
+
+
+def _mfu_meter(cfg: RLConfig, model_path: str):
+    """perf/mfu's FLOP counter and peak (rlkit.utils.flops); None (no perf/mfu) if the model config is unreadable."""
+    from rlkit.utils.flops import MFUMeter
+
+    try:
+        import ray
+
+        gpu = cfg.trainer.device == "cuda" or (
+            cfg.trainer.device == "auto" and ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
+        )
+        return MFUMeter.for_run(cfg, model_path, gpu)
+    except Exception as exc:  # a metric must never stop a run
+        log.warning("perf/mfu disabled: %s", exc)
+        return None
 
 
 def _custom_fn(cfg: RLConfig) -> dict | None:

@@ -14,7 +14,7 @@ from rlkit.debug import maybe_break
 from rlkit.protocol import Batch
 from rlkit.trainer.config_schema import RLConfig
 from rlkit.workers.fsdp_model import FSDPModel
-from rlkit.workers.micro_batch import split_by_count, split_by_tokens
+from rlkit.workers.micro_batch import loss_scales, split_by_count, split_by_tokens
 
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 
@@ -47,6 +47,7 @@ class _PolicyScorer(Worker):
                     with_entropy=with_entropy,
                     remove_padding=model_cfg.use_remove_padding,
                     chunk_size=actor_cfg.logits_chunk_size,
+                    response_logits_only=model_cfg.response_logits_only,
                 )
                 lps.append(out.log_probs.float().cpu())
                 if with_entropy:
@@ -111,16 +112,17 @@ class ActorWorker(_PolicyScorer):
         for _epoch in range(cfg.ppo_epochs):
             data = batch.index(torch.randperm(len(batch), generator=gen)) if cfg.shuffle else batch
             for mini in data.split(mini_rows):
-                mini_tokens = float(mini["response_mask"].sum().clamp(min=1))
                 micros = _micro_batches(mini, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
                                         cfg.ppo_max_token_len_per_gpu)
-                for mb in micros:
+                scales = loss_scales([mb["response_mask"] for mb in micros], cfg.loss_agg_mode)
+                for mb, weight in zip(micros, scales):
                     mask = mb["response_mask"].float().to(self.device)
                     out = self.model.forward(
                         mb["input_ids"], mb["attention_mask"], mb["position_ids"], response_length,
                         temperature=temperature, with_entropy=cfg.entropy_coeff != 0,
                         remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding,
                         chunk_size=cfg.logits_chunk_size,
+                        response_logits_only=self.cfg.actor_rollout_ref.model.response_logits_only,
                     )
                     lp = out.log_probs
                     old = mb["old_log_probs"].to(self.device) if "old_log_probs" in mb else lp.detach()
@@ -144,9 +146,6 @@ class ActorWorker(_PolicyScorer):
                         kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
                         loss = loss + cfg.kl_loss_coef * kl_loss
                         metrics["actor/kl_loss"].append(float(kl_loss.detach()))
-                    weight = (
-                        float(mask.sum()) / mini_tokens if cfg.loss_agg_mode == "token-mean" else len(mb) / len(mini)
-                    )
                     (loss * weight).backward()
                     metrics["actor/pg_loss"].append(float(pg["pg_loss"].detach()))
                     metrics["actor/pg_clipfrac"].append(float(pg["pg_clipfrac"]))

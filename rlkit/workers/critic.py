@@ -14,7 +14,7 @@ from rlkit.debug import maybe_break
 from rlkit.protocol import Batch
 from rlkit.trainer.config_schema import RLConfig
 from rlkit.workers.fsdp_model import FSDPModel
-from rlkit.workers.micro_batch import split_by_count
+from rlkit.workers.micro_batch import loss_scales, split_by_count
 
 
 class CriticWorker(Worker):
@@ -61,14 +61,16 @@ class CriticWorker(Worker):
         self.model.module.train()
         for _ in range(c.ppo_epochs or 1):
             for mini in batch.split(mini_rows):
-                for mb in split_by_count(mini, c.ppo_micro_batch_size_per_gpu):
+                micros = split_by_count(mini, c.ppo_micro_batch_size_per_gpu)
+                scales = loss_scales([mb["response_mask"] for mb in micros], c.loss_agg_mode)
+                for mb, weight in zip(micros, scales):
                     mask = mb["response_mask"].float().to(self.device)
                     vpreds = self._values(mb)
                     loss, clipfrac = compute_value_loss(
                         vpreds, mb["values"].to(self.device), mb["returns"].to(self.device), mask,
                         c.cliprange_value, c.loss_agg_mode,
                     )
-                    (loss * len(mb) / len(mini)).backward()
+                    (loss * weight).backward()
                     metrics["critic/vf_loss"].append(float(loss.detach()))
                     metrics["critic/vf_clipfrac"].append(float(clipfrac))
                 metrics["critic/grad_norm"].append(self.model.clip_and_step(c.grad_clip))

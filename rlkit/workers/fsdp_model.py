@@ -6,6 +6,7 @@ roles differ only in whether an optimizer exists and which head is on top.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -111,6 +112,7 @@ class FSDPModel:
         if offload is None:
             model.to(device)
         self.module = model
+        self._has_logits_to_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
 
@@ -162,9 +164,18 @@ class FSDPModel:
         with_entropy: bool = False,
         remove_padding: bool = True,
         chunk_size: int = 1024,
+        response_logits_only: bool = True,
     ) -> ForwardOut:
-        """Log-probs (and entropy) of the response tokens, or values when this is a critic."""
+        """Log-probs (and entropy) of the response tokens, or values when this is a critic.
+
+        `response_logits_only` runs the LM head only where a response token is predicted (the
+        model's `logits_to_keep`), so no (rows x length x vocab) logits exist for prompt or pad
+        positions; other response positions get log-prob 0 (they are masked by `response_mask`).
+        """
         input_ids, attention_mask, position_ids = (t.to(self.device) for t in (input_ids, attention_mask, position_ids))
+        if response_logits_only and not self.value_head and self._has_logits_to_keep:
+            return self._forward_response_logits(input_ids, attention_mask, position_ids, response_length,
+                                                 temperature, with_entropy, remove_padding, chunk_size)
         if remove_padding:
             valid, mask4d = pack_mask(attention_mask)
             out = self.module(
@@ -191,6 +202,42 @@ class FSDPModel:
         flat = resp_logits.reshape(-1, resp_logits.shape[-1])
         lp = logprobs_from_logits(flat, responses.reshape(-1), chunk_size=chunk_size).view(responses.shape)
         ent = entropy_from_logits(flat, chunk_size=chunk_size).view(responses.shape) if with_entropy else None
+        return ForwardOut(log_probs=lp, entropy=ent)
+
+    def _forward_response_logits(
+        self, input_ids, attention_mask, position_ids, response_length, temperature, with_entropy, remove_padding,
+        chunk_size,
+    ) -> ForwardOut:
+        length = input_ids.shape[1]
+        # logits at column c predict token c+1: keep c where c+1 is a (non-pad) response token
+        need = torch.zeros_like(attention_mask, dtype=torch.bool)
+        need[:, length - response_length - 1 : length - 1] = attention_mask[:, length - response_length :].bool()
+        need &= attention_mask.bool()
+        if remove_padding:
+            valid, mask4d = pack_mask(attention_mask)
+            packed_pos = valid.reshape(-1).long().cumsum(0).view_as(valid) - 1  # index in the packed sequence
+            logits = self.module(
+                input_ids=input_ids[valid].unsqueeze(0),
+                position_ids=position_ids[valid].unsqueeze(0),
+                attention_mask=mask4d,
+                use_cache=False,
+                logits_to_keep=packed_pos[need],
+            ).logits[0]  # (K, V)
+        else:
+            logits = self.module(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                logits_to_keep=response_length + 1,
+            ).logits[:, :-1][need[:, length - response_length - 1 : length - 1]]  # (K, V)
+        if temperature != 1.0:
+            logits = logits / temperature
+        resp_need = need[:, length - response_length - 1 : length - 1]
+        labels = input_ids[:, length - response_length :][resp_need]
+        lp = logits.new_zeros(resp_need.shape, dtype=torch.float32)
+        lp[resp_need] = logprobs_from_logits(logits, labels, chunk_size=chunk_size)
+        ent = None
+        if with_entropy:
+            ent = logits.new_zeros(resp_need.shape, dtype=torch.float32)
+            ent[resp_need] = entropy_from_logits(logits, chunk_size=chunk_size)
         return ForwardOut(log_probs=lp, entropy=ent)
 
     # ------------------------------------------------------- weights out

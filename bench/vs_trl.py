@@ -1,0 +1,253 @@
+"""rlkit vs TRL's GRPOTrainer, same workload, same machine.
+
+    .venv/bin/python bench/vs_trl.py                     # set-up (once) + all variants -> table + JSON
+    .venv/bin/python bench/vs_trl.py --variants trl,rlkit-vllm --rounds 2
+    .venv/bin/python bench/vs_trl.py --report bench/results/vs_trl.json   # print the table of a saved run
+
+Workload (both frameworks): SmolLM2-135M-Instruct (the converted local folder, fp32), the first
+20 GSM8K training prompts in order, 4 prompts x 4 samples per step, at most 128 new tokens,
+temperature 1.0 (no top-k/top-p), rlkit's gsm8k scorer as the reward, lr 1e-6 (constant),
+one optimizer step per generation batch, 5 steps; the KL variants add a frozen reference
+(TRL beta=0.04, rlkit use_kl_loss with kl_loss_coef=0.04, both the k3 estimator).
+Reported numbers are medians over steps 2-5 (step 1 includes warm-up).
+
+Set-up: TRL lives in its own venv, bench/.venv-trl, created on first use: torch==2.13.0
+(the CPU wheel) first, then trl with transformers pinned to the version rlkit uses, so no CUDA
+torch is pulled and both run the same model code. No vLLM there: TRL generates with
+transformers `generate` (its default without a vLLM server). rlkit runs in its own venv
+(this interpreter) through the real fit loop on Ray, one worker with 2 CPUs; `rlkit-hf` swaps
+its vLLM engine for the transformers backend, so engine and pipeline are each visible.
+
+Columns: step, gen (generation only), reward (scoring), train (= step - gen - reward: log-prob
+and reference passes, advantages, the update, the weight sync, framework overhead), resp
+tok/s (response tokens of the step / step time), CPU s/step (user+sys of all the run's
+processes, less sensitive than wall time to other load on a shared machine), peak RSS (TRL:
+its process; rlkit: driver + worker, Ray's daemons apart), and the ratio rlkit/TRL of step
+time against the TRL run with the same reference setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+TRL_VENV = BENCH / ".venv-trl"
+TRL_PINS = ["trl==1.13.0", "accelerate", "datasets", "pandas", "pyarrow", "psutil", "requests"]
+TORCH_PIN = "torch==2.13.0"
+DATA_CACHE = Path.home() / ".cache" / "rlkit" / "bench"
+DEFAULT_OUT = BENCH / "results" / "vs_trl.json"
+KL_COEF = 0.04
+
+# name -> (framework, options); order = run order (TRL and rlkit interleaved to spread machine noise)
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "trl": ("trl", {"beta": 0.0}),
+    "rlkit-vllm": ("rlkit", {"rollout": "vllm", "kl": 0.0}),
+    "rlkit-hf": ("rlkit", {"rollout": "hf", "kl": 0.0}),
+    "rlkit-vllm-async": ("rlkit", {"rollout": "vllm", "kl": 0.0, "extra": [
+        "trainer.one_step_off_policy=true", "trainer.cpus_per_worker=1", "trainer.rollout_cpus_per_worker=1"]}),
+    "trl-kl": ("trl", {"beta": KL_COEF}),
+    "rlkit-vllm-kl": ("rlkit", {"rollout": "vllm", "kl": KL_COEF}),
+    "rlkit-hf-kl": ("rlkit", {"rollout": "hf", "kl": KL_COEF}),
+}
+DEFAULT_VARIANTS = ["trl", "rlkit-vllm", "rlkit-hf", "rlkit-vllm-async", "trl-kl", "rlkit-vllm-kl"]
+
+
+# ------------------------------------------------------------------ set-up
+def transformers_version() -> str:
+    from importlib.metadata import version
+
+    return version("transformers")
+
+
+def ensure_trl_venv(venv: Path = TRL_VENV) -> Path:
+    """bench/.venv-trl with torch (CPU wheel) installed first, then TRL; returns its python."""
+    py = venv / "bin" / "python"
+    stamp = venv / ".rlkit-bench-stamp"
+    want = " ".join([TORCH_PIN, *TRL_PINS, f"transformers=={transformers_version()}"])
+    if py.exists() and stamp.exists() and stamp.read_text() == want:
+        return py
+    print(f"vs_trl: setting up {venv} ({want})", flush=True)
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, TORCH_PIN], check=True)
+    subprocess.run([*pip, TORCH_PIN, f"transformers=={transformers_version()}", *TRL_PINS], check=True)
+    stamp.write_text(want)
+    return py
+
+
+def ensure_data(rows: int = 20) -> Path:
+    """The first `rows` GSM8K training prompts (rlkit's common schema), made with `rlkit data gsm8k`."""
+    out = DATA_CACHE / f"gsm8k_{rows}.parquet"
+    if out.exists():
+        return out
+    import pandas as pd
+
+    full = DATA_CACHE / "gsm8k"
+    if not (full / "train.parquet").exists():
+        subprocess.run([sys.executable, "-m", "rlkit_cli.main", "data", "gsm8k", "--out", str(full)], check=True,
+                       cwd=ROOT)
+    DATA_CACHE.mkdir(parents=True, exist_ok=True)
+    pd.read_parquet(full / "train.parquet").iloc[:rows].to_parquet(out)
+    return out
+
+
+def model_dir(name: str) -> str:
+    from rlkit.utils.model_loading import resolve_model_path
+
+    return str(resolve_model_path(name))
+
+
+# ------------------------------------------------------------------ runs
+def run_variant(name: str, model: str, data: Path, steps: int, out_dir: Path, trl_py: Path | None) -> dict:
+    framework, opts = VARIANTS[name]
+    out = out_dir / f"{name}.json"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+    if framework == "trl":
+        assert trl_py is not None
+        cmd = [str(trl_py), str(BENCH / "_trl_worker.py"), "--beta", str(opts["beta"])]
+    else:
+        cmd = [sys.executable, str(BENCH / "_rlkit_worker.py"), "--rollout", opts["rollout"],
+               "--kl-coef", str(opts["kl"]), *opts.get("extra", [])]
+    cmd += ["--model", model, "--data", str(data), "--out", str(out), "--steps", str(steps)]
+    print(f"vs_trl: {name}: {' '.join(cmd[1:3])} ... (load {os.getloadavg()[0]:.1f})", flush=True)
+    log = out_dir / f"{name}.log"
+    start = time.perf_counter()
+    with open(log, "w") as fh:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-30:])
+        raise RuntimeError(f"{name} failed (exit {proc.returncode}); last lines of {log}:\n{tail}")
+    raw = json.loads(out.read_text())
+    raw["wall_s"] = time.perf_counter() - start
+    return raw
+
+
+def _steps(raw: dict) -> list[dict]:
+    """Per-step rows in one shape: step_s, gen_s, reward_s, cpu_s, response tokens."""
+    rows = []
+    for r in raw["steps"]:
+        if raw["framework"] == "trl":
+            length = r.get("response_length_mean") or float("nan")
+            rows.append({"step": r["step"], "step_s": r["step_s"], "gen_s": r["gen_s"], "reward_s": r["reward_s"],
+                         "cpu_s": r["cpu_s"], "resp_tokens": 16 * length, "load": r.get("load_avg_1m")})
+        else:
+            reward = r.get("timing_s/reward", 0.0)
+            gen = r.get("timing_s/gen_only", r.get("timing_s/gen", 0.0) - reward)
+            rows.append({"step": r["step"], "step_s": r["timing_s/step"], "gen_s": gen, "reward_s": reward,
+                         "cpu_s": r.get("perf/cpu_s", float("nan")),
+                         "resp_tokens": 16 * r.get("response_length/mean", float("nan")), "load": r.get("load")})
+    return rows
+
+
+def summarize(raw: dict, first: int = 2) -> dict:
+    rows = [r for r in _steps(raw) if r["step"] >= first]
+
+    def med(key: str) -> float:
+        vals = [r[key] for r in rows if r[key] is not None]
+        return statistics.median(vals) if vals else float("nan")
+
+    step = med("step_s")
+    return {
+        "step_s": step, "gen_s": med("gen_s"), "reward_s": med("reward_s"),
+        "train_s": statistics.median([r["step_s"] - r["gen_s"] - r["reward_s"] for r in rows]),
+        "resp_tokens_per_s": statistics.median([r["resp_tokens"] / r["step_s"] for r in rows]),
+        "resp_len_mean": med("resp_tokens") / 16, "cpu_s": med("cpu_s"),
+        "peak_rss_mb": raw.get("peak_rss_mb"), "steps_used": len(rows),
+    }
+
+
+def table(summary: dict[str, dict]) -> str:
+    head = (f"{'variant':18s} {'step s':>8s} {'gen s':>7s} {'reward s':>8s} {'train s':>8s} {'resp tok/s':>10s} "
+            f"{'resp len':>8s} {'CPU s':>7s} {'peak RSS MB':>11s} {'rlkit/TRL':>9s} {'CPU ratio':>9s}")
+    lines = [head, "-" * len(head)]
+    for name, s in summary.items():
+        ref = summary.get("trl-kl" if name.endswith("-kl") else "trl")
+        ratio = s["step_s"] / ref["step_s"] if ref and name.startswith("rlkit") else None
+        cpu_ratio = s["cpu_s"] / ref["cpu_s"] if ref and name.startswith("rlkit") else None
+        lines.append(
+            f"{name:18s} {s['step_s']:8.1f} {s['gen_s']:7.1f} {s['reward_s']:8.2f} {s['train_s']:8.1f} "
+            f"{s['resp_tokens_per_s']:10.1f} {s['resp_len_mean']:8.1f} {s['cpu_s']:7.1f} {s['peak_rss_mb']:11.0f} "
+            f"{(f'{ratio:.2f}x' if ratio else '-'):>9s} {(f'{cpu_ratio:.2f}x' if cpu_ratio else '-'):>9s}"
+        )
+    return "\n".join(lines)
+
+
+def combine_rounds(per_round: list[dict[str, dict]]) -> dict[str, dict]:
+    """Median of each number over rounds (each round is already a median over steps 2-5)."""
+    out: dict[str, dict] = {}
+    names = list(dict.fromkeys(n for r in per_round for n in r))
+    for name in names:
+        runs = [r[name] for r in per_round if name in r]
+        out[name] = {k: statistics.median([run[k] for run in runs if run[k] is not None] or [float("nan")])
+                     for k in runs[0]}
+        out[name]["rounds"] = len(runs)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated of {list(VARIANTS)}")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1, help="repeat the whole set; medians over rounds")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--report", default=None, help="only print the table of a saved JSON")
+    args = ap.parse_args()
+    if args.report:
+        saved = json.loads(Path(args.report).read_text())
+        print(table(saved["summary"]))
+        return
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        sys.exit(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    trl_py = ensure_trl_venv() if any(VARIANTS[n][0] == "trl" for n in names) else None
+    data, model = ensure_data(), model_dir(args.model)
+    out = Path(args.out)
+    runs_dir = DATA_CACHE / "runs" / out.stem  # raw per-run JSON + logs (large), outside the repo
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    per_round, raw_steps = [], {}
+
+    def save() -> dict[str, dict]:
+        combined = combine_rounds(per_round)
+        result = {
+            "meta": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                     "model": args.model, "steps": args.steps, "rounds": args.rounds,
+                     "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg": os.getloadavg()},
+            "summary": combined, "per_round": per_round, "steps": raw_steps,
+        }
+        out.write_text(json.dumps(result, indent=1))
+        return combined
+
+    for rnd in range(args.rounds):
+        summary: dict[str, dict] = {}
+        per_round.append(summary)
+        for name in names:
+            try:
+                raw = run_variant(name, model, data, args.steps, runs_dir, trl_py)
+            except RuntimeError as exc:  # one broken variant must not lose the others' numbers
+                print(f"vs_trl: {exc}", file=sys.stderr, flush=True)
+                continue
+            summary[name] = summarize(raw)
+            raw_steps.setdefault(name, []).append(_steps(raw))
+            print(f"vs_trl: {name} round {rnd + 1}: step {summary[name]['step_s']:.1f}s "
+                  f"(gen {summary[name]['gen_s']:.1f}s, train {summary[name]['train_s']:.1f}s)", flush=True)
+            save()  # partial results survive an interrupted run
+    combined = save()
+    print()
+    print(table(combined))
+    print(f"\nvs_trl: wrote {out} (raw per-run JSON and logs in {runs_dir})")
+
+
+if __name__ == "__main__":
+    main()

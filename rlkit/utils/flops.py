@@ -1,0 +1,193 @@
+"""Model FLOPs of a step and the peak they are compared with (`perf/mfu`).
+
+FLOPs count the matmuls of a decoder-only transformer (the standard estimate used for MFU):
+per token, 2 FLOPs per weight of every projection (attention q/k/v/o, the MLP, the LM head;
+not the embedding lookup), plus attention scores and the weighted sum, 4 * layers * heads *
+head_dim per (query, key) pair, with causal attention over the token's own sequence. A
+backward pass costs twice its forward, so a trained token costs 3x a scored one.
+
+What `perf/mfu` counts: the tokens the step trained on (3 forwards each, times ppo_epochs)
+and the tokens it scored without gradient (old log-probs, reference), both only the valid
+(non-pad) tokens. Generation is not counted (it is bound by memory bandwidth, not matmul
+throughput). The peak is, on GPU, the device's spec-sheet dense peak for the compute dtype
+(`GPU_PEAK_TFLOPS`); on CPU the matmul peak measured by `bench/peak.py` (per core, times the
+cores the workers use) or, when that file is absent, `DEFAULT_CPU_GFLOPS_PER_CORE`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: Dense (no sparsity) spec-sheet peak in TFLOP/s: name fragment -> {dtype: peak}. First match wins.
+GPU_PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    ("GB200", {"bf16": 2500.0, "fp32": 80.0}),
+    ("B200", {"bf16": 2250.0, "fp32": 80.0}),
+    ("H200", {"bf16": 989.0, "fp32": 67.0}),
+    ("H100 PCIe", {"bf16": 756.0, "fp32": 51.0}),
+    ("H100", {"bf16": 989.0, "fp32": 67.0}),
+    ("H800", {"bf16": 989.0, "fp32": 67.0}),
+    ("H20", {"bf16": 148.0, "fp32": 44.0}),
+    ("A100", {"bf16": 312.0, "fp32": 19.5}),
+    ("A800", {"bf16": 312.0, "fp32": 19.5}),
+    ("L40S", {"bf16": 362.0, "fp32": 91.6}),
+    ("L40", {"bf16": 181.0, "fp32": 90.5}),
+    ("L4", {"bf16": 121.0, "fp32": 30.3}),
+    ("A10", {"bf16": 125.0, "fp32": 31.2}),
+    ("RTX 4090", {"bf16": 165.0, "fp32": 82.6}),
+    ("RTX 3090", {"bf16": 71.0, "fp32": 35.6}),
+    ("V100", {"bf16": 125.0, "fp32": 15.7}),  # fp16 tensor cores
+    ("T4", {"bf16": 65.0, "fp32": 8.1}),  # fp16 tensor cores
+]
+
+#: Used when bench/results/peak.json is absent: a conservative AVX2/AVX-512 core (fp32 ~ 2 FMA x 8-16 lanes x ~3 GHz).
+DEFAULT_CPU_GFLOPS_PER_CORE = {"fp32": 100.0, "bf16": 100.0}
+
+PEAK_FILE_ENV = "RLKIT_PEAK_FILE"
+DEFAULT_PEAK_FILE = Path(__file__).resolve().parents[2] / "bench" / "results" / "peak.json"
+
+
+# --------------------------------------------------------------- model FLOPs
+def _cfg(config: Any, *names: str, default: Any = None) -> Any:
+    for n in names:
+        value = getattr(config, n, None)
+        if value is not None:
+            return value
+    return default
+
+
+def matmul_params_per_token(config: Any) -> int:
+    """Weights touched by one token in the projections and the LM head (MoE: the active experts only)."""
+    d = _cfg(config, "hidden_size", "n_embd", "d_model")
+    layers = _cfg(config, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _cfg(config, "num_attention_heads", "n_head")
+    kv_heads = _cfg(config, "num_key_value_heads", default=heads)
+    head_dim = _cfg(config, "head_dim", default=d // heads)
+    vocab = _cfg(config, "vocab_size")
+    ffn = _cfg(config, "intermediate_size", "n_inner", default=4 * d)
+    experts = _cfg(config, "num_experts_per_tok", default=None)
+    if experts:
+        ffn = _cfg(config, "moe_intermediate_size", default=ffn) * experts
+    gated = _cfg(config, "hidden_act", "activation_function", default="silu") in ("silu", "swiglu", "gelu_pytorch_tanh",
+                                                                                  "geglu")
+    attn = d * heads * head_dim * 2 + d * kv_heads * head_dim * 2  # q, o + k, v
+    mlp = (3 if gated else 2) * d * ffn
+    return int(layers * (attn + mlp) + d * vocab)
+
+
+def attention_flops_per_pair(config: Any) -> int:
+    """FLOPs per (query, key) pair over all layers: QK^T and the weighted sum of V."""
+    d = _cfg(config, "hidden_size", "n_embd", "d_model")
+    layers = _cfg(config, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _cfg(config, "num_attention_heads", "n_head")
+    head_dim = _cfg(config, "head_dim", default=d // heads)
+    return 4 * layers * heads * head_dim
+
+
+def forward_flops(config: Any, lengths: Iterable[int]) -> float:
+    """Forward FLOPs of sequences of these valid lengths (each attends causally within itself)."""
+    dense = 2 * matmul_params_per_token(config)
+    pair = attention_flops_per_pair(config)
+    total = 0.0
+    for n in lengths:
+        n = int(n)
+        total += dense * n + pair * n * (n + 1) / 2
+    return total
+
+
+def step_flops(config: Any, lengths: Iterable[int], train_passes: int = 1, score_passes: int = 0) -> float:
+    """FLOPs of a step: `train_passes` forward+backward (3x) and `score_passes` no-grad forwards."""
+    return forward_flops(config, lengths) * (3 * train_passes + score_passes)
+
+
+# --------------------------------------------------------------- peak FLOP/s
+def _dtype_key(dtype: torch.dtype | str) -> str:
+    name = str(dtype).replace("torch.", "")
+    return "fp32" if name in ("float32", "fp32", "tf32") else "bf16"
+
+
+def gpu_peak_flops(device_name: str, dtype: torch.dtype | str) -> float | None:
+    """Spec-sheet dense peak (FLOP/s) of one GPU, or None for an unknown device."""
+    for fragment, peaks in GPU_PEAK_TFLOPS:
+        if fragment.lower() in device_name.lower():
+            return peaks[_dtype_key(dtype)] * 1e12
+    return None
+
+
+def load_cpu_peak(path: str | Path | None = None) -> dict | None:
+    """bench/peak.py's JSON (or $RLKIT_PEAK_FILE), None when absent or unreadable."""
+    p = Path(path or os.environ.get(PEAK_FILE_ENV) or DEFAULT_PEAK_FILE)
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_peak_flops(cores: float, dtype: torch.dtype | str = torch.float32, peak: dict | None = None) -> float:
+    """Matmul peak (FLOP/s) of `cores` CPU cores: the measured per-core peak, else the default."""
+    key = _dtype_key(dtype)
+    peak = peak if peak is not None else load_cpu_peak()
+    per_core = None
+    if peak:
+        per_core = max(peak.get(f"{key}_gflops_per_core") or 0.0, (peak.get(f"{key}_gflops") or 0.0)
+                       / max(1, peak.get("cores") or 1))
+    per_core = per_core or DEFAULT_CPU_GFLOPS_PER_CORE[key]
+    return per_core * 1e9 * cores
+
+
+def peak_flops(device: str, workers: int, dtype: torch.dtype | str, cores_per_worker: float = 1.0,
+               device_name: str | None = None) -> tuple[float, str]:
+    """Peak FLOP/s of the whole run and where it came from ("spec:<gpu>", "measured", "default")."""
+    if device == "cuda":
+        name = device_name or (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+        per = gpu_peak_flops(name, dtype)
+        if per is not None:
+            return per * workers, f"spec:{name}"
+        return DEFAULT_CPU_GFLOPS_PER_CORE["fp32"] * 1e9 * workers, "default"  # unknown GPU: mfu is not meaningful
+    cores = min(workers * cores_per_worker, float(os.cpu_count() or 1))
+    peak = load_cpu_peak()
+    return cpu_peak_flops(cores, dtype, peak), "measured" if peak else "default"
+
+
+def mfu(flops: float, seconds: float, peak: float) -> float:
+    return flops / max(seconds, 1e-9) / max(peak, 1.0)
+
+
+class MFUMeter:
+    """`perf/mfu` of RL steps: FLOPs of the passes a step ran over its valid tokens / (step time x peak)."""
+
+    SCORE_PHASES = ("timing_s/old_log_prob", "timing_s/ref", "timing_s/values")
+
+    def __init__(self, model_config: Any, peak: float, source: str, actor_epochs: int = 1, critic_epochs: int = 1):
+        self.model_config, self.peak, self.source = model_config, peak, source
+        self.actor_epochs, self.critic_epochs = actor_epochs, critic_epochs
+
+    @classmethod
+    def for_run(cls, cfg: Any, model_path: str, gpu: bool) -> MFUMeter:
+        from transformers import AutoConfig
+
+        from rlkit.workers.fsdp_model import resolve_dtype
+
+        model = cfg.actor_rollout_ref.model
+        device = torch.device("cuda" if gpu else "cpu")
+        dtype = resolve_dtype(cfg.actor_rollout_ref.actor.fsdp_config.param_dtype, device)
+        t = cfg.trainer
+        peak, source = peak_flops(device.type, t.nnodes * t.n_gpus_per_node, dtype, t.cpus_per_worker)
+        epochs = cfg.actor_rollout_ref.actor.ppo_epochs
+        model_config = AutoConfig.from_pretrained(model_path, trust_remote_code=model.trust_remote_code)
+        return cls(model_config, peak, source, epochs, cfg.critic.ppo_epochs or epochs)
+
+    def step_flops(self, attention_mask: torch.Tensor, timings: dict[str, float]) -> float:
+        """FLOPs of the phases present in `timings` (a step's `timing_s/*`) over these rows' valid tokens."""
+        scored = sum(1 for k in self.SCORE_PHASES if k in timings)
+        trained = self.actor_epochs * ("timing_s/update_actor" in timings)
+        trained += self.critic_epochs * ("timing_s/update_critic" in timings)
+        return step_flops(self.model_config, attention_mask.sum(-1).tolist(), trained, scored)
+
+    def __call__(self, flops: float, seconds: float) -> float:
+        return mfu(flops, seconds, self.peak)

@@ -1,0 +1,98 @@
+"""Bad configs fail at start-up with one clear line naming the key (UserError; exit 1 from the CLI, no traceback)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from rlkit.errors import UserError
+from rlkit.trainer.config import load_config
+from rlkit_cli.main import app
+from tests.trainer.conftest import run_cli, toy_overrides
+
+runner = CliRunner()
+HF = ["actor_rollout_ref.rollout.name=hf"]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _fails(overrides: list[str], algo: str = "grpo") -> str:
+    with pytest.raises(UserError) as exc:
+        load_config(algo, HF + overrides)
+    return str(exc.value)
+
+
+def test_unknown_key_names_the_closest_valid_keys():
+    msg = _fails(["actor_rollout_ref.rollout.nn=4"])
+    assert "unknown config key 'actor_rollout_ref.rollout.nn'" in msg
+    assert "actor_rollout_ref.rollout.n," in msg
+    msg = _fails(["data.train_batchsize=4"])
+    assert "data.train_batch_size" in msg
+    # a leaf put in the wrong group is found by its name
+    msg = _fails(["trainer.ppo_mini_batch_size=4"])
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size" in msg
+
+
+def test_unknown_key_in_a_config_file(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("data:\n  train_batch_size: 8\n  max_prompt_len: 64\n")
+    with pytest.raises(UserError) as exc:
+        load_config("grpo", HF, str(cfg))
+    assert str(cfg) in str(exc.value) and "data.max_prompt_length" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, expect",
+    [
+        (["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=4"],
+         "ppo_mini_batch_size=4 must divide data.train_batch_size=6; e.g. set ppo_mini_batch_size=3"),
+        (["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8"], "must divide"),
+        (["trainer.n_gpus_per_node=3", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+          "actor_rollout_ref.rollout.n=4"], "8 sequences must split evenly over 3 workers"),
+        (["actor_rollout_ref.rollout.n=1"], "set actor_rollout_ref.rollout.n >= 2"),
+        (["data.train_batch_size=abc"], "bad value for 'data.train_batch_size'"),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"], "must be >= 1"),
+        (["algorithm.adv_estimator=grpoo"], "algorithm.adv_estimator='grpoo' is not registered"),
+        (["data.train_files=null"], "data.train_files is empty"),
+    ],
+)
+def test_inconsistent_or_bad_values(overrides, expect):
+    assert expect in _fails(overrides)
+
+
+def test_ppo_critic_batch_sizes_are_checked():
+    sizes = ["trainer.n_gpus_per_node=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
+    msg = _fails([*sizes, "critic.ppo_mini_batch_size=3"], algo="ppo")
+    assert "critic.ppo_mini_batch_size=3" in msg
+
+
+def test_cli_config_errors_exit_1_without_traceback():
+    for args, expect in [
+        (["train", "grpo", "--dry-run", *HF, "actor_rollout_ref.rollout.nn=4"], "actor_rollout_ref.rollout.n"),
+        (["train", "grpo", "--dry-run", *HF, "data.train_batch_size=6",
+          "actor_rollout_ref.actor.ppo_mini_batch_size=4"], "must divide data.train_batch_size=6"),
+        (["train", "grpoo", "--dry-run"], "Did you mean grpo"),
+    ]:
+        res = runner.invoke(app, args)
+        assert res.exit_code == 1, res.output
+        assert expect in _flat(res.output)
+        assert "Traceback" not in res.output
+
+
+def test_cli_dry_run_prints_the_plan(toy_data, tiny_model, tmp_path):
+    res = runner.invoke(app, ["train", "grpo", "--dry-run", *toy_overrides(toy_data, tiny_model, tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "resource plan" in res.output and "16 prompts x n=8 = 128" in _flat(res.output)
+
+
+@pytest.mark.slow
+def test_cli_missing_train_file_is_one_line_exit_1(toy_data, tiny_model, tmp_path):
+    """A real `rlkit train` process (it starts Ray, then reads the data): exit 1, the path named, no traceback."""
+    missing = tmp_path / "nope" / "train.parquet"
+    res = run_cli("train", "grpo", "--num-cpus", "1",
+                  *toy_overrides(toy_data, tiny_model, tmp_path, data__train_files=missing), timeout=180)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert str(missing) in _flat(res.stderr)
+    assert "Traceback" not in res.stdout + res.stderr
