@@ -1,0 +1,62 @@
+"""perf/mfu's arithmetic: model FLOPs per token, step FLOPs by phase, and where the peak comes from."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlkit.utils import flops
+
+# SmolLM2-135M (Llama, GQA 9/3 heads, tied embeddings): 134.5M weights in the matmuls per token
+SMOL = SimpleNamespace(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                       head_dim=64, intermediate_size=1536, vocab_size=49152, hidden_act="silu")
+
+
+def test_params_per_token_match_the_model():
+    per_layer = 576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536
+    assert flops.matmul_params_per_token(SMOL) == 30 * per_layer + 576 * 49152 == 134_479_872
+
+
+def test_forward_flops_dense_plus_causal_attention():
+    dense = 2 * 134_479_872
+    pair = 4 * 30 * 9 * 64
+    assert flops.forward_flops(SMOL, [1]) == dense + pair
+    assert flops.forward_flops(SMOL, [10, 3]) == dense * 13 + pair * (55 + 6)
+    # a trained token costs 3 forwards, a scored one 1
+    assert flops.step_flops(SMOL, [10], train_passes=2, score_passes=1) == 7 * flops.forward_flops(SMOL, [10])
+
+
+def test_meter_counts_the_phases_that_ran():
+    meter = flops.MFUMeter(SMOL, peak=1e12, source="test", actor_epochs=2)
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0]])
+    fwd = flops.forward_flops(SMOL, [3, 2])
+    assert meter.step_flops(mask, {"timing_s/update_actor": 1.0}) == 6 * fwd
+    both = {"timing_s/update_actor": 1.0, "timing_s/old_log_prob": 1.0, "timing_s/ref": 1.0}
+    assert meter.step_flops(mask, both) == 8 * fwd
+    assert meter(5e11, 2.0) == pytest.approx(0.25)
+
+
+def test_peak_from_the_measured_file_else_default(tmp_path, monkeypatch):
+    monkeypatch.setenv(flops.PEAK_FILE_ENV, str(tmp_path / "missing.json"))
+    peak, source = flops.peak_flops("cpu", workers=1, dtype=torch.float32, cores_per_worker=1)
+    assert source == "default" and peak == flops.DEFAULT_CPU_GFLOPS_PER_CORE["fp32"] * 1e9
+    path = tmp_path / "peak.json"
+    path.write_text(json.dumps({"cores": 2, "fp32_gflops": 150.0, "fp32_gflops_per_core": 90.0,
+                                "bf16_gflops": 60.0, "bf16_gflops_per_core": 40.0}))
+    monkeypatch.setenv(flops.PEAK_FILE_ENV, str(path))
+    peak, source = flops.peak_flops("cpu", workers=1, dtype=torch.float32, cores_per_worker=2)
+    assert source == "measured" and peak == pytest.approx(2 * 90e9)
+    peak, _ = flops.peak_flops("cpu", workers=1, dtype=torch.bfloat16, cores_per_worker=1)
+    assert peak == pytest.approx(40e9)
+
+
+def test_gpu_spec_peaks():
+    assert flops.gpu_peak_flops("NVIDIA H100 80GB HBM3", torch.bfloat16) == 989e12
+    assert flops.gpu_peak_flops("NVIDIA H100 PCIe", torch.bfloat16) == 756e12
+    assert flops.gpu_peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 19.5e12
+    assert flops.gpu_peak_flops("Some Future GPU", torch.bfloat16) is None
+    peak, source = flops.peak_flops("cuda", workers=8, dtype=torch.bfloat16, device_name="NVIDIA H200")
+    assert peak == 8 * 989e12 and source == "spec:NVIDIA H200"
