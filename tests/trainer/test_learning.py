@@ -46,6 +46,7 @@ def grpo_run(toy_data, tiny_model, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~1-2 min on idle cores; far more when the machine is shared
 def test_grpo_learns_the_copy_task(grpo_run):
     summary, rows, _, _ = grpo_run
     scores = [r["critic/score/mean"] for r in train_rows(rows)]
@@ -102,6 +103,7 @@ def test_export_gives_the_trained_actor(grpo_run, tiny_model, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~1-2 min on idle cores; far more when the machine is shared
 def test_ppo_with_a_critic_learns(toy_data, tiny_model, tmp_path):
     """The ppo preset (GAE, critic on) with n=8 samples per prompt and 2 PPO mini-batches per step.
 
