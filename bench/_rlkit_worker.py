@@ -46,28 +46,44 @@ def workload_overrides(model: str, data: str, steps: int, rollout: str, kl_coef:
     ]
 
 
-class RssSampler(threading.Thread):
-    """Max over time of the summed RSS of `pids` and their children."""
+def run_processes(driver: int, workers: list[int]) -> list:
+    """The driver (without its children: those are Ray's daemons and idle workers) and each worker
+    with its own children, each process once."""
+    import psutil
 
-    def __init__(self, pids: list[int], period_s: float = 0.2) -> None:
+    procs: dict[int, psutil.Process] = {}
+    for pid in [driver, *workers]:
+        try:
+            proc = psutil.Process(pid)
+            procs[pid] = proc
+            if pid != driver:
+                procs.update({c.pid: c for c in proc.children(recursive=True)})
+        except psutil.Error:
+            continue
+    return list(procs.values())
+
+
+class RssSampler(threading.Thread):
+    """Max over time of the summed RSS of the run's processes (`run_processes`)."""
+
+    def __init__(self, driver: int, period_s: float = 0.2) -> None:
         super().__init__(daemon=True)
-        self.pids, self.period_s, self.peak, self._stop_evt = pids, period_s, 0, threading.Event()
+        self.driver, self.workers, self.period_s, self.peak = driver, [], period_s, 0
+        self._stop_evt = threading.Event()
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.driver, *self.workers]
 
     def sample(self) -> int:
         import psutil
 
         total = 0
-        for pid in self.pids:
+        for p in run_processes(self.driver, self.workers):
             try:
-                proc = psutil.Process(pid)
-                procs = [proc, *proc.children(recursive=True)]
+                total += p.memory_info().rss
             except psutil.Error:
-                continue
-            for p in procs:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
+                pass
         return total
 
     def run(self) -> None:
@@ -82,22 +98,16 @@ class RssSampler(threading.Thread):
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    """user+sys CPU seconds of `pids` and their live children."""
+    """user+sys CPU seconds of the run's processes (pids[0] = the driver, the rest workers)."""
     import psutil
 
     total = 0.0
-    for pid in pids:
+    for p in run_processes(pids[0], pids[1:]) if pids else []:
         try:
-            proc = psutil.Process(pid)
-            procs = [proc, *proc.children(recursive=True)]
+            t = p.cpu_times()
+            total += t.user + t.system
         except psutil.Error:
-            continue
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                pass
+            pass
     return total
 
 
@@ -164,11 +174,11 @@ def main() -> None:
         init_ray(cfg, LaunchOptions(num_cpus=os.cpu_count()), Console(stderr=True))
         trainer = None
         try:
-            sampler = RssSampler([os.getpid()])
+            sampler = RssSampler(os.getpid())
             sampler.start()
             trainer = build_trainer(cfg)
             groups = [trainer.workers.group, getattr(trainer.workers, "rollout_group", None)]
-            sampler.pids += ray.get([a.pid.remote() for g in groups if g is not None for a in g.actors])
+            sampler.workers += ray.get([a.pid.remote() for g in groups if g is not None for a in g.actors])
             init_s = time.perf_counter() - start
             capture = Capture(sampler.pids)
             trainer.tracker = capture

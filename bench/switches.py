@@ -88,7 +88,7 @@ def run_variant(name: str, overrides: list[str], model: str, data: str, batch, r
     actor.init_model()
     actor.update_actor(batch)  # warm-up
     base_rss = psutil.Process().memory_info().rss
-    sampler = RssSampler([os.getpid()], period_s=0.05)
+    sampler = RssSampler(os.getpid(), period_s=0.05)
     sampler.start()
     update_s, logprob_s = [], []
     for _ in range(repeats):
