@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--beta", type=float, default=0.0)
     ap.add_argument("--micro", type=int, default=4, help="per_device_train_batch_size (grad accumulation fills 16)")
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="TRL's default; off here by default because it also turns off the KV cache in generate")
     args = ap.parse_args()
 
     import pandas as pd
@@ -84,6 +86,9 @@ def main() -> None:
         save_strategy="no",
         report_to=[],
         use_vllm=False,
+        # TRL >= 1.0 defaults to True; in train mode transformers then drops the KV cache inside `generate`
+        # (every new token recomputes the whole sequence), and rlkit does not checkpoint either
+        gradient_checkpointing=args.gradient_checkpointing,
         seed=1,
         dataloader_num_workers=0,
     )
@@ -138,6 +143,7 @@ def main() -> None:
         "trl_version": __import__("trl").__version__,
         "beta": args.beta,
         "micro": args.micro,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "train_s": time.perf_counter() - start,
         "steps": steps,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -18,12 +18,18 @@ transformers `generate` (its default without a vLLM server). rlkit runs in its o
 (this interpreter) through the real fit loop on Ray, one worker with 2 CPUs; `rlkit-hf` swaps
 its vLLM engine for the transformers backend, so engine and pipeline are each visible.
 
+TRL runs with gradient_checkpointing=False, like rlkit. TRL's own default (True) also makes
+transformers drop the KV cache inside `generate` while the model is in train mode, so every new
+token recomputes the whole sequence; `trl-defaults` measures that configuration. The ratio column
+always compares with `trl` / `trl-kl` (no checkpointing).
+
 Columns: step, gen (generation only), reward (scoring), train (= step - gen - reward: log-prob
 and reference passes, advantages, the update, the weight sync, framework overhead), resp
 tok/s (response tokens of the step / step time), CPU s/step (user+sys of all the run's
 processes, less sensitive than wall time to other load on a shared machine), peak RSS (TRL:
 its process; rlkit: driver + worker, Ray's daemons apart), and the ratio rlkit/TRL of step
-time against the TRL run with the same reference setting.
+time against the TRL run with the same reference setting (on the `trl-defaults` row: rlkit-vllm
+against TRL's default configuration).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ KL_COEF = 0.04
 # name -> (framework, options); order = run order (TRL and rlkit interleaved to spread machine noise)
 VARIANTS: dict[str, tuple[str, dict]] = {
     "trl": ("trl", {"beta": 0.0}),
+    "trl-defaults": ("trl", {"beta": 0.0, "extra": ["--gradient-checkpointing"]}),  # TRL's default config
     "rlkit-vllm": ("rlkit", {"rollout": "vllm", "kl": 0.0}),
     "rlkit-hf": ("rlkit", {"rollout": "hf", "kl": 0.0}),
     "rlkit-vllm-async": ("rlkit", {"rollout": "vllm", "kl": 0.0, "extra": [
@@ -58,7 +65,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "rlkit-vllm-kl": ("rlkit", {"rollout": "vllm", "kl": KL_COEF}),
     "rlkit-hf-kl": ("rlkit", {"rollout": "hf", "kl": KL_COEF}),
 }
-DEFAULT_VARIANTS = ["trl", "rlkit-vllm", "rlkit-hf", "rlkit-vllm-async", "trl-kl", "rlkit-vllm-kl"]
+DEFAULT_VARIANTS = ["trl", "rlkit-vllm", "rlkit-hf", "rlkit-vllm-async", "trl-kl", "rlkit-vllm-kl", "trl-defaults"]
 
 
 # ------------------------------------------------------------------ set-up
@@ -114,7 +121,7 @@ def run_variant(name: str, model: str, data: Path, steps: int, out_dir: Path, tr
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
     if framework == "trl":
         assert trl_py is not None
-        cmd = [str(trl_py), str(BENCH / "_trl_worker.py"), "--beta", str(opts["beta"])]
+        cmd = [str(trl_py), str(BENCH / "_trl_worker.py"), "--beta", str(opts["beta"]), *opts.get("extra", [])]
     else:
         cmd = [sys.executable, str(BENCH / "_rlkit_worker.py"), "--rollout", opts["rollout"],
                "--kl-coef", str(opts["kl"]), *opts.get("extra", [])]
@@ -171,9 +178,12 @@ def table(summary: dict[str, dict]) -> str:
             f"{'resp len':>8s} {'CPU s':>7s} {'peak RSS MB':>11s} {'rlkit/TRL':>9s} {'CPU ratio':>9s}")
     lines = [head, "-" * len(head)]
     for name, s in summary.items():
-        ref = summary.get("trl-kl" if name.endswith("-kl") else "trl")
+        ref = summary.get("trl-kl" if name.endswith("-kl") else "trl")  # TRL without gradient checkpointing
         ratio = s["step_s"] / ref["step_s"] if ref and name.startswith("rlkit") else None
         cpu_ratio = s["cpu_s"] / ref["cpu_s"] if ref and name.startswith("rlkit") else None
+        if name == "trl-defaults" and "rlkit-vllm" in summary:  # rlkit's default against TRL's default
+            ratio = summary["rlkit-vllm"]["step_s"] / s["step_s"]
+            cpu_ratio = summary["rlkit-vllm"]["cpu_s"] / s["cpu_s"]
         lines.append(
             f"{name:18s} {s['step_s']:8.1f} {s['gen_s']:7.1f} {s['reward_s']:8.2f} {s['train_s']:8.1f} "
             f"{s['resp_tokens_per_s']:10.1f} {s['resp_len_mean']:8.1f} {s['cpu_s']:7.1f} {s['peak_rss_mb']:11.0f} "
