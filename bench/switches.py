@@ -28,13 +28,16 @@ sys.path.insert(0, str(ROOT))
 VARIANTS: dict[str, list[str]] = {
     "plain": ["actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.model.response_logits_only=false"],
     "packed": ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.model.response_logits_only=false"],
-    "resp_logits": ["actor_rollout_ref.model.use_remove_padding=false",
-                    "actor_rollout_ref.model.response_logits_only=true"],
-    "packed+resp_logits": [],  # the defaults
-    "packed+resp_logits+micro16": ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"],
-    "packed+resp_logits+dyn4096": ["actor_rollout_ref.actor.use_dynamic_bsz=true",
+    "resp_logits": [],  # the defaults: padded rows (shared left padding trimmed), response-only logits
+    "packed+resp_logits": ["actor_rollout_ref.model.use_remove_padding=true"],
+    "packed+resp_logits+micro16": ["actor_rollout_ref.model.use_remove_padding=true",
+                                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"],
+    "packed+resp_logits+dyn4096": ["actor_rollout_ref.model.use_remove_padding=true",
+                                   "actor_rollout_ref.actor.use_dynamic_bsz=true",
                                    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"],
-    "packed+resp_logits+bf16": ["actor_rollout_ref.actor.fsdp_config.param_dtype=bfloat16"],
+    "resp_logits+bf16": ["actor_rollout_ref.actor.fsdp_config.param_dtype=bfloat16"],
+    "resp_logits+micro8": ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"],
+    "resp_logits+micro16": ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"],
 }
 RESPONSE_LENGTHS = [128] * 10 + [64, 80, 96, 104, 112, 120]
 

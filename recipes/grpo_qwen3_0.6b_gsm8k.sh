@@ -5,6 +5,7 @@
 # Expected: val accuracy on GSM8K rises from ~0.45 to ~0.65+ within 1-2 epochs (not measured by us yet).
 set -euo pipefail
 N_GPUS=${N_GPUS:-8}
+TP=${TP:-1}  # vLLM tensor parallel: GPUs per engine (must divide N_GPUS); 2 halves the weight memory per GPU
 rlkit data gsm8k --out ~/data/gsm8k
 rlkit train grpo \
   data.train_files=~/data/gsm8k/train.parquet data.val_files=~/data/gsm8k/test.parquet \
@@ -18,6 +19,7 @@ rlkit train grpo \
   actor_rollout_ref.actor.fsdp_config.param_dtype=bfloat16 \
   actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.dtype=bfloat16 \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5 \
+  actor_rollout_ref.rollout.tensor_model_parallel_size="$TP" \
   trainer.n_gpus_per_node="$N_GPUS" trainer.device=cuda \
   trainer.total_epochs=2 trainer.test_freq=10 trainer.save_freq=20 \
   trainer.logger=[console,file,tensorboard] \

@@ -30,6 +30,10 @@ def compute_data_metrics(batch: Batch) -> dict[str, float]:
     width = mask.shape[-1]
     if "token_level_scores" in batch:
         out.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))
+    if "reward_extra/acc" in batch:  # correctness alone (gsm8k, math, code scorers), without format bonuses
+        acc = [float(a) for a in batch["reward_extra/acc"] if a is not None]
+        if acc:
+            out["reward/acc/mean"] = sum(acc) / len(acc)
     if "token_level_rewards" in batch:
         out.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)))
     for key, name in (("advantages", "critic/advantages"), ("returns", "critic/returns"), ("values", "critic/values")):

@@ -83,9 +83,7 @@ def check_config(cfg: RLConfig) -> None:
                 f"critic.ppo_mini_batch_size={cmini} must divide data.train_batch_size={bsz} and "
                 f"critic.ppo_mini_batch_size * rollout.n must split over {ws} workers"
             )
-    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
-    if ws % tp:
-        raise UserError(f"rollout.tensor_model_parallel_size={tp} must divide the {ws} workers")
+    _check_tensor_parallel(cfg, ws)
     if cfg.trainer.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"trainer.device='{cfg.trainer.device}' must be auto | cpu | cuda")
     if cfg.algorithm.filter_groups.enable and n < 2:
@@ -94,3 +92,24 @@ def check_config(cfg: RLConfig) -> None:
 
 def _largest_divisor_at_most(total: int, cap: int) -> int:
     return max(d for d in range(1, min(total, cap) + 1) if total % d == 0)
+
+
+def _check_tensor_parallel(cfg: RLConfig, ws: int) -> None:
+    """TP splits the rollout workers into groups of `tp` ranks, each group one engine (vLLM only)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    tp = rollout.tensor_model_parallel_size
+    if tp == 1:
+        return
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    if rollout.name != "vllm":
+        raise UserError(f"{key}={tp} needs rollout.name=vllm (the '{rollout.name}' backend runs one full model "
+                        "per worker); set it to 1 or use vllm")
+    workers = ws
+    if cfg.trainer.one_step_off_policy:  # the rollout has its own group
+        workers = cfg.trainer.rollout_workers_per_node * cfg.trainer.nnodes
+    if workers % tp:
+        raise UserError(f"{key}={tp} must divide the {workers} rollout workers")
+    prompts = cfg.data.train_batch_size * rollout.n
+    if prompts % (workers // tp):
+        raise UserError(f"{key}={tp}: train_batch_size * rollout.n = {prompts} must split over the "
+                        f"{workers // tp} TP groups")

@@ -39,7 +39,9 @@ class DataConfig:
 class ModelConfig:
     path: str = f("smollm2-135m-instruct", "HF folder, hub id, .gguf file or alias (see `rlkit model list`)")
     enable_gradient_checkpointing: bool = f(False, "recompute activations in backward to save memory")
-    use_remove_padding: bool = f(True, "pack sequences so no FLOPs are spent on pad tokens")
+    use_remove_padding: bool = f(False, "pack the valid tokens of a micro-batch into one row (block-diagonal "
+                                 "mask); off: padded rows, shared left padding trimmed (faster here, "
+                                 "docs/performance.md)")
     response_logits_only: bool = f(True, "LM head only where response tokens are predicted (no prompt/pad logits)")
     trust_remote_code: bool = f(False, "allow custom model code from the model folder")
     attn_implementation: str = f("sdpa", "attention kernel passed to transformers")

@@ -121,12 +121,15 @@ def summary_table(summary: Any) -> Table:
     import math
 
     table = Table(title="run summary", show_header=False)
+    table.add_column("what", no_wrap=True)
+    table.add_column("value", overflow="fold")  # paths are shown whole, folded if the terminal is narrow
     table.add_row("steps", str(summary.steps))
-    scores = [s for s in summary.train_scores if not math.isnan(s)]
-    if scores:
-        k = max(1, min(5, len(scores) // 3 or 1))
-        first, last = sum(scores[:k]) / k, sum(scores[-k:]) / k
-        table.add_row(f"train reward (first {k} -> last {k} steps)", f"{first:.3f} -> {last:.3f}")
+    for name, series in (("train reward", summary.train_scores), ("train accuracy", summary.train_acc)):
+        values = [s for s in series if not math.isnan(s)]
+        if values:
+            k = max(1, min(5, len(values) // 3 or 1))
+            first, last = sum(values[:k]) / k, sum(values[-k:]) / k
+            table.add_row(f"{name} (first {k} -> last {k} steps)", f"{first:.3f} -> {last:.3f}")
     for key in sorted(set(summary.first_val) | set(summary.last_val)):
         if key.startswith("timing_s"):
             continue

@@ -43,6 +43,7 @@ class FitSummary:
     first_val: dict[str, float] = field(default_factory=dict)
     last_val: dict[str, float] = field(default_factory=dict)
     train_scores: list[float] = field(default_factory=list)
+    train_acc: list[float] = field(default_factory=list)  # empty unless the scorer reports `acc`
     step_seconds: list[float] = field(default_factory=list)
     checkpoint: str | None = None
     log_dir: str | None = None
@@ -105,6 +106,8 @@ class RLTrainer:
                 metrics["perf/mfu"] = self.mfu_meter(flops, step_s)
             metrics["training/epoch"] = self.train_loader.epoch
             summary.train_scores.append(metrics.get("critic/score/mean", float("nan")))
+            if "reward/acc/mean" in metrics:
+                summary.train_acc.append(metrics["reward/acc/mean"])
             summary.step_seconds.append(step_s)
             last = self.global_step == self.total_steps
             tf = self.cfg.trainer.test_freq

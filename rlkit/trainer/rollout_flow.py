@@ -99,11 +99,14 @@ def reduce_metrics(metrics: dict) -> dict[str, float]:
 
 
 def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
-    """mean@n, best@n and (when the scorer reports `pred`) maj@n of the score, per data_source."""
+    """mean@n, best@n and (when the scorer reports `pred`) maj@n of the score, per data_source; with
+    an `acc` extra (gsm8k, math, code) also the accuracy mean@n / pass@n, free of format bonuses."""
     scores = batch["token_level_scores"].sum(-1).numpy()
     sources = batch["data_source"]
     uids = batch["uid"]
     preds = batch["reward_extra/pred"] if "reward_extra/pred" in batch else None
+    acc = (np.array([float(a or 0.0) for a in batch["reward_extra/acc"]])
+           if "reward_extra/acc" in batch else None)  # correctness alone, without format bonuses
     out: dict[str, float] = {}
     for ds in sorted(set(sources)):
         rows = [i for i in range(len(scores)) if sources[i] == ds]
@@ -112,6 +115,10 @@ def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
             groups[uids[i]].append(i)
         prefix = f"val/{ds}"
         out[f"{prefix}/score/mean@{n}"] = float(np.mean(scores[rows]))
+        if acc is not None:
+            out[f"{prefix}/acc/mean@{n}"] = float(np.mean(acc[rows]))
+            if n > 1:
+                out[f"{prefix}/acc/pass@{n}"] = float(np.mean([acc[g].max() for g in groups.values()]))
         if n > 1:
             out[f"{prefix}/score/best@{n}"] = float(np.mean([scores[g].max() for g in groups.values()]))
             if preds is not None:

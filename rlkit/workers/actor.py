@@ -15,6 +15,7 @@ from rlkit.protocol import Batch
 from rlkit.trainer.config_schema import RLConfig
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.micro_batch import loss_scales, split_by_count, split_by_tokens
+from rlkit.workers.trainable import TrainableModelRole
 
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 
@@ -55,7 +56,7 @@ class _PolicyScorer(Worker):
         return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
 
 
-class ActorWorker(_PolicyScorer):
+class ActorWorker(_PolicyScorer, TrainableModelRole):
     """The trained policy. `update_actor` runs PPO epochs over mini-batches with the registered loss."""
 
     def __init__(self, cfg: RLConfig, model_path: str, total_steps: int) -> None:
@@ -154,23 +155,9 @@ class ActorWorker(_PolicyScorer):
                 metrics["actor/grad_norm"].append(self.model.clip_and_step(cfg.grad_clip))
         if offload:
             self.model.offload_optimizer()
-        assert self.model.scheduler is not None
-        metrics["actor/lr"].append(self.model.scheduler.get_last_lr()[0])
-        self.model.scheduler.step()
+        self.finish_update(metrics, "actor")
         metrics["timing_s/update_actor"].append(time.perf_counter() - start)
         return Batch(meta={"metrics": dict(metrics)})
-
-    @register(dispatch=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        from pathlib import Path
-
-        self.model.save(Path(path))
-
-    @register(dispatch=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        from pathlib import Path
-
-        self.model.load(Path(path))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
@@ -15,9 +14,10 @@ from rlkit.protocol import Batch
 from rlkit.trainer.config_schema import RLConfig
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.micro_batch import loss_scales, split_by_count
+from rlkit.workers.trainable import TrainableModelRole
 
 
-class CriticWorker(Worker):
+class CriticWorker(Worker, TrainableModelRole):
     def __init__(self, cfg: RLConfig, model_path: str, total_steps: int) -> None:
         super().__init__()
         self.cfg, self.model_path, self.total_steps = cfg, model_path, total_steps
@@ -74,16 +74,6 @@ class CriticWorker(Worker):
                     metrics["critic/vf_loss"].append(float(loss.detach()))
                     metrics["critic/vf_clipfrac"].append(float(clipfrac))
                 metrics["critic/grad_norm"].append(self.model.clip_and_step(c.grad_clip))
-        assert self.model.scheduler is not None
-        metrics["critic/lr"].append(self.model.scheduler.get_last_lr()[0])
-        self.model.scheduler.step()
+        self.finish_update(metrics, "critic")
         metrics["timing_s/update_critic"].append(time.perf_counter() - start)
         return Batch(meta={"metrics": dict(metrics)})
-
-    @register(dispatch=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        self.model.save(Path(path))
-
-    @register(dispatch=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        self.model.load(Path(path))

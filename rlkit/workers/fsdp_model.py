@@ -72,6 +72,18 @@ def pack_mask(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return valid, allowed[None, None]
 
 
+def trim_left_padding(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop the leading columns that are padding in every row (prompts are left-padded to the
+    longest allowed prompt, usually much longer than this micro-batch's). Exact: those columns are
+    masked out of attention; the response columns (counted from the end) are never touched."""
+    has_token = attention_mask.bool().any(0)
+    first = int(has_token.int().argmax()) if bool(has_token.any()) else 0
+    first = min(first, max(0, input_ids.shape[1] - response_length - 1))
+    return input_ids[:, first:], attention_mask[:, first:], position_ids[:, first:]
+
+
 class FSDPModel:
     """A causal LM (or a value model) wrapped with FSDP2 on the default process group."""
 
@@ -173,6 +185,9 @@ class FSDPModel:
         positions; other response positions get log-prob 0 (they are masked by `response_mask`).
         """
         input_ids, attention_mask, position_ids = (t.to(self.device) for t in (input_ids, attention_mask, position_ids))
+        if not remove_padding:  # padded rows: at least skip the columns no row uses
+            input_ids, attention_mask, position_ids = trim_left_padding(
+                input_ids, attention_mask, position_ids, response_length)
         if response_logits_only and not self.value_head and self._has_logits_to_keep:
             return self._forward_response_logits(input_ids, attention_mask, position_ids, response_length,
                                                  temperature, with_entropy, remove_padding, chunk_size)

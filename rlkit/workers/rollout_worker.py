@@ -3,6 +3,12 @@
 Cycle per step: sync (if the actor changed) -> wake -> generate -> sleep. The
 sync pulls full tensors from the colocated actor one parameter at a time, so
 the process never holds a second full copy of the model in flight.
+
+Tensor parallel (`rollout.tensor_model_parallel_size` = t > 1): consecutive
+ranks form TP groups of t; every rank runs one vLLM engine on the shared
+torch.distributed world (`external_launcher`), each holding 1/t of the model.
+The dispatch sends all ranks of a TP group the same data shard and keeps only
+the group's first rank's output (`set_dispatch_info`).
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ class RolloutWorker(Worker):
         start = time.perf_counter()
         rollout = self.cfg.actor_rollout_ref.rollout
         backend = ROLLOUT_BACKENDS.get(rollout.name)
-        self.engine = backend(self.model_path, rollout)
+        tp_kwargs = self._tensor_parallel_setup(rollout.tensor_model_parallel_size)
+        self.engine = backend(self.model_path, rollout, **tp_kwargs)
         if rollout.multi_turn.enable:  # the agent loop (tools between turns) drives the engine
             from rlkit.utils.model_loading import load_tokenizer
             from rlkit.workers.rollout.agent_rollout import AgentRollout
@@ -44,6 +51,16 @@ class RolloutWorker(Worker):
         if rollout.free_cache_engine:
             self.engine.sleep(rollout.sleep_level)
         return {"backend": rollout.name, "init_s": time.perf_counter() - start}
+
+    def _tensor_parallel_setup(self, tp: int) -> dict:
+        """Place this rank in its TP group; returns the backend's extra constructor arguments."""
+        if tp == 1:
+            return {}
+        if self.world_size % tp:
+            raise ValueError(f"rollout.tensor_model_parallel_size={tp} must divide the {self.world_size} workers")
+        self.init_distributed()  # vLLM builds its TP groups on this world
+        self.set_dispatch_info(self.rank // tp, self.world_size // tp, self.rank % tp == 0)
+        return {"engine_kwargs": {"distributed_executor_backend": "external_launcher"}}
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def generate_sequences(self, batch: Batch, validate: bool = False, call_id: int = 0) -> Batch:
@@ -59,7 +76,8 @@ class RolloutWorker(Worker):
         rss_awake = _rss_mb()
         sampling = rollout.to_val_sampling() if validate else rollout.to_sampling()
         if rollout.seed is not None:
-            sampling.seed = (rollout.seed * 1_000_003 + call_id * 7919 + self.rank) % 2**31
+            # the data-parallel rank: the ranks of one TP group must draw the same samples
+            sampling.seed = (rollout.seed * 1_000_003 + call_id * 7919 + self.dispatch_info().dp_rank) % 2**31
         out = self.engine.generate(batch, sampling)
         gen_s = time.perf_counter() - start
         if rollout.free_cache_engine:

@@ -65,3 +65,24 @@ def test_data_metrics_optional_keys():
             "response_length/clip_ratio": 0.5,
         }
     )
+
+
+def test_accuracy_from_scorer_extras_train_and_validation():
+    """A scorer's `acc` extra (correctness without the format bonus) becomes reward/acc/mean on train
+    batches and val/<source>/acc/mean@n, pass@n on validation, computed by hand here."""
+    from rlkit.trainer.rollout_flow import validation_metrics
+
+    batch = make_batch(with_values=False)
+    batch.non_tensors["reward_extra/acc"] = np.array([1.0, 0.0], dtype=object)
+    assert compute_data_metrics(batch)["reward/acc/mean"] == 0.5
+
+    # 2 prompts x n=2: scores include a 0.2 format bonus that acc must not count
+    val = Batch({"token_level_scores": T([[0.0, 1.0], [0.2, 0.0], [0.2, 0.0], [0.0, 0.0]]),
+                 "response_mask": T([[1.0, 1.0]] * 4)},
+                {"uid": np.array(["p", "p", "q", "q"], dtype=object),
+                 "data_source": np.array(["openai/gsm8k"] * 4, dtype=object),
+                 "reward_extra/acc": np.array([1.0, 0.0, 0.0, 0.0], dtype=object)})
+    m = validation_metrics(val, n=2)
+    assert m["val/openai/gsm8k/score/mean@2"] == pytest.approx(0.35)
+    assert m["val/openai/gsm8k/acc/mean@2"] == pytest.approx(0.25)
+    assert m["val/openai/gsm8k/acc/pass@2"] == pytest.approx(0.5)

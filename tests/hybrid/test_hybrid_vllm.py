@@ -50,19 +50,24 @@ def toy_config(toy, model, tmp_path, steps, extra=()):
     ])
 
 
-def test_sync_matches_fresh_engine_and_logprobs_agree(tmp_path, ray_local):
+def train_sync_and_compare(tmp_path, steps: int, extra=(), check_group=None):
+    """Train `steps` GRPO steps with engine log-probs, then check the synced engine: its greedy
+    output equals a fresh single-rank engine loaded from the exported checkpoint and differs from
+    before training; engine and trainer log-probs agree (float32 on both sides)."""
     from rlkit.trainer.ppo_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
     from rlkit.workers.fsdp_model import export_hf
     from rlkit.workers.rollout import RolloutConfig, VLLMRollout
 
     toy, model = make_toy_and_model(tmp_path)
-    cfg = toy_config(toy, model, tmp_path, steps=4, extra=[
+    cfg = toy_config(toy, model, tmp_path, steps=steps, extra=[
         "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.actor.recompute_old_log_prob=true",
-        "actor_rollout_ref.actor.optim.lr=2e-2",
+        "actor_rollout_ref.actor.optim.lr=2e-2", *extra,
     ])
     trainer = RLTrainer(cfg, tracker=Tracking(["file"], log_dir=tmp_path / "logs"))
     try:
+        if check_group is not None:
+            check_group(trainer.workers)
         prompts = trainer.val_set.get_batch(np.arange(16)).select(PROMPT_KEYS)
         before = trainer.workers.rollout.generate_sequences(prompts, validate=True)
         summary = trainer.fit()
@@ -70,26 +75,26 @@ def test_sync_matches_fresh_engine_and_logprobs_agree(tmp_path, ray_local):
     finally:
         trainer.workers.shutdown()
         trainer.tracker.finish()
+    assert summary.steps == steps and len(after) == len(prompts)
 
-    # engine vs trainer log-probs on the same sequences (float32 on both sides)
     rows = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     gaps = [r["rollout/log_prob_abs_diff"] for r in rows if "rollout/log_prob_abs_diff" in r]
-    assert len(gaps) == 4 and max(gaps) < 1e-3, gaps
+    assert len(gaps) == steps and max(gaps) < 1e-3, gaps
 
-    exported = export_hf(tmp_path / "ckpt" / "global_step_4" / "actor", tmp_path / "exported",
-                         tokenizer_dir=tmp_path / "ckpt" / "global_step_4" / "actor" / "tokenizer")
-    rcfg = RolloutConfig(name="vllm", prompt_length=32, response_length=3, kv_cache_memory_mb=64,
-                         calculate_log_probs=True)
+    ckpt = tmp_path / "ckpt" / f"global_step_{steps}" / "actor"
+    exported = export_hf(ckpt, tmp_path / "exported", tokenizer_dir=ckpt / "tokenizer")
+    rcfg = RolloutConfig(name="vllm", prompt_length=32, response_length=3, kv_cache_memory_mb=64)
     fresh = VLLMRollout(str(exported), rcfg)
     try:
-        sampling = rcfg.to_val_sampling()
-        sampling.calculate_log_probs = True
-        ref = fresh.generate(prompts, sampling)
+        ref = fresh.generate(prompts, rcfg.to_val_sampling())
     finally:
         fresh.close()
     assert torch.equal(after["responses"], ref["responses"]), "synced engine != fresh engine from exported weights"
     assert not torch.equal(before["responses"], after["responses"]), "training + sync changed nothing"
-    assert summary.steps == 4
+
+
+def test_sync_matches_fresh_engine_and_logprobs_agree(tmp_path, ray_local):
+    train_sync_and_compare(tmp_path, steps=4)
 
 
 @pytest.mark.timeout(1800)
@@ -110,3 +115,17 @@ def test_grpo_with_vllm_learns_toy(tmp_path, ray_local):
     assert first < 0.2, scores[:10]
     assert last > 0.5, (first, last)
     assert summary.last_val["val/rlkit/toy_copy/score/mean@1"] > 0.6, summary.last_val
+
+
+def test_tensor_parallel_rollout_syncs_and_matches_fresh_engine(tmp_path, ray_local):
+    """rollout.tensor_model_parallel_size=2 on 2 workers: one vLLM engine split over both ranks
+    (external_launcher on the trainer's gloo world), one copy of each row back (the TP follower's
+    output is dropped); after training + sync it answers like a single-rank engine."""
+
+    def one_tp_group(workers):
+        infos = workers.rollout.dispatch_info()
+        assert [(i.dp_rank, i.dp_size, i.is_collector) for i in infos] == [(0, 1, True), (0, 1, False)]
+
+    train_sync_and_compare(tmp_path, steps=2, check_group=one_tp_group, extra=[
+        "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    ])

@@ -122,3 +122,34 @@ def test_response_logits_only_skips_prompt_logits(process_group, model_path, mon
         handle.remove()
     rows = batch["input_ids"].shape[0]
     assert rows_seen == [rows * (RESPONSE + 1), int(batch["response_mask"].sum())]
+
+
+def test_padded_path_skips_columns_no_row_uses(process_group, model_path):
+    """Prompts padded far beyond the longest one in the batch: the padded path drops the shared
+    left padding (the model sees 5 fewer columns) and returns the same log-probs."""
+    from rlkit.workers.fsdp_model import trim_left_padding
+
+    model = FSDPModel(str(model_path), FSDPConfig(), torch.device("cpu"))
+    batch = handmade_batch()
+    extra = 5
+    wide = {k: torch.nn.functional.pad(batch[k], (extra, 0), value=0)
+            for k in ("input_ids", "attention_mask", "position_ids")}
+    ids, mask, _ = trim_left_padding(wide["input_ids"], wide["attention_mask"], wide["position_ids"], RESPONSE)
+    assert torch.equal(ids, batch["input_ids"]) and torch.equal(mask, batch["attention_mask"])
+    widths = []
+    handle = model.module.get_input_embeddings().register_forward_hook(lambda m, i, o: widths.append(o.shape[1]))
+    try:
+        with torch.no_grad():
+            ref = model.forward(batch["input_ids"], batch["attention_mask"], batch["position_ids"], RESPONSE,
+                                remove_padding=False).log_probs
+            got = model.forward(wide["input_ids"], wide["attention_mask"], wide["position_ids"], RESPONSE,
+                                remove_padding=False).log_probs
+    finally:
+        handle.remove()
+    assert widths == [PROMPT + RESPONSE] * 2
+    valid = batch["response_mask"].bool()
+    assert torch.allclose(got[valid], ref[valid], atol=1e-6, rtol=0)
+    # an all-padding batch is left alone
+    empty = torch.zeros_like(batch["attention_mask"])
+    kept = trim_left_padding(batch["input_ids"], empty, batch["position_ids"], RESPONSE)[0]
+    assert kept.shape[1] == PROMPT + RESPONSE

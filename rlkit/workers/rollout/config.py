@@ -28,11 +28,11 @@ BACKEND_NAMES = ("vllm", "hf")
 class ValKwargs:
     """Sampling used for validation (`rollout.val_kwargs`); greedy by default."""
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
-    n: int = 1
-    do_sample: bool = False
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus sampling; 1.0 = off
+    top_k: int = -1  # -1 = off
+    n: int = 1  # samples per validation prompt (mean@n, best@n, maj@n)
+    do_sample: bool = False  # false = greedy whatever the temperature
 
 
 @dataclass
@@ -41,17 +41,17 @@ class RolloutConfig:
 
     name: str | None = None  # "vllm" | "hf"; None -> default_backend_name()
     n: int = 1  # samples per prompt; the driver repeats rows, backends see one row per sample
-    prompt_length: int = 512
-    response_length: int = 512
-    temperature: float = 1.0
-    top_p: float = 1.0
+    prompt_length: int = 512  # longest prompt in tokens (set from data.max_prompt_length)
+    response_length: int = 512  # max new tokens (set from data.max_response_length)
+    temperature: float = 1.0  # sampling temperature for training rollouts
+    top_p: float = 1.0  # nucleus sampling; 1.0 = off
     top_k: int = -1  # -1 = off
-    do_sample: bool = True
-    dtype: str = "float32"
-    enforce_eager: bool = True
-    tensor_model_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
-    kv_cache_memory_mb: int = 256
+    do_sample: bool = True  # false = greedy training rollouts
+    dtype: str = "float32"  # engine weights/compute dtype (float32 | bfloat16 | float16)
+    enforce_eager: bool = True  # vLLM: no CUDA graphs / torch.compile (faster start, slower decode on GPU)
+    tensor_model_parallel_size: int = 1  # vLLM: ranks per engine; consecutive workers form TP groups
+    gpu_memory_utilization: float = 0.5  # vLLM on GPU: fraction of device memory for weights + KV cache
+    kv_cache_memory_mb: int = 256  # vLLM on CPU: explicit KV-cache size
     max_num_seqs: int = 64  # vLLM scheduler batch; HF micro-batch size
     max_num_batched_tokens: int | None = None  # None -> vLLM's default
     max_model_len: int | None = None  # None -> prompt_length + response_length

@@ -1,0 +1,179 @@
+"""The prepared device check: the CUDA paths that CPU CI cannot run, in one short script.
+
+    python bench/gpu_check.py                      # on a GPU machine: NCCL + bf16 + GRPO step timing
+    python bench/gpu_check.py --device cpu         # the same checks on CPU/gloo (what CI can prove)
+
+Three checks, each printed as a row of one table and written to JSON (`--out`):
+
+1. `env`: torch/CUDA versions, device name, the imports rlkit needs.
+2. `numerics`: FSDP2 (NCCL on CUDA, gloo on CPU; world of 1) in the trainer's compute dtype
+   (bf16 on GPU by `param_dtype=auto`) computes response log-probs of a fixed batch through
+   `FSDPModel.forward` (packed, response-only logits); the reference is the plain transformers
+   model in float32 on CPU. bf16 passes at mean |diff| < 0.05 nats and max < 0.5; float32 at 1e-4.
+3. `grpo_step`: `bench/grpo_step.py` (the real trainer on Ray, HF rollout, one worker per GPU)
+   on a random ~100M Llama (hidden 768, 12 layers: no weights can be downloaded there), 3 steps;
+   reports step time, phases and `perf/mfu` against the device's spec peak.
+
+The model is random (nothing to download); the tokenizer is rlkit's tiny word-level one, so the
+vocabulary is small and the LM head cheap: MFU here measures the decoder, not a 150k-vocab head.
+Exit status: 0 all checks passed, 1 a check failed (the table says which), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+TOLERANCE = {"bfloat16": (0.05, 0.5), "float32": (1e-4, 1e-3)}  # (mean, max) |log-prob diff| in nats
+
+
+def check_env(device: str) -> dict:
+    import torch
+
+    info = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available(), "python": sys.version.split()[0]}
+    if torch.cuda.is_available():
+        info.update(cuda=torch.version.cuda, devices=torch.cuda.device_count(), name=torch.cuda.get_device_name(0),
+                    nccl=".".join(map(str, torch.cuda.nccl.version())), bf16=torch.cuda.is_bf16_supported())
+    missing = []
+    for mod in ("ray", "transformers", "omegaconf", "typer", "rich", "pyarrow"):
+        try:
+            __import__(mod)
+        except ImportError:
+            missing.append(mod)
+    info["missing_imports"] = missing
+    ok = not missing and (device == "cpu" or torch.cuda.is_available())
+    return {"ok": ok, **info}
+
+
+def _fixed_batch(vocab: int, rows: int = 8, prompt: int = 24, response: int = 40):
+    """Left-padded prompts + right-padded responses, like the trainer's batches."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (rows, prompt + response), generator=g)
+    mask = torch.ones_like(ids)
+    for r in range(rows):
+        mask[r, : r % 5] = 0  # left padding
+        mask[r, prompt + response - (r % 7):] = 0  # right padding
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, pos, response
+
+
+def _reference_log_probs(model_path: Path, ids, mask, pos, response: int):
+    """Plain transformers, float32, CPU, padded: the numbers the trainer must reproduce."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -response - 1: -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, -response:, None]).squeeze(-1)
+
+
+def check_numerics(model_path: Path, device: str, dtype: str) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from rlkit.controller.worker import free_port
+    from rlkit.trainer.config_schema import FSDPConfig
+    from rlkit.workers.fsdp_model import FSDPModel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group(backend, rank=0, world_size=1)
+    try:
+        model = FSDPModel(str(model_path), FSDPConfig(param_dtype=dtype), torch.device(device, 0)
+                          if device == "cuda" else torch.device("cpu"))
+        ids, mask, pos, response = _fixed_batch(model.config.vocab_size)
+        with torch.no_grad():
+            start = time.perf_counter()
+            out = model.forward(ids, mask, pos, response)
+            fwd_s = time.perf_counter() - start
+        got = out.log_probs.float().cpu()
+    finally:
+        dist.destroy_process_group()
+    ref = _reference_log_probs(model_path, ids, mask, pos, response)
+    valid = mask[:, -response:].bool()
+    diff = (got - ref).abs()[valid]
+    mean_tol, max_tol = TOLERANCE[dtype]
+    return {"ok": bool(diff.mean() < mean_tol and diff.max() < max_tol), "backend": backend, "dtype": dtype,
+            "mean_abs_diff": float(diff.mean()), "max_abs_diff": float(diff.max()), "tolerance": [mean_tol, max_tol],
+            "forward_s": fwd_s, "tokens": int(valid.sum())}
+
+
+def check_grpo_step(model_path: Path, device: str, steps: int, out_dir: Path) -> dict:
+    import torch
+
+    workers = torch.cuda.device_count() if device == "cuda" else 1
+    out = out_dir / "grpo_step.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "grpo_step.py"), "--model", str(model_path), "--rollout", "hf",
+           "--steps", str(steps), "--workers", str(workers), "--prompts", "8", "--n", "8", "--response-length", "256",
+           "--micro-batch", "16", "--out", str(out), "--set", f"trainer.device={device}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0 or not out.exists():
+        return {"ok": False, "returncode": proc.returncode, "stderr_tail": proc.stderr[-3000:]}
+    res = json.loads(out.read_text())
+    return {"ok": True, "workers": workers, "step_s": res["step_s"], "phases_s": res["phases_s"], "mfu": res["mfu"],
+            "tokens_per_s": res["tokens_per_s"], "gen_tokens_per_s": res["gen_tokens_per_s"]}
+
+
+CHECKS = ("env", "numerics", "grpo_step")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--dtype", choices=list(TOLERANCE), default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    ap.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated subset of {CHECKS}")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=768, help="random model width (heads = hidden / 64)")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "bench/results"), "gpu_check.json"))
+    args = ap.parse_args(argv)
+    checks = args.checks.split(",")
+    if unknown := set(checks) - set(CHECKS):
+        print(f"unknown checks {sorted(unknown)}; choose from {CHECKS}", file=sys.stderr)
+        return 2
+    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="rlkit-gpu-check-") as tmp:
+        from rlkit.testing import save_tiny_model
+
+        model = save_tiny_model(Path(tmp) / "model", hidden_size=args.hidden, layers=args.layers,
+                                heads=max(1, args.hidden // 64), tie_embeddings=True)
+        runners = {
+            "env": lambda: check_env(args.device),
+            "numerics": lambda: check_numerics(model, args.device, dtype),
+            "grpo_step": lambda: check_grpo_step(model, args.device, args.steps, Path(tmp)),
+        }
+        for name in checks:
+            start = time.perf_counter()
+            try:
+                results[name] = runners[name]()
+            except Exception:  # a failed check is a result, the others still run
+                results[name] = {"ok": False, "error": traceback.format_exc()[-3000:]}
+            results[name]["seconds"] = round(time.perf_counter() - start, 1)
+            print(f"{name:10s} {'ok' if results[name]['ok'] else 'FAILED':6s} "
+                  f"{json.dumps({k: v for k, v in results[name].items() if k != 'ok'}, default=str)[:600]}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": args.device, "dtype": dtype, "results": results}, indent=1, default=str))
+    print(f"wrote {out}")
+    return 0 if all(r["ok"] for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
