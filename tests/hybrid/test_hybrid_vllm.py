@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,3 +130,5 @@ def test_tensor_parallel_rollout_syncs_and_matches_fresh_engine(tmp_path, ray_lo
     train_sync_and_compare(tmp_path, steps=2, check_group=one_tp_group, extra=[
         "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
     ])
+    # the TP all-reduce's shared-memory segments are unlinked once mapped: killed workers leave none
+    assert not list(Path("/dev/shm").glob("rlkit*cpushm*"))

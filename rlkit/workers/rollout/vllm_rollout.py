@@ -57,6 +57,38 @@ def prepare_vllm_env() -> None:
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(tmp, "cache"))
     os.environ.setdefault("VLLM_RPC_BASE_PATH", os.path.join(tmp, "rpc"))
+    os.makedirs(os.environ["VLLM_RPC_BASE_PATH"], exist_ok=True)  # TP's shared-memory queues bind sockets here
+
+
+def _unique_cpu_shm_names() -> None:
+    """vLLM's CPU tensor-parallel all-reduce names its shared-memory segments after the torch
+    init method, which under `external_launcher` is always "env://": two TP jobs on one host, or
+    the segments a crashed job left in /dev/shm, then collide (EEXIST). Prefix the names with this
+    worker group's MASTER_PORT, unique per running group, and unlink each rank's segment once every
+    rank has mapped it (the mappings stay valid), so a killed worker leaves nothing in /dev/shm.
+    Idempotent."""
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    shm = cpu_communicator._CPUSHMDistributed
+    if getattr(shm, "_rlkit_unique", False):
+        return
+    original = shm.make_group_name
+
+    def make_group_name(communicator) -> str:
+        name = original(communicator).replace("/", "")
+        return f"rlkit{os.environ.get('MASTER_PORT', os.getpid())}{name}"
+
+    init_shm = shm._init_cpu_shm
+
+    def init_and_unlink(self) -> int:
+        handle = init_shm(self)  # returns after the barrier that follows every rank's join
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/dev/shm/{self.group_name}_{self.communicator.rank}")
+        return handle
+
+    shm.make_group_name = staticmethod(make_group_name)
+    shm._init_cpu_shm = init_and_unlink
+    shm._rlkit_unique = True
 
 
 class _DropChatWarmupWarning(logging.Filter):
@@ -150,6 +182,8 @@ class VLLMRollout(RolloutBackend):
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = True
         kwargs.update(engine_kwargs or {})
+        if self.on_cpu and config.tensor_model_parallel_size > 1:
+            _unique_cpu_shm_names()
         logging.getLogger("vllm.renderers.base").addFilter(_CHAT_WARMUP_FILTER)  # added once
         with _keep_global_rng():
             self.llm = vllm.LLM(**kwargs)
