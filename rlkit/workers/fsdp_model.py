@@ -2,6 +2,8 @@
 
 One implementation serves the actor, the frozen reference and the critic; the
 roles differ only in whether an optimizer exists and which head is on top.
+A single worker computing in float32 keeps the plain module (`self.sharded` is
+False): same API, same checkpoints (DCP reshards them for any later world size).
 """
 
 from __future__ import annotations
@@ -115,12 +117,16 @@ class FSDPModel:
         self.config = model.config
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])
         offload = CPUOffloadPolicy() if (fsdp.param_offload and device.type == "cuda") else None
-        shard_kwargs = {"mp_policy": mp}
-        if offload is not None:
-            shard_kwargs["offload_policy"] = offload
-        for layer in _decoder_layers(model):
-            fully_shard(layer, **shard_kwargs)
-        fully_shard(model, **shard_kwargs)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        # one worker computing in the storage dtype: FSDP2 would only add copies and hooks
+        self.sharded = fsdp.shard_single_worker or world > 1 or offload is not None or self.param_dtype != torch.float32
+        if self.sharded:
+            shard_kwargs = {"mp_policy": mp}
+            if offload is not None:
+                shard_kwargs["offload_policy"] = offload
+            for layer in _decoder_layers(model):
+                fully_shard(layer, **shard_kwargs)
+            fully_shard(model, **shard_kwargs)
         if offload is None:
             model.to(device)
         self.module = model

@@ -89,7 +89,7 @@ VARIANTS = [
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(k for k, val in v.items() if val) or "plain")
 def test_fast_paths_match_the_plain_forward(process_group, model_path, variant):
     torch.manual_seed(0)
-    model = FSDPModel(str(model_path), FSDPConfig(), torch.device("cpu"))
+    model = FSDPModel(str(model_path), FSDPConfig(shard_single_worker=True), torch.device("cpu"))
     batch = handmade_batch()
     ref_lp, ref_ent, ref_loss, ref_grads = run(model, batch, remove_padding=False, response_logits_only=False,
                                                chunk_size=0)
@@ -108,7 +108,7 @@ def test_fast_paths_match_the_plain_forward(process_group, model_path, variant):
 def test_response_logits_only_skips_prompt_logits(process_group, model_path, monkeypatch):
     """Packed: the LM head sees only the positions that predict a valid response token. Padded: the last
     R+1 columns (the model's `logits_to_keep`), instead of all P+R."""
-    model = FSDPModel(str(model_path), FSDPConfig(), torch.device("cpu"))
+    model = FSDPModel(str(model_path), FSDPConfig(shard_single_worker=True), torch.device("cpu"))
     batch = handmade_batch()
     rows_seen = []
     head = model.module.get_output_embeddings()
@@ -129,7 +129,7 @@ def test_padded_path_skips_columns_no_row_uses(process_group, model_path):
     left padding (the model sees 5 fewer columns) and returns the same log-probs."""
     from rlkit.workers.fsdp_model import trim_left_padding
 
-    model = FSDPModel(str(model_path), FSDPConfig(), torch.device("cpu"))
+    model = FSDPModel(str(model_path), FSDPConfig(shard_single_worker=True), torch.device("cpu"))
     batch = handmade_batch()
     extra = 5
     wide = {k: torch.nn.functional.pad(batch[k], (extra, 0), value=0)
@@ -153,3 +153,22 @@ def test_padded_path_skips_columns_no_row_uses(process_group, model_path):
     empty = torch.zeros_like(batch["attention_mask"])
     kept = trim_left_padding(batch["input_ids"], empty, batch["position_ids"], RESPONSE)[0]
     assert kept.shape[1] == PROMPT + RESPONSE
+
+
+def test_single_worker_plain_module_trains_like_fsdp(process_group, model_path):
+    """One worker in float32 keeps the plain module (no FSDP2 copies/hooks): same loss and gradients
+    as the FSDP2-wrapped model (1e-4 of the global norm), and the switch can force FSDP2."""
+    torch.manual_seed(0)
+    plain = FSDPModel(str(model_path), FSDPConfig(), torch.device("cpu"))
+    sharded = FSDPModel(str(model_path), FSDPConfig(shard_single_worker=True), torch.device("cpu"))
+    assert not plain.sharded and sharded.sharded
+    assert not any(hasattr(p, "full_tensor") for p in plain.module.parameters())
+    batch = handmade_batch()
+    _, _, loss_p, grads_p = run(plain, batch, remove_padding=False, response_logits_only=True, chunk_size=0)
+    _, _, loss_s, grads_s = run(sharded, batch, remove_padding=False, response_logits_only=True, chunk_size=0)
+    assert abs(float(loss_p - loss_s)) <= 1e-6 * max(1.0, abs(float(loss_s)))
+    norm = torch.sqrt(sum((g.float() ** 2).sum() for g in grads_s.values()))
+    for name, g in grads_s.items():
+        g = g.full_tensor() if hasattr(g, "full_tensor") else g
+        assert (grads_p[name] - g).abs().max() <= 1e-4 * norm, name
+    assert dict(plain.iter_full_params()).keys() == dict(sharded.iter_full_params()).keys()
