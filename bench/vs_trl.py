@@ -212,6 +212,8 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--report", default=None, help="only print the table of a saved JSON")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the other variants already in --out (rerun a subset after a change)")
     args = ap.parse_args()
     if args.report:
         saved = json.loads(Path(args.report).read_text())
@@ -227,9 +229,15 @@ def main() -> None:
     runs_dir = DATA_CACHE / "runs" / out.stem  # raw per-run JSON + logs (large), outside the repo
     runs_dir.mkdir(parents=True, exist_ok=True)
     per_round, raw_steps = [], {}
+    kept: dict[str, dict] = {}
+    if args.merge and out.exists():
+        previous = json.loads(out.read_text())
+        kept = {k: {**v, "measured": previous["meta"].get("finished")}
+                for k, v in previous["summary"].items() if k not in names}
+        raw_steps.update({k: v for k, v in previous.get("steps", {}).items() if k in kept})
 
     def save() -> dict[str, dict]:
-        combined = combine_rounds(per_round)
+        combined = {**kept, **combine_rounds(per_round)}
         result = {
             "meta": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
                      "model": args.model, "steps": args.steps, "rounds": args.rounds,
