@@ -56,6 +56,10 @@ def test_unknown_key_in_a_config_file(tmp_path):
         (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"], "must be >= 1"),
         (["algorithm.adv_estimator=grpoo"], "algorithm.adv_estimator='grpoo' is not registered"),
         (["data.train_files=null"], "data.train_files is empty"),
+        (["trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+         "tensor_model_parallel_size=2 needs rollout.name=vllm"),
+        (["trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.name=vllm",
+          "actor_rollout_ref.rollout.tensor_model_parallel_size=4"], "must divide the 2 rollout workers"),
     ],
 )
 def test_inconsistent_or_bad_values(overrides, expect):
