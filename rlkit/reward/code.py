@@ -16,31 +16,23 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from rlkit.errors import UserError
+from rlkit.reward.harness import harness, new_nonce, read_report
 from rlkit.reward.registry import SCORERS
 from rlkit.reward.sandbox import SandboxJob, SandboxLimits, run_many, run_program
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _PY_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
-# Runs inside the sandbox. The result line carries a nonce read from stdin, so a
-# program printing a fake result line does not count as passing.
-_HARNESS = r"""
-import json as _json, signal as _signal, sys as _sys
-_nonce = _sys.stdin.readline().strip()
+# Runs inside the sandbox (rlkit.reward.harness adds the nonce-checked result line).
+_HARNESS = harness(r"""
 _SOLUTION = {solution!r}
 _TESTS = {tests!r}
 _PER_TEST_S = {per_test_s!r}
-class _Timeout(BaseException):
-    pass
-def _alarm(*_):
-    raise _Timeout()
-_signal.signal(_signal.SIGALRM, _alarm)
 def _kind(exc):
     if isinstance(exc, _Timeout):
         return "timeout"
@@ -63,9 +55,7 @@ def _run(src, ns, name):
 _ns = {{"__name__": "solution"}}
 _setup = _run(_SOLUTION, _ns, "solution.py")
 _results = [_setup if _setup != "ok" else _run(_t, _ns, "test_%d" % _i) for _i, _t in enumerate(_TESTS)]
-_sys.__stdout__.write("\n" + _nonce + _json.dumps(_results) + "\n")
-_sys.__stdout__.flush()
-"""
+""")
 
 
 def extract_code(response: str) -> str:
@@ -107,13 +97,13 @@ def _first_failure(kinds: list[str]) -> str:
 
 def _run_asserts(code: str, tests: list[str], limits: SandboxLimits, per_test_s: float) -> list[str]:
     """One sandboxed run: the program, then each assert with its own alarm; a kind per assert."""
-    nonce = secrets.token_hex(16)
+    nonce = new_nonce()
     program = _HARNESS.format(solution=code, tests=tests, per_test_s=per_test_s)
     res = run_program(program, stdin=nonce + "\n", limits=limits)
-    marker = next((ln for ln in reversed(res.stdout.splitlines()) if ln.startswith(nonce)), None)
-    if marker is None:  # killed, crashed or exited early: every check fails with the run's status
+    report = read_report(res.stdout, nonce)
+    if report is None:  # killed, crashed or exited early: every check fails with the run's status
         return [res.status if res.status != "ok" else "runtime_error"] * len(tests)
-    return json.loads(marker[len(nonce) :])
+    return report
 
 
 def _run_io(code: str, spec: dict, limits: SandboxLimits, workers: int, total_s: float) -> list[str]:

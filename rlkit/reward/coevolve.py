@@ -22,9 +22,7 @@ manager that receives the whole batch (recipes/coevolve_code.py installs it).
 
 from __future__ import annotations
 
-import json
 import re
-import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +35,7 @@ import torch
 from rlkit.protocol import METRICS_KEY, Batch
 from rlkit.registry import Registry
 from rlkit.reward.code import extract_code, load_tests
+from rlkit.reward.harness import harness, new_nonce, read_report
 from rlkit.reward.sandbox import SandboxJob, SandboxLimits, run_many
 
 TESTER_SOURCE = "rlkit/code_tester"
@@ -109,17 +108,10 @@ def tester_rewards(gen_pass: np.ndarray, correct: np.ndarray, known: np.ndarray 
 # ---------------------------------------------------------------------------------------------- the sandbox
 
 # Runs inside the sandbox: the program, then each test in its own copy of the program's namespace,
-# with its own alarm. The result line carries a nonce read from stdin (a program cannot fake it).
-_HARNESS = r"""
-import json as _json, signal as _signal, sys as _sys
-_nonce = _sys.stdin.readline().strip()
+# with its own alarm (rlkit.reward.harness adds the nonce-checked result line).
+_HARNESS = harness(r"""
 _PROGRAM = {program!r}
 _TESTS = {tests!r}
-class _Timeout(BaseException):
-    pass
-def _alarm(*_):
-    raise _Timeout()
-_signal.signal(_signal.SIGALRM, _alarm)
 def _run(src, ns, seconds):
     _signal.setitimer(_signal.ITIMER_REAL, seconds)
     try:
@@ -132,9 +124,7 @@ def _run(src, ns, seconds):
 _ns = {{"__name__": "solution"}}
 _loaded = _run(_PROGRAM, _ns, {program_s!r})
 _results = [_loaded and _run(_t, dict(_ns), {per_test_s!r}) for _t in _TESTS]
-_sys.__stdout__.write("\n" + _nonce + _json.dumps(_results) + "\n")
-_sys.__stdout__.flush()
-"""
+""")
 
 
 @dataclass(frozen=True)
@@ -146,7 +136,7 @@ class MatrixLimits:
 
 
 def _job(program: str, tests: Sequence[str], limits: MatrixLimits) -> tuple[SandboxJob, str]:
-    nonce = secrets.token_hex(16)
+    nonce = new_nonce()
     code = _HARNESS.format(program=program, tests=list(tests), per_test_s=limits.per_test_s,
                            program_s=limits.per_test_s)
     wall = limits.per_test_s * (len(tests) + 1) + 1.0
@@ -155,12 +145,8 @@ def _job(program: str, tests: Sequence[str], limits: MatrixLimits) -> tuple[Sand
 
 
 def _parse(stdout: str, nonce: str, n: int) -> list[bool]:
-    line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith(nonce)), None)
-    if line is None:  # killed, crashed, exited early: every test of the run fails
-        return [False] * n
-    try:
-        values = json.loads(line[len(nonce):])
-    except ValueError:
+    values = read_report(stdout, nonce)
+    if values is None:  # killed, crashed, exited early: every test of the run fails
         return [False] * n
     return [bool(v) for v in values][:n] + [False] * max(0, n - len(values))
 
