@@ -39,6 +39,7 @@ from rlkit.agent.parser import ToolCall, ToolParser
 from rlkit.agent.tools import Tool, ToolResult, run_tool
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
+from rlkit.workers.rollout.base import assemble_output
 
 logger = logging.getLogger(__name__)
 _logged: set[str] = set()
@@ -294,17 +295,6 @@ def assemble(
             resp_attn[i, :n] = 1
             log_probs[i, :n] = torch.tensor(t.log_probs[:n], dtype=torch.float32) * resp_mask[i, :n]
     prompt_pos = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
-    resp_pos = prompt_pos[:, -1:] + torch.arange(1, response_length + 1, dtype=torch.long).unsqueeze(0)
-    tensors = {
-        "prompts": prompt_ids,
-        "responses": responses,
-        "response_mask": resp_mask,
-        "input_ids": torch.cat([prompt_ids, responses], dim=1),
-        "attention_mask": torch.cat([prompt_mask, resp_attn], dim=1),
-        "position_ids": torch.cat([prompt_pos, resp_pos], dim=1),
-    }
-    if with_log_probs:
-        tensors["rollout_log_probs"] = log_probs
     non_tensors = dict(prompts.non_tensors)
     non_tensors.update({
         "agent/num_turns": np.array([t.num_turns for t in trajs], dtype=object),
@@ -313,7 +303,10 @@ def assemble(
         "agent/finish": np.array([t.finish for t in trajs], dtype=object),
         "agent/interaction_reward": np.array([t.interaction_reward for t in trajs], dtype=object),
     })  # fmt: skip
-    return Batch(tensors, non_tensors, prompts.meta)
+    rebuilt = Batch({"input_ids": prompt_ids, "attention_mask": prompt_mask, "position_ids": prompt_pos},
+                    non_tensors, prompts.meta)
+    return assemble_output(rebuilt, responses, resp_mask, log_probs if with_log_probs else None,
+                           response_attention=resp_attn)
 
 
 def agent_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:

@@ -71,12 +71,18 @@ def assemble_output(
     responses: torch.Tensor,
     response_mask: torch.Tensor,
     rollout_log_probs: torch.Tensor | None = None,
+    response_attention: torch.Tensor | None = None,
 ) -> Batch:
-    """Build the output Batch from right-padded responses (shared by every backend)."""
+    """Build the output Batch from right-padded responses (shared by every backend and the agent loop).
+
+    `response_mask` marks the tokens that are trained on; `response_attention` the tokens that
+    exist (default: the same). They differ in multi-turn rollouts, where tool output is part of
+    the sequence but not trained on."""
     prompt_ids = prompts.tensors["input_ids"]
     prompt_mask = prompts.tensors["attention_mask"]
     prompt_pos = prompts.tensors["position_ids"]
     response_mask = response_mask.to(prompt_mask.dtype)
+    attention = response_mask if response_attention is None else response_attention.to(prompt_mask.dtype)
     steps = torch.arange(1, responses.shape[1] + 1, dtype=prompt_pos.dtype).unsqueeze(0)
     response_pos = prompt_pos[:, -1:] + steps
     tensors = {
@@ -84,7 +90,7 @@ def assemble_output(
         "responses": responses,
         "response_mask": response_mask,
         "input_ids": torch.cat([prompt_ids, responses], dim=1),
-        "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
+        "attention_mask": torch.cat([prompt_mask, attention], dim=1),
         "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
     }
     if rollout_log_probs is not None:
