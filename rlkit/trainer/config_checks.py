@@ -83,7 +83,7 @@ def check_config(cfg: RLConfig) -> None:
                 f"critic.ppo_mini_batch_size={cmini} must divide data.train_batch_size={bsz} and "
                 f"critic.ppo_mini_batch_size * rollout.n must split over {ws} workers"
             )
-    _check_tensor_parallel(cfg, ws)
+    check_tensor_parallel(cfg)
     if cfg.trainer.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"trainer.device='{cfg.trainer.device}' must be auto | cpu | cuda")
     if cfg.algorithm.filter_groups.enable and n < 2:
@@ -94,8 +94,9 @@ def _largest_divisor_at_most(total: int, cap: int) -> int:
     return max(d for d in range(1, min(total, cap) + 1) if total % d == 0)
 
 
-def _check_tensor_parallel(cfg: RLConfig, ws: int) -> None:
-    """TP splits the rollout workers into groups of `tp` ranks, each group one engine (vLLM only)."""
+def check_tensor_parallel(cfg: RLConfig) -> None:
+    """TP splits the rollout workers into groups of `tp` ranks, each group one engine (vLLM only).
+    Also called by the rollout worker itself, for configs that did not come through `load_config`."""
     rollout = cfg.actor_rollout_ref.rollout
     tp = rollout.tensor_model_parallel_size
     if tp == 1:
@@ -104,7 +105,7 @@ def _check_tensor_parallel(cfg: RLConfig, ws: int) -> None:
     if rollout.name != "vllm":
         raise UserError(f"{key}={tp} needs rollout.name=vllm (the '{rollout.name}' backend runs one full model "
                         "per worker); set it to 1 or use vllm")
-    workers = ws
+    workers = world_size(cfg)
     if cfg.trainer.one_step_off_policy:  # the rollout has its own group
         workers = cfg.trainer.rollout_workers_per_node * cfg.trainer.nnodes
     if workers % tp:

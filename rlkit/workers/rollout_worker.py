@@ -56,8 +56,9 @@ class RolloutWorker(Worker):
         """Place this rank in its TP group; returns the backend's extra constructor arguments."""
         if tp == 1:
             return {}
-        if self.world_size % tp:
-            raise ValueError(f"rollout.tensor_model_parallel_size={tp} must divide the {self.world_size} workers")
+        from rlkit.trainer.config_checks import check_tensor_parallel
+
+        check_tensor_parallel(self.cfg)
         self.init_distributed()  # vLLM builds its TP groups on this world
         self.set_dispatch_info(self.rank // tp, self.world_size // tp, self.rank % tp == 0)
         return {"engine_kwargs": {"distributed_executor_backend": "external_launcher"}}
