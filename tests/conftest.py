@@ -1,10 +1,17 @@
-"""Shared fixtures: a local Ray instance for tests that need one."""
+"""Shared fixtures (a local Ray instance) and the skip guard (tests/skip_guard.py)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+from tests.skip_guard import (  # noqa: F401  (hooks: an unlisted skip fails the run)
+    pytest_collectreport,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

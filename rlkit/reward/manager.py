@@ -6,7 +6,12 @@ can be slow) with a per-sample timeout. A scorer that raises or runs past the
 timeout costs that sample a 0 and one logged error; the batch always completes.
 A timed-out thread cannot be killed: it is abandoned (daemon) and frees its slot,
 so a stuck scorer never stalls the batch; sandboxed code still dies at its own
-wall limit.
+wall limit. A scorer that enters `breakpoint()` is never timed out: pdb opens in the
+terminal of the driver (where rewards are computed) and waits for you.
+
+A user's custom function that fails on every sample of a batch is a bug in the function
+or its config, not a bad sample: that stops the run with a UserError instead of training
+on all-zero rewards.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import inspect
 import logging
 import math
+import sys
 import threading
 import time
 from collections import defaultdict, deque
@@ -27,7 +33,7 @@ import torch
 
 from rlkit.errors import UserError
 from rlkit.protocol import METRICS_KEY, Batch
-from rlkit.reward.custom import accepts, load_custom_fn
+from rlkit.reward.custom import CustomReward, bind_custom, load_custom_fn
 from rlkit.reward.registry import get_scorer, scorer_name_for
 
 logger = logging.getLogger(__name__)
@@ -46,7 +52,8 @@ class RewardManager:
     """Rule/function-based rewards for a rollout Batch (or for plain texts via `score_texts`).
 
     scorer_overrides: data_source -> scorer name, on top of `registry.DATA_SOURCES`.
-    custom_fn: a callable, or {"path": ..., "name": ...}; when given it scores every row.
+    custom_fn: a callable, or {"path": ..., "name": ...}; when given it scores every row. Its
+        signature is checked here (see rlkit.reward.custom for the accepted forms).
     scorer_kwargs: scorer name ("custom" for the custom function) -> keyword arguments.
     """
 
@@ -59,9 +66,11 @@ class RewardManager:
         timeout_s: float = 10.0,
         scorer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
+        label = None
         if isinstance(custom_fn, Mapping):
-            path = custom_fn.get("path")
-            custom_fn = load_custom_fn(path, custom_fn.get("name") or "compute_score") if path else None
+            path, name = custom_fn.get("path"), custom_fn.get("name") or "compute_score"
+            custom_fn = load_custom_fn(path, name) if path else None
+            label = f"'{name}' in {path}"
         if num_workers < 1:
             raise UserError(f"reward num_workers must be >= 1, got {num_workers}")
         if timeout_s <= 0:
@@ -72,6 +81,9 @@ class RewardManager:
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
         self.scorer_kwargs = {k: dict(v) for k, v in (scorer_kwargs or {}).items()}
+        self.custom: CustomReward | None = (
+            bind_custom(custom_fn, self.scorer_kwargs.get(CUSTOM), label) if custom_fn is not None else None
+        )
         self._logged: set[tuple[str, str]] = set()
         self._log_lock = threading.Lock()
 
@@ -133,8 +145,8 @@ class RewardManager:
         if not (len(ground_truths) == len(data_sources) == n):
             raise ValueError("score_texts: responses, ground_truths and data_sources differ in length")
         extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
-        names = {ds: (CUSTOM if self.custom_fn else scorer_name_for(ds, self.scorer_overrides)) for ds in data_sources}
-        fns = {name: (self.custom_fn if name == CUSTOM else get_scorer(name)) for name in set(names.values())}
+        names = {ds: (CUSTOM if self.custom else scorer_name_for(ds, self.scorer_overrides)) for ds in data_sources}
+        fns = {name: (self.custom if name == CUSTOM else get_scorer(name)) for name in set(names.values())}
         calls = [
             self._bind(fns[names[ds]], names[ds], ds, resp, gt, info)
             for resp, gt, ds, info in zip(responses, ground_truths, data_sources, extra_infos)
@@ -152,16 +164,24 @@ class RewardManager:
             error = "timeout" if kind == "timeout" else f"{type(value).__name__}: {value}"
             self._log_once(name, ds, error, tb)
             results.append(SampleScore(0.0, {}, error, name))
+        if self.custom is not None and results and all(r.error is not None for r in results):
+            raise UserError(
+                f"custom_reward_function {self.custom.label} failed on all {n} samples of this batch "
+                f"(first: {results[0].error}); that is a bug in the function, not a bad sample, so the run stops. "
+                "Its first traceback is logged above; try the function on a few rows with "
+                "`rlkit reward score ROWS.jsonl --custom-path FILE`"
+            )
         return results
 
     def _bind(self, fn: Callable[..., Any], name: str, data_source: str, response: str, gt: Any, info: Any):
         kwargs = dict(self.scorer_kwargs.get(name, {}))
-        if name == CUSTOM and accepts(fn, "data_source"):
-            kwargs["data_source"] = data_source
         info = dict(info) if isinstance(info, Mapping) else info
 
         def call() -> Any:
-            out = fn(response, gt, info, **kwargs)
+            if name == CUSTOM:  # bound by parameter name at start-up; scorer_kwargs are part of the binding
+                out = fn(response, gt, info, data_source)
+            else:
+                out = fn(response, gt, info, **kwargs)
             if inspect.isawaitable(out):
                 out = asyncio.run(_await(out))
             return out
@@ -208,15 +228,18 @@ def _normalize(value: Any, scorer: str) -> SampleScore:
 def _run_with_timeouts(calls: Sequence[Callable[[], Any]], workers: int, timeout_s: float) -> list[tuple]:
     """Run calls on at most `workers` daemon threads; each gets `timeout_s` from its own start.
 
+    A call stopped in pdb (a `breakpoint()` in the scorer) is not timed out: someone is debugging it.
     Returns (kind, value, traceback) per call, kind in ok / error / timeout.
     """
     import traceback
 
     results: list[tuple | None] = [None] * len(calls)
     finished: deque[tuple[int, tuple]] = deque()
+    threads: dict[int, int] = {}  # call index -> thread ident
     cond = threading.Condition()
 
     def work(i: int) -> None:
+        threads[i] = threading.get_ident()
         try:
             out = ("ok", calls[i](), "")
         except BaseException as exc:  # a scorer may raise anything, SystemExit included
@@ -225,15 +248,16 @@ def _run_with_timeouts(calls: Sequence[Callable[[], Any]], workers: int, timeout
             finished.append((i, out))
             cond.notify()
 
-    pending, running = deque(range(len(calls))), {}
+    pending, running, debugged = deque(range(len(calls))), {}, set()
     while pending or running:
         while pending and len(running) < workers:
             i = pending.popleft()
             running[i] = time.monotonic()
             threading.Thread(target=work, args=(i,), name=f"rlkit-reward-{i}", daemon=True).start()
         with cond:
+            timed = [t for i, t in running.items() if i not in debugged]
             if not finished:
-                cond.wait(timeout=max(0.0, min(running.values()) + timeout_s - time.monotonic()))
+                cond.wait(timeout=max(0.0, min(timed) + timeout_s - time.monotonic()) if timed else None)
             done = list(finished)
             finished.clear()
         for i, out in done:
@@ -241,10 +265,26 @@ def _run_with_timeouts(calls: Sequence[Callable[[], Any]], workers: int, timeout
                 results[i] = out
         now = time.monotonic()
         for i, started in list(running.items()):
-            if now - started >= timeout_s:
-                del running[i]
-                results[i] = ("timeout", None, "")
+            if i in debugged or now - started < timeout_s:
+                continue
+            if in_debugger(threads.get(i)):
+                debugged.add(i)
+                continue
+            del running[i]
+            results[i] = ("timeout", None, "")
     return results  # type: ignore[return-value]
+
+
+def in_debugger(thread_ident: int | None) -> bool:
+    """Whether that thread is stopped in (or stepping under) pdb: a frame on its stack traced by a Bdb."""
+    import bdb
+
+    frame = sys._current_frames().get(thread_ident) if thread_ident is not None else None
+    while frame is not None:
+        if isinstance(getattr(frame.f_trace, "__self__", None), bdb.Bdb):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def summarize(results: Sequence[SampleScore], data_sources: Sequence[str]) -> dict[str, list[float]]:

@@ -128,10 +128,11 @@ def test_custom_function_sync_and_async(tok, tmp_path):
 
 
 def test_bad_return_values_are_errors_not_crashes(tok):
-    batch = make_batch(tok, [("x", "4", "4"), ("y", "4", "4"), ("z", "4", "4")])
-    returns = {"x": "high", "y": {"acc": 1.0}, "z": float("nan")}
+    batch = make_batch(tok, [("x", "4", "4"), ("y", "4", "4"), ("z", "4", "4"), ("ok", "4", "4")])
+    returns = {"x": "high", "y": {"acc": 1.0}, "z": float("nan"), "ok": 1.0}
     out = RewardManager(tok, custom_fn=lambda r, g, e, data_source: returns[data_source])(batch)
-    assert out.meta["metrics"]["reward/errors"] == [3.0]
+    assert out.meta["metrics"]["reward/errors"] == [3.0]  # one sample scored: the run goes on
+    assert out["token_level_scores"].sum(-1).tolist() == [0.0, 0.0, 0.0, 1.0]
 
 
 def test_unknown_data_source_is_a_user_error(tok):
