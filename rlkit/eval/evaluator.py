@@ -29,8 +29,10 @@ def resolve_eval_model(spec: str) -> tuple[str, tempfile.TemporaryDirectory | No
     """A model folder/alias/hub id, or a training checkpoint (exported to a temp HF folder first)."""
     path = Path(spec).expanduser()
     if path.is_dir() and (path / "actor").is_dir():
+        from rlkit.utils.checkpoint_io import open_checkpoint
         from rlkit.workers.fsdp_model import export_hf
 
+        path = open_checkpoint(path, "rlkit eval")  # names a missing shard instead of a DCP traceback
         tmp = tempfile.TemporaryDirectory(prefix="rlkit-eval-")
         export_hf(path / "actor", Path(tmp.name), tokenizer_dir=path / "actor" / "tokenizer")
         return tmp.name, tmp

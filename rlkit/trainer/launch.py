@@ -84,37 +84,69 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
 
 
 def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = None) -> Any:
-    """Run a full training job; returns the FitSummary."""
+    """Run a full training job; returns the FitSummary.
+
+    Pre-flight checks run first (before Ray starts). Ctrl-C stops the workers and raises
+    TrainingInterrupted (step reached, last complete checkpoint) instead of a traceback.
+    """
     import ray
 
     from rlkit.trainer.async_trainer import build_trainer
+    from rlkit.trainer.interrupt import InterruptWatch, TrainingInterrupted
+    from rlkit.trainer.preflight import log_dir_of, preflight
+    from rlkit.utils.checkpoint_io import find_latest_checkpoint
     from rlkit.utils.tracking import Tracking
 
     console = console or Console()
     console.print(resource_plan(cfg))
     console.print(f"rollout backend: [bold]{cfg.actor_rollout_ref.rollout.name}[/bold]")
+    console.print("pre-flight ok: " + "; ".join(preflight(cfg).notes), soft_wrap=True, markup=False)
     started = time.perf_counter()
     owns_ray = not ray.is_initialized()
-    if owns_ray:
-        init_ray(cfg, opts, console)
-    log_dir = cfg.trainer.log_dir or os.path.join(os.path.expanduser(cfg.trainer.default_local_dir), "logs")
+    log_dir = log_dir_of(cfg)
     trainer = None
+    with InterruptWatch() as watch:
+        try:
+            if owns_ray:
+                init_ray(cfg, opts, console)
+            with console.status("starting workers (model load, FSDP, rollout engine)..."):
+                trainer = build_trainer(cfg)
+            with Tracking(cfg.trainer.logger, cfg.trainer.project_name, cfg.trainer.experiment_name, log_dir,
+                          trainer.total_steps, cfg) as tracker:
+                trainer.tracker = tracker
+                summary = trainer.fit()
+            summary.log_dir = log_dir
+            summary.wall_s = time.perf_counter() - started  # type: ignore[attr-defined]
+            console.print(summary_table(summary))
+            return summary
+        except BaseException as exc:
+            # Ctrl-C, or a worker killed by the same Ctrl-C a moment before the driver got it
+            if not (isinstance(exc, KeyboardInterrupt) or watch.hit):
+                raise
+            step = None if trainer is None else trainer.global_step
+            total = None if trainer is None else trainer.total_steps
+            interrupted = TrainingInterrupted(step, total, None)
+        finally:
+            _stop(trainer, owns_ray)
+    interrupted.checkpoint = find_latest_checkpoint(cfg.trainer.default_local_dir)
+    raise interrupted
+
+
+def _stop(trainer: Any, owns_ray: bool) -> None:
+    """Stop the workers and our Ray; a second Ctrl-C while that runs does not leave a traceback."""
+    import ray
+
     try:
-        with console.status("starting workers (model load, FSDP, rollout engine)..."):
-            trainer = build_trainer(cfg)
-        with Tracking(cfg.trainer.logger, cfg.trainer.project_name, cfg.trainer.experiment_name, log_dir,
-                      trainer.total_steps, cfg) as tracker:
-            trainer.tracker = tracker
-            summary = trainer.fit()
-        summary.log_dir = log_dir
-        summary.wall_s = time.perf_counter() - started  # type: ignore[attr-defined]
-        console.print(summary_table(summary))
-        return summary
-    finally:
         if trainer is not None:
             trainer.workers.shutdown()
+    except KeyboardInterrupt:
+        pass
+    finally:
         if owns_ray:
-            ray.shutdown()
+            try:
+                ray.shutdown()
+            except KeyboardInterrupt:
+                pass
 
 
 def summary_table(summary: Any) -> Table:

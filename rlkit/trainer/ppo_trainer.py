@@ -248,14 +248,26 @@ class RLTrainer:
         }
         torch.save(state, tmp / "trainer_state.pt")
         (tmp / "config.json").write_text(json.dumps(_plain(self.cfg), indent=1, default=str))
-        return commit_checkpoint(self.ckpt_root, tmp, self.global_step, self.cfg.trainer.max_actor_ckpt_to_keep)
+        required = ["trainer_state.pt", "config.json", "actor/.metadata", "actor/hf_config/config.json"]
+        required += ["critic/.metadata"] if self.workers.critic is not None else []
+        return commit_checkpoint(self.ckpt_root, tmp, self.global_step, self.cfg.trainer.max_actor_ckpt_to_keep,
+                                 required=required)
 
     def _maybe_resume(self) -> None:
-        from rlkit.utils.checkpoint_io import load_rng_state, resolve_resume
+        """Load the checkpoint resume_mode picks (auto: the newest that loads, saying which it skipped)."""
+        from rlkit.utils.checkpoint_io import load_with_fallback
 
-        path = resolve_resume(self.ckpt_root, self.cfg.trainer.resume_mode)
+        path = load_with_fallback(self.ckpt_root, self.cfg.trainer.resume_mode, self._load_checkpoint, log.warning)
         if path is None:
             return
+        self.workers.rollout.sync_weights()
+        self.resumed_from = path
+        if self.tracker is not None and hasattr(self.tracker, "rewind"):
+            self.tracker.rewind(self.global_step)  # the steps after the checkpoint run again: drop their old rows
+
+    def _load_checkpoint(self, path: Path) -> None:
+        from rlkit.utils.checkpoint_io import load_rng_state
+
         log.warning("resuming from %s", path)
         self.workers.actor.load_checkpoint(str(path / "actor"))
         if self.workers.critic is not None and (path / "critic").exists():
@@ -268,8 +280,6 @@ class RLTrainer:
             self.kl_ctrl.value = state.get("kl_coef", self.kl_ctrl.value)
         except AttributeError:  # a controller whose value is derived, not stored
             pass
-        self.workers.rollout.sync_weights()
-        self.resumed_from = path
 
     def _log(self, metrics: dict[str, Any]) -> None:
         if self.tracker is not None:

@@ -1,30 +1,45 @@
-"""Checkpoint directories: `<root>/global_step_N/`, published atomically, pruned, found again on resume.
+"""Checkpoint directories: `<root>/global_step_N/`, verified, published atomically, pruned, found again on resume.
 
 Workers write their shards into a temp dir from `begin_checkpoint`; the driver then calls
-`commit_checkpoint`, which marks it COMPLETE, fsyncs and renames it into place. A crash at any
-point leaves either the previous checkpoints untouched or a temp dir that `find_latest_checkpoint`
-ignores, so `resume_mode=auto` never loads half a checkpoint.
+`commit_checkpoint`, which checks that every expected file and DCP shard is there, writes the
+COMPLETE marker (with the size of every file) last, fsyncs and renames the dir into place, and
+only then rotates old ones. A crash at any point leaves either the previous checkpoints untouched
+or a temp dir that is ignored. Rotation counts only loadable checkpoints (`checkpoint_verify`), so
+a broken newer one never pushes out the last good one; `load_with_fallback` resumes from the
+newest checkpoint that actually loads and says which ones it skipped.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
 import shutil
-import time
 import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from rlkit.errors import UserError
+from rlkit.utils.checkpoint_verify import (
+    COMPLETE,
+    checkpoint_problem,
+    mark_unloadable,
+    short_reason,
+    verify_new_checkpoint,
+    write_marker,
+)
 
 PREFIX = "global_step_"
-COMPLETE = "COMPLETE"  # marker file written into a checkpoint just before it is published
 LATEST = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(rf"^{PREFIX}(\d+)$")
 TEMP_DIR = re.compile(rf"^{PREFIX}\d+\.(tmp|old|del)-(\d+)$")
+__all__ = ["COMPLETE", "CheckpointError", "begin_checkpoint", "commit_checkpoint", "load_with_fallback",
+           "open_checkpoint", "resolve_resume", "list_checkpoints", "find_latest_checkpoint"]
+
+
+class CheckpointError(UserError):
+    """A checkpoint is missing, incomplete or unloadable; the message names the folder and the problem."""
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -91,19 +106,28 @@ def begin_checkpoint(root: str | Path, step: int) -> Path:
     return tmp
 
 
-def commit_checkpoint(root: str | Path, tmp: str | Path, step: int, keep_last: int | None = None) -> Path:
+def commit_checkpoint(
+    root: str | Path, tmp: str | Path, step: int, keep_last: int | None = None, required: Iterable[str] = ()
+) -> Path:
     """Publish `tmp` as `<root>/global_step_N`, point the latest file at it, then prune to `keep_last`.
 
-    Order: COMPLETE marker -> fsync -> rename -> latest pointer -> delete the oldest. The new
-    checkpoint is never deleted, whatever its step.
+    Order: verify (`required` files + DCP shards) -> COMPLETE marker -> fsync -> rename -> latest
+    pointer -> delete the oldest loadable ones. An incomplete `tmp` raises CheckpointError before
+    anything is renamed or deleted. The new checkpoint is never deleted, whatever its step.
     """
     root, tmp = Path(root), Path(tmp)
     if keep_last is not None and keep_last < 1:
         raise UserError(f"keep_last must be >= 1 (or None to keep all), got {keep_last}")
     if not tmp.is_dir() or tmp.parent.resolve() != root.resolve():
         raise UserError(f"{tmp} is not a checkpoint temp dir inside {root}; get one from begin_checkpoint()")
+    problems = verify_new_checkpoint(tmp, required)
+    if problems:
+        raise CheckpointError(
+            f"checkpoint of step {step} in {tmp} is incomplete ({'; '.join(problems[:3])}); it was not published "
+            "and no older checkpoint was deleted"
+        )
     final = step_dir(root, step)
-    (tmp / COMPLETE).write_text(json.dumps({"step": step, "time": time.time()}))
+    write_marker(tmp, step)
     _fsync_tree(tmp)
     if final.exists():  # saving the same step again (e.g. after a resume): swap, then drop the old one
         old = root / f"{PREFIX}{step}.old-{os.getpid()}"
@@ -121,7 +145,11 @@ def commit_checkpoint(root: str | Path, tmp: str | Path, step: int, keep_last: i
 
 
 def prune_checkpoints(root: str | Path, keep_last: int, keep: Path | None = None) -> list[Path]:
-    """Delete complete checkpoints beyond the `keep_last` highest steps (never `keep`); returns the deleted."""
+    """Delete loadable checkpoints beyond the `keep_last` highest steps (never `keep`); returns the deleted.
+
+    Broken ones (see `broken_checkpoints`) neither count towards `keep_last` nor get deleted: they
+    cannot stand in for a good one, and their files may still be worth repairing.
+    """
     checkpoints = list_checkpoints(root)
     protected = {keep.resolve()} if keep else set()
     doomed = [p for _, p in checkpoints[:-keep_last] if p.resolve() not in protected]
@@ -142,51 +170,134 @@ def _remove_stale_temp_dirs(root: Path) -> None:
 
 
 def is_complete(path: Path) -> bool:
-    return step_of(path) is not None and path.is_dir() and (path / COMPLETE).is_file()
+    """A `global_step_N` folder whose marker and listed files are all there (and that never failed to load)."""
+    return step_of(path) is not None and checkpoint_problem(Path(path)) is None
 
 
-def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints under `root` as (step, path), oldest step first."""
-    root = Path(root)
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
     if not root.is_dir():
         return []
-    found = [(step_of(p), p) for p in root.iterdir() if is_complete(p)]
+    found = [(step_of(p), p) for p in root.iterdir() if p.is_dir()]
     return sorted((s, p) for s, p in found if s is not None)
 
 
+def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """Loadable checkpoints under `root` as (step, path), oldest step first."""
+    return [(s, p) for s, p in _step_dirs(Path(root)) if checkpoint_problem(p) is None]
+
+
+def broken_checkpoints(root: str | Path) -> list[tuple[int, Path, str]]:
+    """`global_step_N` folders under `root` that cannot be loaded, with the reason, oldest step first."""
+    out = []
+    for step, path in _step_dirs(Path(root)):
+        problem = checkpoint_problem(path)
+        if problem is not None:
+            out.append((step, path, problem))
+    return out
+
+
 def find_latest_checkpoint(root: str | Path) -> Path | None:
-    """The checkpoint the latest pointer names if it is complete, else the highest complete step, else None."""
+    """The checkpoint the latest pointer names if it is loadable, else the highest loadable step, else None."""
+    candidates = resume_candidates(root)
+    return candidates[0] if candidates else None
+
+
+def resume_candidates(root: str | Path) -> list[Path]:
+    """Loadable checkpoints, best first: the one the latest pointer names, then by step, highest first."""
     root = Path(root)
+    ordered = [p for _, p in reversed(list_checkpoints(root))]
     try:
         pointed = step_dir(root, int((root / LATEST).read_text().strip()))
-        if is_complete(pointed):
-            return pointed
     except (OSError, ValueError):
-        pass
-    checkpoints = list_checkpoints(root)
-    return checkpoints[-1][1] if checkpoints else None
+        return ordered
+    if pointed in ordered:
+        ordered.remove(pointed)
+        ordered.insert(0, pointed)
+    return ordered
+
+
+def open_checkpoint(path: str | Path, what: str = "checkpoint") -> Path:
+    """A loadable checkpoint from a `global_step_N` folder or a checkpoint root (its latest).
+
+    Raises CheckpointError starting with `what` (the option or command that named the path) and
+    naming the problem: missing, not a checkpoint, no marker, a listed shard gone.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"{what}: {path} does not exist; pass a {PREFIX}N folder or the checkpoint root")
+    if step_of(path) is None:
+        latest = find_latest_checkpoint(path) if path.is_dir() else None
+        if latest is not None:
+            return latest
+        broken = broken_checkpoints(path) if path.is_dir() else []
+        if broken:
+            _, bad, problem = broken[-1]
+            raise CheckpointError(f"{what}: {path} holds no loadable checkpoint; {bad.name} {problem}")
+        raise CheckpointError(f"{what}: {path} is neither a {PREFIX}N folder nor a root holding complete ones")
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        others = ", ".join(p.name for _, p in list_checkpoints(path.parent)) or "none"
+        raise CheckpointError(f"{what}: {path} {problem}; loadable checkpoints next to it: {others}")
+    return path
 
 
 def resolve_resume(root: str | Path, resume_mode: str | Path | None = "auto") -> Path | None:
-    """The checkpoint to resume from: `auto` (latest under root, None if there is none), `disable`
+    """The checkpoint to resume from: `auto` (latest loadable under root, None if there is none), `disable`
     (None), or a path (a `global_step_N` folder, or a checkpoint root whose latest is used)."""
     if resume_mode is None or str(resume_mode) == "disable":
         return None
     if str(resume_mode) == "auto":
         return find_latest_checkpoint(root)
-    path = Path(resume_mode).expanduser()
-    if not path.exists():
-        raise UserError(f"resume_mode: {path} does not exist; use auto, disable, or a global_step_N folder")
-    if step_of(path) is None:
-        latest = find_latest_checkpoint(path) if path.is_dir() else None
-        if latest is None:
-            raise UserError(f"resume_mode: {path} is neither a {PREFIX}N folder nor a root holding complete ones")
-        return latest
-    if not is_complete(path):
-        others = ", ".join(p.name for _, p in list_checkpoints(path.parent)) or "none"
-        raise UserError(f"resume_mode: {path} has no {COMPLETE} marker (interrupted while saving); "
-                        f"complete checkpoints next to it: {others}")
-    return path
+    return open_checkpoint(resume_mode, "trainer.resume_mode")
+
+
+def load_with_fallback(
+    root: str | Path, resume_mode: str | Path | None, load: Callable[[Path], None], say: Callable[[str], None]
+) -> Path | None:
+    """Resume: call `load(path)` on the checkpoint `resume_mode` picks; returns it (None = fresh start).
+
+    With `auto`, broken checkpoints are skipped and a checkpoint whose `load` raises is marked
+    UNLOADABLE once an older one has loaded; each skip is reported through `say` in one line.
+    An explicit path that fails to load is a CheckpointError naming it and the error.
+    """
+    if resume_mode is None or str(resume_mode) == "disable":
+        return None
+    if str(resume_mode) != "auto":
+        path = open_checkpoint(resume_mode, "trainer.resume_mode")
+        try:
+            load(path)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            raise CheckpointError(f"trainer.resume_mode: cannot load {path} ({short_reason(exc)}); pick another "
+                                  f"checkpoint or trainer.resume_mode=disable") from exc
+        return path
+    candidates = resume_candidates(root)
+    newest = step_of(candidates[0]) if candidates else None
+    skipped = [(p, why) for step, p, why in broken_checkpoints(root) if newest is None or step > newest]
+    for path, problem in skipped:
+        say(f"trainer.resume_mode=auto: skipping {path}: {problem}")
+    failed: list[tuple[Path, str]] = []
+    for path in candidates:
+        try:
+            load(path)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            failed.append((path, short_reason(exc)))
+            say(f"trainer.resume_mode=auto: cannot load {path} ({failed[-1][1]}); trying the previous checkpoint")
+            continue
+        for bad, reason in failed:  # an older one loads, so the newer failures are the checkpoints' fault
+            mark_unloadable(bad, reason)
+        if failed or skipped:
+            say(f"trainer.resume_mode=auto: fell back to the previous complete checkpoint {path}")
+        return path
+    broken = broken_checkpoints(root)
+    if failed or broken:
+        names = [f"{p.name} ({why})" for p, why in failed] + [f"{p.name} ({why})" for _, p, why in broken]
+        raise CheckpointError(f"trainer.resume_mode=auto: no checkpoint in {root} loads: {'; '.join(names[:3])}; "
+                              "repair one, or start over with trainer.resume_mode=disable")
+    return None
 
 
 # ---------------------------------------------------------------- RNG state

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import logging
 import math
 import os
 import time
@@ -19,6 +20,8 @@ from typing import Any, Protocol
 
 from rlkit.errors import UserError
 from rlkit.registry import Registry
+
+log = logging.getLogger("rlkit.tracking")
 
 
 class Tracker(Protocol):
@@ -106,6 +109,28 @@ class JsonlTracker:
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
+    def rewind(self, step: int) -> int:
+        """Drop the rows after `step` (and a torn last line), so the steps a resumed run replays appear
+        once; returns how many rows were dropped. The file is replaced atomically."""
+        self._file.close()
+        kept, dropped = [], 0
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row_step = json.loads(line).get("step")
+                except (ValueError, AttributeError):
+                    row_step = None
+                if isinstance(row_step, (int, float)) and row_step <= step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+                elif line.strip():
+                    dropped += 1
+        if dropped:
+            tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+            tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, self.path)
+        self._file = open(self.path, "a", encoding="utf-8")
+        return dropped
+
     def finish(self) -> None:
         if not self._file.closed:
             self._file.close()
@@ -127,6 +152,7 @@ class TensorboardTracker:
                 "(or pip install tensorboard), or drop it from trainer.logger"
             ) from None
         self.dir = run.log_dir / "tensorboard"
+        self._writer_cls = SummaryWriter
         self._writer = SummaryWriter(log_dir=str(self.dir))
         if run.config:
             self._writer.add_text("config", "```\n" + json.dumps(run.config, indent=2) + "\n```", 0)
@@ -135,6 +161,12 @@ class TensorboardTracker:
         for key, value in metrics.items():
             self._writer.add_scalar(key, value, step)
         self._writer.flush()
+
+    def rewind(self, step: int) -> int:
+        """Reopen with `purge_step`, so TensorBoard hides the old events after `step` (replayed on resume)."""
+        self._writer.close()
+        self._writer = self._writer_cls(log_dir=str(self.dir), purge_step=step + 1)
+        return 0
 
     def finish(self) -> None:
         self._writer.close()
@@ -303,6 +335,16 @@ class Tracking:
         for tracker in self.trackers:
             tracker.log(reduced, step)
         return reduced
+
+    def rewind(self, step: int) -> None:
+        """After a resume from `step`: backends that can (jsonl, tensorboard) forget what they logged after
+        it, so replayed steps are not recorded twice. wandb cannot rewrite history; its rows stay."""
+        for tracker in self.trackers:
+            if hasattr(tracker, "rewind"):
+                dropped = tracker.rewind(step)
+                if dropped:
+                    log.warning("%s: dropped %d rows logged after step %d (they are replayed after the resume)",
+                                getattr(tracker, "path", type(tracker).__name__), dropped, step)
 
     def finish(self) -> None:
         """Close every backend once (safe to call twice)."""

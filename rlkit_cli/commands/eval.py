@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rlkit_cli.errors import friendly_errors
+from rlkit_cli.errors import UserError, friendly_errors
 
 
 def eval_command(
@@ -30,7 +30,11 @@ def eval_command(
     Exit status: 0 on success, 1 on bad input (missing model/data).
     """
     from rlkit.eval.evaluator import evaluate, write_jsonl
+    from rlkit.utils.fs_checks import ensure_writable_file
 
+    if not data.exists():
+        raise UserError(f"--data {data}: no such file; make one with `rlkit data NAME --out DIR`")
+    out = ensure_writable_file(out or data.with_name(f"{data.stem}.eval.jsonl"), "--out")  # before the work
     console = Console()
     with Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:
@@ -48,7 +52,6 @@ def eval_command(
     for ds, metrics in result.metrics.items():
         table.add_row(ds, *(f"{metrics[k]:.3f}" if k in metrics else "-" for k in keys))
     console.print(table)
-    out = out or data.with_name(f"{data.stem}.eval.jsonl")
     write_jsonl(result.rows, out)
     console.print(f"generations: {out}")
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlkit.errors import UserError
+from rlkit.utils.fs_checks import ensure_writable_file
 from rlkit_cli.errors import friendly_errors
 
 reward_app = typer.Typer(
@@ -100,6 +101,9 @@ def score(
     if method is not None and method not in ("strict", "flexible"):
         raise UserError(f"--method must be 'strict' or 'flexible', got '{method}'")
     rows = _read_rows(input_path)
+    out = ensure_writable_file(
+        out or input_path.with_name(input_path.name.removesuffix(".jsonl") + ".scored.jsonl"), "--out"
+    )  # checked before scoring, which can take long (code sandboxes, custom functions)
     custom = {"path": str(custom_path), "name": custom_name} if custom_path else None
     kwargs = {"gsm8k": {"method": method}} if method else None
     manager = RewardManager(None, custom_fn=custom, num_workers=workers, timeout_s=timeout, scorer_kwargs=kwargs)
@@ -109,7 +113,6 @@ def score(
         [str(r["data_source"]) for r in rows],
         [r.get("extra_info") for r in rows],
     )
-    out = out or input_path.with_name(input_path.name.removesuffix(".jsonl") + ".scored.jsonl")
     with out.open("w", encoding="utf-8") as fh:
         for row, res in zip(rows, results):
             row = {**row, "score": res.score}

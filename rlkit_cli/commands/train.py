@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -29,7 +30,11 @@ def train(
     Example:
       rlkit train grpo data.train_files=~/data/toy/train.parquet actor_rollout_ref.model.path=./tiny
 
-    Exit status: 0 when training finished, 1 on a config/input error or a worker failure.
+    Before Ray starts, a pre-flight check (also run by --dry-run) verifies the data files, the model,
+    that the checkpoint and log folders are writable and that the disk can hold a checkpoint.
+
+    Exit status: 0 when training finished, 1 on a config/input error or a worker failure,
+    130 when stopped with Ctrl-C (the last line then says how to resume).
     """
     from rlkit.trainer.config import load_config, to_yaml
     from rlkit.trainer.launch import LaunchOptions, resource_plan, run_training
@@ -44,13 +49,21 @@ def train(
     console = Console()
     cfg = load_config(algo, overrides, str(config) if config else None)
     if dry_run:
+        from rlkit.trainer.preflight import preflight
+
         console.print(to_yaml(cfg))
         console.print(resource_plan(cfg))
+        notes = preflight(cfg, allow_download=False).notes  # a problem exits 1, as the real run would
+        console.print("pre-flight ok: " + "; ".join(notes), soft_wrap=True, markup=False)
         return
     from rlkit.controller import WorkerError
+    from rlkit.trainer.interrupt import TrainingInterrupted
 
     try:
         run_training(cfg, LaunchOptions(address=address, debug=mode, num_cpus=num_cpus), console)
+    except TrainingInterrupted as stop:
+        Console(stderr=True, soft_wrap=True).print(stop.line(sys.argv), markup=False, highlight=False)
+        raise typer.Exit(130) from None
     except WorkerError as exc:
         from rich.text import Text
 
@@ -62,20 +75,35 @@ def train(
 def export(
     checkpoint: Path = typer.Argument(..., help="A global_step_N folder (or a checkpoint root: its latest is used)."),
     out: Path = typer.Argument(..., help="Output folder for the plain HF model."),
+    force: bool = typer.Option(False, "--force", "-f", help="Write into OUT even if it already holds files."),
 ) -> None:
     """Write the actor of a checkpoint as a plain Hugging Face folder (loadable with from_pretrained).
 
     Example: rlkit export checkpoints/rlkit/run/global_step_20 ./my-model
 
-    Exit status: 0 on success, 1 if the checkpoint is missing or incomplete.
+    Exit status: 0 on success, 1 if the checkpoint is missing or incomplete, or OUT holds files (see --force).
     """
-    from rlkit.utils.checkpoint_io import resolve_resume
+    from rlkit.utils.checkpoint_io import CheckpointError, open_checkpoint
+    from rlkit.utils.checkpoint_verify import short_reason
+    from rlkit.utils.fs_checks import ensure_writable_dir
     from rlkit.workers.fsdp_model import export_hf
 
-    path = resolve_resume(checkpoint.parent, str(checkpoint)) if checkpoint.exists() else None
-    if path is None:
-        raise UserError(f"no complete checkpoint at {checkpoint}")
-    export_hf(path / "actor", out, tokenizer_dir=path / "actor" / "tokenizer")
+    path = open_checkpoint(checkpoint, "rlkit export")
+    out = out.expanduser()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file; pass a folder for the exported model")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UserError(f"{out} already holds files; pass --force to write into it or choose another folder")
+    ensure_writable_dir(out, "rlkit export")
+    try:
+        export_hf(path / "actor", out, tokenizer_dir=path / "actor" / "tokenizer")
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # DCP/transformers errors on a damaged checkpoint (CheckpointException is one)
+        if isinstance(exc, OSError) and str(exc.filename or "").startswith(str(out)):
+            raise UserError(f"rlkit export: cannot write {exc.filename} ({exc.strerror})") from None
+        raise CheckpointError(f"rlkit export: cannot load {path / 'actor'} ({short_reason(exc)}); "
+                              "export another checkpoint") from None
     Console().print(f"exported {path} -> {out}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 
@@ -124,3 +125,122 @@ def test_rng_round_trip(tmp_path):
     torch.save(state, tmp_path / "rng.pt")  # builtin types only: loads with weights_only=True
     ck.load_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert draw() == expected
+
+
+# ------------------------------------------------ verification, rotation and fallback (issue 14, section 4)
+
+
+def save_dcp(root, step, keep_last=None):
+    """A checkpoint shaped like the trainer's: a real DCP actor folder plus trainer_state.pt."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    tmp = ck.begin_checkpoint(root, step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save({"model": {"w": torch.full((4, 4), float(step))}}, checkpoint_id=str(tmp / "actor"))
+    torch.save({"global_step": step}, tmp / "trainer_state.pt")
+    return ck.commit_checkpoint(root, tmp, step, keep_last=keep_last, required=["trainer_state.pt", "actor/.metadata"])
+
+
+def load_dcp(path):
+    """What resuming does with a checkpoint: read the DCP shards and the trainer state; returns the step."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": {"w": torch.zeros(4, 4)}}
+    dcp.load(state, checkpoint_id=str(path / "actor"), no_dist=True)
+    step = int(torch.load(path / "trainer_state.pt")["global_step"])
+    assert float(state["model"]["w"][0, 0]) == step
+    return step
+
+
+def test_marker_lists_every_file_and_a_deleted_shard_breaks_the_checkpoint(tmp_path):
+    good = save_dcp(tmp_path, 5)
+    marker = json.loads((good / ck.COMPLETE).read_text())
+    assert set(marker["files"]) == {"actor/.metadata", "actor/__0_0.distcp", "trainer_state.pt"}
+    (good / "actor" / "__0_0.distcp").unlink()
+    assert not ck.is_complete(good)
+    assert ck.broken_checkpoints(tmp_path) == [(5, good, "actor/__0_0.distcp is missing (listed in COMPLETE)")]
+    with pytest.raises(UserError, match=r"rlkit export: .*global_step_5 actor/__0_0.distcp is missing"):
+        ck.open_checkpoint(good, "rlkit export")
+
+
+def test_a_truncated_file_breaks_the_checkpoint(tmp_path):
+    good = save_dcp(tmp_path, 1)
+    (good / "trainer_state.pt").write_bytes(b"x")
+    assert ck.checkpoint_problem(good).startswith("trainer_state.pt has 1 bytes, COMPLETE recorded")
+
+
+def test_commit_refuses_an_incomplete_checkpoint_and_rotates_nothing(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    first = save_dcp(tmp_path, 1, keep_last=1)
+    tmp = ck.begin_checkpoint(tmp_path, 2)
+    dcp.save({"model": {"w": torch.ones(2)}}, checkpoint_id=str(tmp / "actor"))
+    (tmp / "actor" / "__0_0.distcp").unlink()  # a rank's shard never arrived
+    with pytest.raises(ck.CheckpointError, match=r"step 2 .* incomplete \(trainer_state.pt is missing; "
+                       r"actor/__0_0.distcp is missing\).*no older checkpoint was deleted"):
+        ck.commit_checkpoint(tmp_path, tmp, 2, keep_last=1, required=["trainer_state.pt"])
+    assert ck.list_checkpoints(tmp_path) == [(1, first)]
+    assert not (tmp_path / "global_step_2").exists()
+    assert (tmp_path / ck.LATEST).read_text().strip() == "1"
+
+
+def test_rotation_never_keeps_a_broken_checkpoint_in_place_of_a_good_one(tmp_path):
+    """The issue's repro: resume from step 5 after a shard of step 10 was deleted, then save step 7."""
+    five = save_dcp(tmp_path, 5, keep_last=2)
+    ten = save_dcp(tmp_path, 10, keep_last=2)
+    (ten / "actor" / "__0_0.distcp").unlink()
+    said = []
+    assert ck.load_with_fallback(tmp_path, str(five), load_dcp, said.append) == five and said == []
+    seven = save_dcp(tmp_path, 7, keep_last=2)
+    assert ck.list_checkpoints(tmp_path) == [(5, five), (7, seven)]  # the broken one took no slot
+    assert ten.is_dir()  # and was not deleted either (its files may be repairable)
+    save_dcp(tmp_path, 8, keep_last=1)
+    assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [8]
+    assert ck.find_latest_checkpoint(tmp_path) == tmp_path / "global_step_8"
+
+
+def test_auto_resume_skips_a_broken_latest_and_says_so(tmp_path):
+    five = save_dcp(tmp_path, 5)
+    ten = save_dcp(tmp_path, 10)
+    (ten / "actor" / "__0_0.distcp").unlink()
+    said, loaded = [], []
+    assert ck.load_with_fallback(tmp_path, "auto", lambda p: loaded.append(load_dcp(p)), said.append) == five
+    assert loaded == [5]
+    assert said == [f"trainer.resume_mode=auto: skipping {ten}: actor/__0_0.distcp is missing (listed in COMPLETE)",
+                    f"trainer.resume_mode=auto: fell back to the previous complete checkpoint {five}"]
+
+
+def test_auto_resume_falls_back_when_loading_fails_and_marks_the_failure(tmp_path):
+    five = save_dcp(tmp_path, 5)
+    ten = save_dcp(tmp_path, 10)
+    with open(ten / "actor" / "__0_0.distcp", "r+b") as f:  # same size, garbage bytes: only loading finds out
+        f.write(b"\0" * 64)
+    said = []
+    assert ck.load_with_fallback(tmp_path, "auto", load_dcp, said.append) == five
+    assert said[0].startswith(f"trainer.resume_mode=auto: cannot load {ten} (")
+    assert said[-1] == f"trainer.resume_mode=auto: fell back to the previous complete checkpoint {five}"
+    assert ck.checkpoint_problem(ten).startswith("failed to load before (")
+    assert ck.find_latest_checkpoint(tmp_path) == five  # and rotation now counts it out
+    seven = save_dcp(tmp_path, 7, keep_last=1)
+    assert ck.list_checkpoints(tmp_path) == [(7, seven)] and ten.is_dir()
+
+
+def test_auto_resume_with_nothing_loadable_is_an_error_not_a_fresh_start(tmp_path):
+    one = save_dcp(tmp_path, 1)
+    (one / "trainer_state.pt").unlink()
+    with pytest.raises(ck.CheckpointError, match=r"no checkpoint in .* loads: global_step_1 \(trainer_state.pt "
+                       r"is missing.*trainer.resume_mode=disable"):
+        ck.load_with_fallback(tmp_path, "auto", load_dcp, print)
+    assert ck.load_with_fallback(tmp_path / "empty", "auto", load_dcp, print) is None  # a first run starts fresh
+    assert ck.load_with_fallback(tmp_path, "disable", load_dcp, print) is None
+
+
+def test_explicit_resume_that_fails_to_load_names_the_checkpoint(tmp_path):
+    one = save_dcp(tmp_path, 1)
+    with open(one / "actor" / "__0_0.distcp", "r+b") as f:
+        f.write(b"\0" * 64)
+    with pytest.raises(ck.CheckpointError, match=rf"trainer.resume_mode: cannot load {one} \(.*\); pick another"):
+        ck.load_with_fallback(tmp_path, str(one), load_dcp, print)

@@ -65,6 +65,35 @@ def test_tensorboard_writes_event_file(tmp_path):
     assert acc.Scalars("critic/score/mean")[0].value == 0.5
 
 
+def test_rewind_drops_replayed_rows_from_jsonl(tmp_path, caplog):
+    """After a resume from step 2, steps 3.. run again: their old rows go, so each step appears once."""
+    with Tracking(["jsonl"], log_dir=tmp_path) as first:
+        for step in (1, 2, 3, 4):
+            first.log({"x": step}, step=step)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "x": ')  # torn by a kill mid-write
+    with Tracking(["jsonl"], log_dir=tmp_path) as resumed:
+        resumed.rewind(2)
+        resumed.log({"x": 30}, step=3)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["x"]) for r in rows] == [(1, 1), (2, 2), (3, 30)]
+    assert "dropped 3 rows logged after step 2" in caplog.text
+
+
+def test_rewind_purges_tensorboard_events_after_the_step(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with Tracking(["tensorboard"], log_dir=tmp_path) as first:
+        for step in (1, 2, 3):
+            first.log({"x": float(step)}, step=step)
+    with Tracking(["tensorboard"], log_dir=tmp_path) as resumed:
+        resumed.rewind(1)
+        resumed.log({"x": 20.0}, step=2)
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("x")] == [(1, 1.0), (2, 20.0)]
+
+
 def make_console(terminal: bool) -> tuple[Console, io.StringIO]:
     buf = io.StringIO()
     return Console(file=buf, force_terminal=terminal, width=120, color_system=None), buf

@@ -1,0 +1,191 @@
+"""Pre-flight: the checks `rlkit train` (and `--dry-run`) runs before Ray starts.
+
+A problem found here costs a second; found by a worker it costs the model load, and an
+unwritable checkpoint folder used to cost the whole run (it failed at the final save). Each
+check is a function in CHECKS that reads the config and adds problems (one line each, naming the
+key, the path and the fix) or notes to the report; all of them run, so one pass shows every problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlkit.errors import UserError
+from rlkit.trainer.config_checks import critic_enabled
+from rlkit.trainer.config_schema import RLConfig
+from rlkit.utils.fs_checks import free_bytes, human_bytes, writable_dir_problem
+
+BYTES_PER_PARAM_IN_CHECKPOINT = 4 + 8  # fp32 weights + AdamW's two fp32 moments (what FSDPModel.save writes)
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+@dataclass
+class Preflight:
+    cfg: RLConfig
+    allow_download: bool = True  # False in --dry-run: an uncached model is a note, not a download
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    model_dir: Path | None = None
+
+
+Check = Callable[[Preflight], None]
+
+
+def log_dir_of(cfg: RLConfig) -> str:
+    """trainer.log_dir, or its default `<trainer.default_local_dir>/logs`."""
+    return cfg.trainer.log_dir or os.path.join(os.path.expanduser(cfg.trainer.default_local_dir), "logs")
+
+
+def check_data(p: Preflight) -> None:
+    """Every data file exists, opens as parquet, has rows and the prompt column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlkit.data.dataset import expand_files
+
+    d = p.cfg.data
+    for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
+        if files is None or files == []:
+            if key == "data.train_files":
+                p.problems.append(f"{key}: no data files given; pass a .parquet file (make one with `rlkit data`)")
+            continue
+        try:
+            paths = expand_files(files)
+        except UserError as exc:
+            p.problems.append(f"{key}: {exc}")
+            continue
+        for path in paths:
+            if not path.is_file():
+                why = "is a folder without .parquet files" if path.is_dir() else "does not exist"
+                p.problems.append(f"{key}: {path} {why}; fix the path or make it with `rlkit data NAME --out DIR`")
+                continue
+            try:
+                meta = pq.ParquetFile(path)
+                columns, rows = meta.schema_arrow.names, meta.metadata.num_rows
+            except (pa.ArrowException, OSError) as exc:
+                first = (str(exc).splitlines() or [type(exc).__name__])[0]
+                p.problems.append(f"{key}: {path} is not a readable parquet file ({first}); regenerate it with "
+                                  "`rlkit data`")
+                continue
+            if d.prompt_key not in columns:
+                p.problems.append(f"{key}: {path} has no '{d.prompt_key}' column (it has {', '.join(columns)}); "
+                                  "set data.prompt_key or regenerate it with `rlkit data`")
+            elif rows == 0:
+                p.problems.append(f"{key}: {path} has no rows")
+
+
+def _cached_model(spec: str) -> Path | None:
+    """The local folder of an alias or hub id if it is already on disk (no network)."""
+    from rlkit.utils import hub
+    from rlkit.utils.model_aliases import ALIASES, SourceUnavailable, from_converted_cache, from_hf_cache
+    from rlkit.utils.model_loading import cache_root
+
+    if spec not in ALIASES:
+        return hub.cached_snapshot(spec)
+    for source in (from_converted_cache, from_hf_cache):
+        try:
+            return source(ALIASES.get(spec), cache_root(), lambda _: None).path
+        except SourceUnavailable:
+            continue
+    return None
+
+
+def check_model(p: Preflight) -> None:
+    """actor_rollout_ref.model.path resolves to a folder with config.json and weights."""
+    from rlkit.utils.model_aliases import ALIASES
+    from rlkit.utils.model_loading import HUB_ID, resolve_model
+
+    spec = str(p.cfg.actor_rollout_ref.model.path)
+    key = "actor_rollout_ref.model.path"
+    local = Path(spec).expanduser()
+    remote = not local.exists() and (spec in ALIASES or HUB_ID.match(spec))
+    try:
+        if remote and not p.allow_download:
+            p.model_dir = _cached_model(spec)
+            if p.model_dir is None:
+                p.notes.append(f"model {spec} is not on this machine yet; `rlkit train` fetches it at start "
+                               f"(or run `rlkit model pull {spec}`)")
+                return
+        elif local.suffix.lower() == ".gguf" and not p.allow_download:
+            p.notes.append(f"model {local}: GGUF, dequantized into the model cache at start")
+            return
+        else:
+            p.model_dir = resolve_model(spec).path
+    except UserError as exc:
+        p.problems.append(f"{key}: {exc}")
+        return
+    p.notes.append(f"model {p.model_dir}")
+
+
+def check_output_dirs(p: Preflight) -> None:
+    """trainer.default_local_dir and the log dir exist (created here) and accept new files."""
+    for key, path in (("trainer.default_local_dir", p.cfg.trainer.default_local_dir),
+                      ("trainer.log_dir", log_dir_of(p.cfg))):
+        problem = writable_dir_problem(path)
+        if problem is not None:
+            p.problems.append(f"{key}: {problem}; choose a writable folder")
+
+
+def checkpoint_size(model_dir: Path, roles: int = 1) -> int:
+    """Bytes of one checkpoint, estimated from the model's weight files: parameters (from their size and
+    dtype) x (fp32 weights + AdamW moments) x trained roles (actor, and critic when there is one)."""
+    from rlkit.utils.model_loading import WEIGHT_GLOBS
+
+    weights = sum(f.stat().st_size for g in WEIGHT_GLOBS if not g.endswith(".json") for f in model_dir.glob(g))
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    params = weights / DTYPE_BYTES.get(dtype, 2)
+    return int(params * BYTES_PER_PARAM_IN_CHECKPOINT * roles)
+
+
+def check_disk(p: Preflight) -> None:
+    """The checkpoint folder's disk has room for at least one checkpoint of this model."""
+    if p.model_dir is None or any(x.startswith("trainer.default_local_dir") for x in p.problems):
+        return
+    roles = 2 if critic_enabled(p.cfg) else 1
+    need = checkpoint_size(p.model_dir, roles)
+    root = p.cfg.trainer.default_local_dir
+    free = free_bytes(root)
+    if free < need:
+        p.problems.append(
+            f"trainer.default_local_dir: {Path(root).expanduser()} has {human_bytes(free)} free, but one checkpoint "
+            f"of this model takes about {human_bytes(need)} (fp32 weights + AdamW state"
+            f"{', actor and critic' if roles == 2 else ''}); free space or point it at a bigger disk"
+        )
+    else:
+        p.notes.append(f"checkpoint ~{human_bytes(need)} each, {human_bytes(free)} free")
+
+
+def check_resume(p: Preflight) -> None:
+    """An explicit trainer.resume_mode path names a loadable checkpoint."""
+    from rlkit.utils.checkpoint_io import open_checkpoint
+
+    mode = str(p.cfg.trainer.resume_mode)
+    if mode in ("auto", "disable", "None"):
+        return
+    try:
+        open_checkpoint(mode, "trainer.resume_mode")
+    except UserError as exc:
+        p.problems.append(str(exc))
+
+
+CHECKS: list[Check] = [check_data, check_model, check_output_dirs, check_disk, check_resume]
+
+
+def preflight(cfg: RLConfig, allow_download: bool = True) -> Preflight:
+    """Run every check; UserError listing all problems (one per line) if there are any."""
+    report = Preflight(cfg, allow_download)
+    for check in CHECKS:
+        check(report)
+    if report.problems:
+        lines = report.problems
+        head = "pre-flight check failed: " if len(lines) == 1 else f"pre-flight check found {len(lines)} problems:\n  "
+        raise UserError(head + "\n  ".join(lines))
+    return report
