@@ -14,6 +14,7 @@ import typer
 
 from rlkit import __version__
 from rlkit_cli import commands
+from rlkit_cli.errors import show_tracebacks
 
 app = typer.Typer(
     name="rlkit",
@@ -36,11 +37,16 @@ def _root(
     version: bool = typer.Option(
         False, "--version", "-V", callback=_version_callback, is_eager=True, help="Print the version and exit."
     ),
+    traceback: bool = typer.Option(
+        False, "--traceback", help="On an error, print the traceback too (same as RLKIT_DEBUG=1)."
+    ),
 ) -> None:
     """rlkit: GRPO/PPO/RLOO/DAPO post-training on a laptop CPU or a GPU cluster.
 
     Exit status: 0 on success, 1 on a user error (bad input, bad config), 2 on bad usage.
     """
+    if traceback:
+        show_tracebacks(True)
 
 
 def _register_commands() -> None:

@@ -1,0 +1,210 @@
+"""One-line messages for the errors a user causes (bad paths, full disks, broken files).
+
+`describe(exc)` returns the line the CLI prints instead of a traceback, or None for an
+error it does not recognise (a bug: its traceback is shown). Formatters are registered per
+exception type and looked up along the type's MRO, so a new kind of error is one function.
+The file an error is about is named: from the exception itself (`OSError.filename`) or, for
+errors that do not carry it (UnicodeDecodeError, JSONDecodeError, a damaged checkpoint),
+from the open file or path in the innermost frame of the traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from rlkit.errors import UserError
+
+Formatter = Callable[[BaseException], "str | None"]
+FORMATTERS: dict[type, Formatter] = {}
+MAX_SCAN_BYTES = 512 << 20  # files larger than this are not re-read to find the bad line
+
+
+def formatter(*types: type) -> Callable[[Formatter], Formatter]:
+    def deco(fn: Formatter) -> Formatter:
+        for t in types:
+            FORMATTERS[t] = fn
+        return fn
+
+    return deco
+
+
+def describe(exc: BaseException) -> str | None:
+    """The user-facing line for `exc`, or None when it is not a user-facing error."""
+    for cls in type(exc).__mro__:
+        fn = FORMATTERS.get(cls)
+        if fn is not None:
+            msg = fn(exc)
+            if msg is not None:
+                return msg
+    return None
+
+
+# ------------------------------------------------------------------ which file
+
+
+def _frames(exc: BaseException) -> list[FrameType]:
+    """The traceback's frames, innermost first."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames[::-1]
+
+
+def _open_file(value: object) -> Path | None:
+    if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str):
+        return Path(value.name)  # type: ignore[attr-defined]
+    return None
+
+
+def _path(value: object) -> Path | None:
+    if isinstance(value, (str, os.PathLike)) and 0 < len(os.fspath(value)) < 4096:
+        try:
+            path = Path(os.fspath(value)).expanduser()
+            return path if path.exists() else None
+        except (OSError, ValueError, TypeError):
+            return None
+    return None
+
+
+def file_in_traceback(exc: BaseException) -> Path | None:
+    """The file `exc` is most likely about: an open file in the innermost frame that has one, else a path."""
+    frames = _frames(exc)
+    for probe in (_open_file, _path):
+        for frame in frames:
+            for value in list(frame.f_locals.values()):
+                found = probe(value)
+                if found is not None:
+                    return found
+    return None
+
+
+# ------------------------------------------------------------------ OSError family
+
+#: errno -> what to do about it
+ERRNO_FIXES: dict[int, str] = {
+    errno.ENOENT: "check the path",
+    errno.EEXIST: "remove it or choose another path",
+    errno.EACCES: "check its permissions, or choose a path you can write to",
+    errno.EPERM: "check its permissions, or choose a path you can write to",
+    errno.EROFS: "the file system is read-only; choose a path on a writable disk",
+    errno.ENOSPC: "the disk is full; free some space or choose a path on another disk",
+    errno.EDQUOT: "your disk quota is used up; free some space or choose a path on another disk",
+    errno.EISDIR: "it is a directory; give the path of a file",
+    errno.ENOTDIR: "a part of the path is a file, not a directory; check the path",
+    errno.ENAMETOOLONG: "use a shorter path",
+    errno.EMFILE: "too many open files; raise the limit (ulimit -n)",
+    errno.ENOTEMPTY: "the directory is not empty; empty it or choose another path",
+}
+
+
+@formatter(OSError)
+def _os_error(exc: BaseException) -> str:
+    assert isinstance(exc, OSError)
+    if exc.errno is None:  # e.g. transformers' "config file ... is not a valid JSON file": a sentence already
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    what = exc.strerror or os.strerror(exc.errno)
+    names = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    where = " -> ".join(names) if names else "(no file named)"
+    fix = ERRNO_FIXES.get(exc.errno)
+    return f"{where}: {what.lower()}" + (f"; {fix}" if fix else "")
+
+
+# ------------------------------------------------------------------ text and JSON
+
+
+def bad_text_line(path: Path, encoding: str) -> tuple[int, int] | None:
+    """(line, column) of the first byte of `path` that does not decode as `encoding`."""
+    try:
+        if path.stat().st_size > MAX_SCAN_BYTES:
+            return None
+        data = path.read_bytes()
+        data.decode(encoding)
+    except UnicodeDecodeError as err:
+        line_start = data.rfind(b"\n", 0, err.start) + 1
+        return data.count(b"\n", 0, err.start) + 1, err.start - line_start + 1
+    except (OSError, LookupError):
+        return None
+    return None
+
+
+@formatter(UnicodeDecodeError)
+def _unicode(exc: BaseException) -> str:
+    assert isinstance(exc, UnicodeDecodeError)
+    byte = f"byte 0x{exc.object[exc.start]:02x}" if exc.start < len(exc.object) else "a byte"
+    path = file_in_traceback(exc)
+    fix = "save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8 FILE > NEW`)"
+    if path is None:
+        return f"a file is not valid {exc.encoding} text ({byte}: {exc.reason}); {fix}. --traceback shows which"
+    where = bad_text_line(path, exc.encoding) if path.is_file() else None
+    at = f" line {where[0]} column {where[1]}" if where else ""
+    return f"{path}{at}: not valid {exc.encoding} text ({byte}: {exc.reason}); {fix}"
+
+
+@formatter(json.JSONDecodeError)
+def _json(exc: BaseException) -> str:
+    assert isinstance(exc, json.JSONDecodeError)
+    path = file_in_traceback(exc)
+    where = f"{path} line {exc.lineno} column {exc.colno}" if path else f"JSON at line {exc.lineno}"
+    return f"{where}: not valid JSON ({exc.msg}); fix the file, or re-create it (a model folder: download it again)"
+
+
+# ------------------------------------------------------------------ checkpoints
+
+#: modules whose failure while reading a file means "this checkpoint file is damaged"
+CHECKPOINT_READERS = ("torch/serialization.py", "torch/distributed/checkpoint", "safetensors")
+#: markers of a damaged/partial checkpoint in RuntimeError messages from torch.load
+CHECKPOINT_MARKERS = ("PytorchStreamReader", "zip archive", "unexpected EOF", "storage has wrong byte size",
+                      "Error while deserializing", "incomplete metadata", "checkpoint")
+
+
+def _from_checkpoint_reader(exc: BaseException) -> bool:
+    return any(any(m in f.f_code.co_filename.replace(os.sep, "/") for m in CHECKPOINT_READERS) for f in _frames(exc))
+
+
+def _checkpoint(exc: BaseException) -> str | None:
+    if not _from_checkpoint_reader(exc):
+        return None
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if type(exc) is RuntimeError and not any(m in str(exc) for m in CHECKPOINT_MARKERS):
+        return None
+    path = file_in_traceback(exc)
+    return (f"{path or 'a checkpoint file'}: cannot load it ({type(exc).__name__}: {text[:200]}); the checkpoint is "
+            "damaged or incomplete: use an earlier global_step_N folder (or save again)")
+
+
+formatter(pickle.UnpicklingError, EOFError, RuntimeError)(_checkpoint)
+
+
+def _register_optional() -> None:
+    """Checkpoint error types of optional/heavy packages, registered when they are already imported."""
+    import sys
+
+    dcp = sys.modules.get("torch.distributed.checkpoint")
+    if dcp is not None and hasattr(dcp, "CheckpointException"):
+        FORMATTERS.setdefault(dcp.CheckpointException, _checkpoint)
+    st = sys.modules.get("safetensors")
+    if st is not None and hasattr(st, "SafetensorError"):
+        FORMATTERS.setdefault(st.SafetensorError, _checkpoint)
+
+
+# ------------------------------------------------------------------ ours
+
+
+@formatter(UserError)
+def _user(exc: BaseException) -> str:
+    return str(exc)
+
+
+def describe_any(exc: BaseException) -> str | None:
+    """`describe` after registering the optional types (call at error time, when they are imported)."""
+    _register_optional()
+    return describe(exc)
