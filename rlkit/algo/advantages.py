@@ -9,11 +9,17 @@ branches on the name:
 `index` is the per-row `uid` (same for the n samples of one prompt). Masked
 tokens (padding, tool output) are not time steps: they carry no reward, get a
 zero advantage and are skipped by the recursions.
+
+Each estimator declares what it reads beyond rewards and the mask (`Needs`,
+found with `estimator_needs(name)`): the config checks and the trainer provide
+exactly that (a critic, n >= 2 samples per prompt, a greedy baseline) without
+knowing estimator names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,6 +35,30 @@ AdvEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADV_ESTIMATORS: Registry[AdvEstimator] = Registry("advantage estimator")
 
 Index = np.ndarray | Sequence[Any] | None
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What an estimator reads besides rewards and the mask; the trainer and the config checks act on it."""
+
+    values: bool = False  # critic `values` (B, R): a value model is built and trained
+    groups: bool = False  # several samples per prompt (`index`), so actor_rollout_ref.rollout.n >= 2
+    greedy_baseline: bool = False  # `reward_baselines` (B,): the reward of one greedy response per prompt
+
+
+def needs(**kwargs: bool) -> Callable[[AdvEstimator], AdvEstimator]:
+    """Decorator: `@needs(values=True)` declares an estimator's inputs (see `Needs`)."""
+
+    def deco(fn: AdvEstimator) -> AdvEstimator:
+        fn.needs = Needs(**kwargs)  # type: ignore[attr-defined]
+        return fn
+
+    return deco
+
+
+def estimator_needs(name: str) -> Needs:
+    """The `Needs` of a registered estimator (UserError naming close matches if `name` is unknown)."""
+    return getattr(ADV_ESTIMATORS.get(name), "needs", Needs())
 
 
 # -------------------------------------------------------------------- helpers
@@ -103,6 +133,7 @@ def _whiten_valid(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------- estimators
 @ADV_ESTIMATORS.register("gae")
+@needs(values=True)
 @torch.no_grad()
 def gae(
     token_level_rewards: torch.Tensor,
@@ -125,6 +156,7 @@ def gae(
 
 
 @ADV_ESTIMATORS.register("grpo")
+@needs(groups=True)
 @torch.no_grad()
 def grpo(
     token_level_rewards: torch.Tensor,
@@ -153,6 +185,7 @@ def grpo(
 
 
 @ADV_ESTIMATORS.register("rloo")
+@needs(groups=True)
 @torch.no_grad()
 def rloo(
     token_level_rewards: torch.Tensor,
@@ -196,6 +229,7 @@ def reinforce_plus_plus(
 
 
 @ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
+@needs(groups=True)
 @torch.no_grad()
 def reinforce_plus_plus_baseline(
     token_level_rewards: torch.Tensor,
@@ -218,6 +252,7 @@ def reinforce_plus_plus_baseline(
 
 
 @ADV_ESTIMATORS.register("remax")
+@needs(greedy_baseline=True)
 @torch.no_grad()
 def remax(
     token_level_rewards: torch.Tensor,
@@ -232,9 +267,16 @@ def remax(
     reward_baselines: torch.Tensor | None = None,
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ReMax: return-to-go minus the reward of a greedy sample of the same prompt (`reward_baselines`, (B,))."""
+    """ReMax: return-to-go minus the reward of a greedy response to the same prompt (`reward_baselines`, (B,)).
+
+    The greedy response is the policy's own "typical" answer, so the baseline costs one extra
+    generation per prompt instead of a critic, and works with one sample per prompt. The trainer
+    generates and scores it because this estimator declares `Needs(greedy_baseline=True)`.
+    """
     if reward_baselines is None:
         raise UserError("advantage estimator 'remax' needs reward_baselines: the greedy sample's reward per row")
     returns = discounted_returns(token_level_rewards, response_mask, gamma)
+    if reward_baselines.numel() != returns.shape[0]:
+        raise ValueError(f"remax: {reward_baselines.numel()} reward_baselines for {returns.shape[0]} rows")
     baseline = reward_baselines.to(returns).reshape(-1, 1)
     return (returns - baseline) * response_mask, returns

@@ -19,7 +19,7 @@ def _valid(batch: Batch, key: str, mask: torch.Tensor) -> torch.Tensor:
 
 
 def compute_data_metrics(batch: Batch) -> dict[str, float]:
-    """Scores, rewards, advantages, returns, values (valid tokens only) and lengths, for keys present.
+    """Scores, greedy baselines, rewards, advantages, returns, values (valid tokens only), lengths: keys present.
 
     Response length counts the response part of `attention_mask` when the batch
     holds prompt+response masks (tool tokens count toward length, not toward training),
@@ -30,6 +30,8 @@ def compute_data_metrics(batch: Batch) -> dict[str, float]:
     width = mask.shape[-1]
     if "token_level_scores" in batch:
         out.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))
+    if "reward_baselines" in batch:  # ReMax: the reward of the greedy response to each row's prompt
+        out.update(_stats("critic/reward_baseline", batch["reward_baselines"]))
     if "reward_extra/acc" in batch:  # correctness alone (gsm8k, math, code scorers), without format bonuses
         acc = [float(a) for a in batch["reward_extra/acc"] if a is not None]
         if acc:

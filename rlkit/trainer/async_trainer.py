@@ -177,7 +177,7 @@ class OneStepOffPolicyTrainer(RLTrainer):
 
     def __init__(self, cfg: RLConfig, workers: WorkerHandles | None = None, tracker: Any = None) -> None:
         prepare_config(cfg)
-        self._pending: tuple[Any, Batch, int] | None = None
+        self._pending: tuple[Any, Batch, int, Any, Batch] | None = None
         self._lookahead: list[Batch] = []
         super().__init__(cfg, workers=workers, tracker=tracker)
 
@@ -198,18 +198,20 @@ class OneStepOffPolicyTrainer(RLTrainer):
         return self._lookahead[0]
 
     # ----------------------------------------------------------- rollout
-    def _launch(self, prompts: Batch, stale: int) -> tuple[Any, Batch, int]:
+    def _launch(self, prompts: Batch, stale: int) -> tuple[Any, Batch, int, Any, Batch]:
         gen = repeat_with_uids(prompts, self.cfg.actor_rollout_ref.rollout.n)
         keys = self._rollout_keys(gen) if hasattr(self, "_rollout_keys") else PROMPT_KEYS
-        future = self.workers.rollout.generate_sequences(gen.select(keys), call_id=self.global_step * 1000 + stale,
-                                                         blocking=False)
-        return future, gen, stale
+        call_id = self.global_step * 1000 + stale
+        future = self.workers.rollout.generate_sequences(gen.select(keys), call_id=call_id, blocking=False)
+        # queued behind the samples on the same workers, so generated with the same weights (None unless needed)
+        baseline = self._launch_baseline(prompts, call_id, blocking=False)
+        return future, gen, stale, baseline, prompts
 
     def _rollout(self, prompts: Batch, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """Batch k from the generation launched last step; launch k+1 before training on k."""
         if self._pending is None:  # first step (or after a resume): nothing in flight, generate now
             self._pending = self._launch(prompts, stale=0)
-        future, gen, stale = self._pending
+        future, gen, stale, baseline, prompts = self._pending
         self._pending = None
         start = time.perf_counter()
         out = future.get()
@@ -221,6 +223,10 @@ class OneStepOffPolicyTrainer(RLTrainer):
             self._pending = self._launch(self._peek(), stale=1)
         with timer("reward"):
             out.union(self.reward_fn(out))
+        if baseline is not None:
+            with timer("gen_baseline"):
+                n = self.cfg.actor_rollout_ref.rollout.n
+                out["reward_baselines"] = self._baseline_rewards(baseline.get(), prompts, n)
         metrics = {"timing_s/gen_wait": wait_s, "timing_s/gen_overlapped": max(0.0, gen_s - wait_s),
                    "rollout/staleness": float(stale)}
         metrics.update(self.workers.rollout.receive_metrics())

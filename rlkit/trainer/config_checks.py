@@ -5,17 +5,27 @@ Each failure is a UserError that says which keys disagree and what to change.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlkit.errors import UserError
 from rlkit.trainer.config_schema import RLConfig
 
-# estimators that need a value model
-VALUE_ESTIMATORS = {"gae"}
+if TYPE_CHECKING:
+    from rlkit.algo.advantages import Needs
+
+
+def _needs(cfg: RLConfig) -> Needs:
+    """What the configured advantage estimator declares it reads (rlkit.algo.advantages.Needs)."""
+    from rlkit.algo.advantages import ADV_ESTIMATORS, Needs, estimator_needs
+
+    name = cfg.algorithm.adv_estimator
+    return estimator_needs(name) if name in ADV_ESTIMATORS else Needs()
 
 
 def critic_enabled(cfg: RLConfig) -> bool:
     if cfg.critic.enable is not None:
         return bool(cfg.critic.enable)
-    return cfg.algorithm.adv_estimator in VALUE_ESTIMATORS
+    return _needs(cfg).values
 
 
 def ref_needed(cfg: RLConfig) -> bool:
@@ -49,7 +59,7 @@ def check_config(cfg: RLConfig) -> None:
             "reward_model.enable=true: model-based rewards are not in this release; "
             "use rule/code scorers or custom_reward_function.path"
         )
-    if cfg.algorithm.adv_estimator in VALUE_ESTIMATORS and not critic_enabled(cfg):
+    if _needs(cfg).values and not critic_enabled(cfg):
         raise UserError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs a critic: set critic.enable=true")
     if not cfg.data.train_files:
         raise UserError("data.train_files is empty: pass data.train_files=PATH.parquet (make one with `rlkit data`)")
@@ -61,7 +71,7 @@ def check_config(cfg: RLConfig) -> None:
         raise UserError(
             "data.train_batch_size, actor.ppo_mini_batch_size and actor.ppo_micro_batch_size_per_gpu must be >= 1"
         )
-    if cfg.algorithm.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline") and n < 2:
+    if _needs(cfg).groups and n < 2:
         raise UserError(
             f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares samples of the same prompt: "
             f"set actor_rollout_ref.rollout.n >= 2 (now {n})"

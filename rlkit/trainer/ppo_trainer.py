@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlkit.algo.advantages import estimator_needs
 from rlkit.algo.dapo import dynamic_sampling_filter
 from rlkit.algo.kl import make_kl_controller
 from rlkit.algo.metrics import compute_data_metrics
@@ -180,6 +181,10 @@ class RLTrainer:
             out.non_tensors.update(gen.non_tensors)
             with timer("reward"):
                 out.union(self.reward_fn(out))
+            baseline = self._launch_baseline(prompts, call_id)
+            if baseline is not None:
+                with timer("gen_baseline"):
+                    out["reward_baselines"] = self._baseline_rewards(baseline, prompts, n)
             if not filt.enable:
                 return out, {}
             score = out["token_level_scores"].sum(-1)
@@ -195,6 +200,20 @@ class RLTrainer:
         usable = (len(batch) // (n * self.workers.world_size)) * n * self.workers.world_size
         usable = min(usable or len(batch), target)
         return batch[:usable], metrics
+
+    def _launch_baseline(self, prompts: Batch, call_id: int, blocking: bool = True) -> Any:
+        """Greedy responses to the un-repeated prompts when the advantage estimator declares
+        `Needs(greedy_baseline)` (ReMax), else None. Only their rewards are kept; they are not trained on."""
+        if not estimator_needs(self.cfg.algorithm.adv_estimator).greedy_baseline:
+            return None
+        keys = self._rollout_keys(prompts)
+        return self.workers.rollout.generate_sequences(prompts.select(keys), call_id=call_id, greedy=True,
+                                                       blocking=blocking)
+
+    def _baseline_rewards(self, greedy: Batch, prompts: Batch, n: int) -> torch.Tensor:
+        """Score the greedy responses with the same reward manager; one value per sample row ((B*n,))."""
+        greedy.non_tensors.update(prompts.non_tensors)
+        return self.reward_fn(greedy)["token_level_scores"].sum(-1).float().repeat_interleave(n)
 
     def _rollout_keys(self, gen: Batch) -> list[str]:
         """Prompt tensors; with multi-turn also the raw messages and tool/interaction kwargs the agent loop reads."""

@@ -64,9 +64,10 @@ class RolloutWorker(Worker):
         return {"engine_kwargs": {"distributed_executor_backend": "external_launcher"}}
 
     @register(dispatch=Dispatch.DP_COMPUTE)
-    def generate_sequences(self, batch: Batch, validate: bool = False, call_id: int = 0) -> Batch:
+    def generate_sequences(self, batch: Batch, validate: bool = False, call_id: int = 0, greedy: bool = False) -> Batch:
         """One response per row. `call_id` (the driver's step) seeds sampling: reproducible on resume,
-        and never the same draws twice (a fixed seed would replay them every step)."""
+        and never the same draws twice (a fixed seed would replay them every step). `greedy=True`
+        decodes with argmax under the training settings (ReMax's baseline response)."""
         if not validate:
             set_step(call_id // 1000)  # call_id = global_step * 1000 + attempt; roles share the process
         maybe_break("rollout.validate" if validate else "rollout.generate")
@@ -75,7 +76,7 @@ class RolloutWorker(Worker):
         rss_sleep = _rss_mb()
         self.engine.wake_up()
         rss_awake = _rss_mb()
-        sampling = rollout.to_val_sampling() if validate else rollout.to_sampling()
+        sampling = rollout.to_val_sampling() if validate else rollout.to_sampling(greedy=greedy)
         if rollout.seed is not None:
             # the data-parallel rank: the ranks of one TP group must draw the same samples
             sampling.seed = (rollout.seed * 1_000_003 + call_id * 7919 + self.dispatch_info().dp_rank) % 2**31

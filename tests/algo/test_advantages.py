@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlkit.algo.advantages import ADV_ESTIMATORS, discounted_returns, gae_unwhitened
+from rlkit.algo.advantages import ADV_ESTIMATORS, Needs, discounted_returns, estimator_needs, gae_unwhitened
 from rlkit.errors import UserError
 
 T = torch.tensor
@@ -149,6 +149,29 @@ def test_remax_by_hand():
     assert torch.allclose(adv, T([[0.6, 0.6, 0.6], [-0.5, -0.5, 0.0]]))
     with pytest.raises(UserError, match="reward_baselines"):
         ADV_ESTIMATORS.get("remax")(rewards, mask)
+    with pytest.raises(ValueError, match="2 rows"):
+        ADV_ESTIMATORS.get("remax")(rewards, mask, reward_baselines=T([0.4, 1.0, 0.0]))
+
+
+def test_remax_per_sample_baseline_rows():
+    """n samples per prompt share their prompt's greedy reward; a sample that matches it gets 0,
+    better ones a positive and worse ones a negative advantage (no std division, no group mean)."""
+    rewards, mask = outcome_batch([1.0, 0.0, 0.5, 0.0, 1.0, 1.0], [3, 1, 2, 2, 3, 1])
+    baselines = T([0.5, 0.5, 0.5, 1.0, 1.0, 1.0])  # prompt a: greedy scored 0.5, prompt b: 1.0
+    adv, ret = ADV_ESTIMATORS.get("remax")(rewards, mask, index=["a"] * 3 + ["b"] * 3, reward_baselines=baselines)
+    assert per_row(adv, mask) == pytest.approx([0.5, -0.5, 0.0, -1.0, 0.0, 0.0])
+    assert per_row(ret, mask) == pytest.approx([1.0, 0.0, 0.5, 0.0, 1.0, 1.0])
+
+
+def test_estimators_declare_their_needs():
+    """The trainer and the config checks act on these declarations, never on estimator names."""
+    assert estimator_needs("gae") == Needs(values=True)
+    for name in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
+        assert estimator_needs(name) == Needs(groups=True), name
+    assert estimator_needs("reinforce_plus_plus") == Needs()
+    assert estimator_needs("remax") == Needs(greedy_baseline=True)
+    with pytest.raises(UserError, match="remax"):
+        estimator_needs("remaxx")
 
 
 # ------------------------------------------------------------ property tests
