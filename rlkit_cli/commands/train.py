@@ -14,7 +14,7 @@ DEBUG_MODES = {"on": "on", "post-mortem": "post-mortem", "postmortem": "post-mor
 
 
 def train(
-    algo: str = typer.Argument(..., help="Algorithm preset: grpo | ppo | rloo | reinforce_pp | dapo | gspo."),
+    algo: str = typer.Argument(..., help="Algorithm preset: grpo | ppo | rloo | reinforce_pp | remax | dapo | gspo."),
     overrides: list[str] = typer.Argument(None, help="Config overrides key=value, e.g. actor_rollout_ref.rollout.n=8"),
     config: Path = typer.Option(None, "--config", "-c", help="YAML file merged over the preset."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and resource plan; run nothing."),
