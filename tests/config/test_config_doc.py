@@ -17,4 +17,4 @@ def test_every_key_is_documented():
 
 
 def test_presets_exist():
-    assert {"grpo", "ppo", "rloo", "reinforce_pp", "dapo"} <= set(preset_names())
+    assert {"grpo", "ppo", "rloo", "reinforce_pp", "remax", "dapo"} <= set(preset_names())
