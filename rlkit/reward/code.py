@@ -3,13 +3,15 @@
 Two test formats, read from `extra_info` (keys at top level) or from the ground
 truth (a JSON string or dict):
 
-* `{"tests": ["assert f(1) == 2", ...]}`: the program is executed once, then each
-  assert runs as its own check (own time limit) in the same process;
+* `{"tests": ["assert f(1) == 2", ...]}`: rlkit.reward.judge runs the program and the
+  asserts in two separate sandboxed processes (each assert with its own time limit); the
+  asserts see the program's results as plain data only, so the program cannot forge a pass;
 * `{"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}`: one sandboxed run per
-  case, stdin in, stdout compared line by line (trailing whitespace ignored).
+  case, stdin in; this process compares stdout line by line (trailing whitespace ignored).
 
-Score = fraction of checks passed. `error` is the first failure's kind
-(ok / wrong_answer / runtime_error / timeout / memory / syntax_error / output_limit).
+Score = fraction of checks passed. `error` is the first failure's kind (rlkit.reward.judge.KINDS:
+ok / wrong_answer / runtime_error / timeout / memory / syntax_error / output_limit / exited /
+protocol_error / opaque_value / unsupported_value). Threat model: docs/rewards.md.
 """
 
 from __future__ import annotations
@@ -21,41 +23,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlkit.errors import UserError
-from rlkit.reward.harness import harness, new_nonce, read_report
+from rlkit.reward.judge import JudgeLimits, judge
 from rlkit.reward.registry import SCORERS
-from rlkit.reward.sandbox import SandboxJob, SandboxLimits, run_many, run_program
+from rlkit.reward.sandbox import SandboxJob, SandboxLimits, run_many
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _PY_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
-
-# Runs inside the sandbox (rlkit.reward.harness adds the nonce-checked result line).
-_HARNESS = harness(r"""
-_SOLUTION = {solution!r}
-_TESTS = {tests!r}
-_PER_TEST_S = {per_test_s!r}
-def _kind(exc):
-    if isinstance(exc, _Timeout):
-        return "timeout"
-    if isinstance(exc, MemoryError):
-        return "memory"
-    if isinstance(exc, AssertionError):
-        return "wrong_answer"
-    if isinstance(exc, SyntaxError):
-        return "syntax_error"
-    return "runtime_error"
-def _run(src, ns, name):
-    _signal.setitimer(_signal.ITIMER_REAL, _PER_TEST_S)
-    try:
-        exec(compile(src, name, "exec"), ns)
-        return "ok"
-    except BaseException as exc:
-        return _kind(exc)
-    finally:
-        _signal.setitimer(_signal.ITIMER_REAL, 0)
-_ns = {{"__name__": "solution"}}
-_setup = _run(_SOLUTION, _ns, "solution.py")
-_results = [_setup if _setup != "ok" else _run(_t, _ns, "test_%d" % _i) for _i, _t in enumerate(_TESTS)]
-""")
 
 
 def extract_code(response: str) -> str:
@@ -95,15 +68,9 @@ def _first_failure(kinds: list[str]) -> str:
     return next((k for k in kinds if k != "ok"), "ok")
 
 
-def _run_asserts(code: str, tests: list[str], limits: SandboxLimits, per_test_s: float) -> list[str]:
-    """One sandboxed run: the program, then each assert with its own alarm; a kind per assert."""
-    nonce = new_nonce()
-    program = _HARNESS.format(solution=code, tests=tests, per_test_s=per_test_s)
-    res = run_program(program, stdin=nonce + "\n", limits=limits)
-    report = read_report(res.stdout, nonce)
-    if report is None:  # killed, crashed or exited early: every check fails with the run's status
-        return [res.status if res.status != "ok" else "runtime_error"] * len(tests)
-    return report
+def _run_asserts(code: str, tests: list[str], limits: JudgeLimits) -> list[str]:
+    """The judge's verdict per assert: the program and the asserts run in separate processes."""
+    return judge([code], tests, limits).kinds[0]
 
 
 def _run_io(code: str, spec: dict, limits: SandboxLimits, workers: int, total_s: float) -> list[str]:
@@ -145,8 +112,8 @@ def code_score(
     tests = load_tests(ground_truth, extra_info)
     code = extract_code(response)
     if "tests" in tests:
-        wall = min(timeout_s * (len(tests["tests"]) + 1), total_timeout_s)
-        kinds = _run_asserts(code, tests["tests"], SandboxLimits(wall_s=wall, memory_mb=memory_mb), timeout_s)
+        total = min(timeout_s * (len(tests["tests"]) + 1), total_timeout_s)
+        kinds = _run_asserts(code, tests["tests"], JudgeLimits(test_s=timeout_s, total_s=total, memory_mb=memory_mb))
     else:
         limits = SandboxLimits(wall_s=timeout_s, memory_mb=memory_mb)
         kinds = _run_io(code, tests, limits, max(1, workers), total_timeout_s)

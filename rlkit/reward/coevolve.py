@@ -22,11 +22,13 @@ manager that receives the whole batch (recipes/coevolve_code.py installs it).
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,8 +37,7 @@ import torch
 from rlkit.protocol import METRICS_KEY, Batch
 from rlkit.registry import Registry
 from rlkit.reward.code import extract_code, load_tests
-from rlkit.reward.harness import harness, new_nonce, read_report
-from rlkit.reward.sandbox import SandboxJob, SandboxLimits, run_many
+from rlkit.reward.judge import JudgeLimits, judge
 
 TESTER_SOURCE = "rlkit/code_tester"
 CODER_SOURCE = "rlkit/code"
@@ -107,48 +108,17 @@ def tester_rewards(gen_pass: np.ndarray, correct: np.ndarray, known: np.ndarray 
 
 # ---------------------------------------------------------------------------------------------- the sandbox
 
-# Runs inside the sandbox: the program, then each test in its own copy of the program's namespace,
-# with its own alarm (rlkit.reward.harness adds the nonce-checked result line).
-_HARNESS = harness(r"""
-_PROGRAM = {program!r}
-_TESTS = {tests!r}
-def _run(src, ns, seconds):
-    _signal.setitimer(_signal.ITIMER_REAL, seconds)
-    try:
-        exec(compile(src, "<rlkit>", "exec"), ns)
-        return True
-    except BaseException:
-        return False
-    finally:
-        _signal.setitimer(_signal.ITIMER_REAL, 0)
-_ns = {{"__name__": "solution"}}
-_loaded = _run(_PROGRAM, _ns, {program_s!r})
-_results = [_loaded and _run(_t, dict(_ns), {per_test_s!r}) for _t in _TESTS]
-""")
-
-
 @dataclass(frozen=True)
 class MatrixLimits:
     per_test_s: float = 2.0  # each test (and loading the program) gets this long
     memory_mb: int = 512
-    tests_per_run: int = 1  # generated tests sharing one sandbox run (1: a test can only spoil its own cell)
-    max_workers: int | None = None  # parallel sandbox runs (None: one per CPU)
+    tests_per_run: int = 1  # generated tests sharing one tester process (1: a test can only spoil its own cell)
+    max_workers: int | None = None  # judge calls running at once (None: one per CPU)
 
 
-def _job(program: str, tests: Sequence[str], limits: MatrixLimits) -> tuple[SandboxJob, str]:
-    nonce = new_nonce()
-    code = _HARNESS.format(program=program, tests=list(tests), per_test_s=limits.per_test_s,
-                           program_s=limits.per_test_s)
-    wall = limits.per_test_s * (len(tests) + 1) + 1.0
-    sandbox = replace(SandboxLimits(), wall_s=wall, memory_mb=limits.memory_mb, output_bytes=1 << 16)
-    return SandboxJob(code, nonce + "\n", sandbox), nonce
-
-
-def _parse(stdout: str, nonce: str, n: int) -> list[bool]:
-    values = read_report(stdout, nonce)
-    if values is None:  # killed, crashed, exited early: every test of the run fails
-        return [False] * n
-    return [bool(v) for v in values][:n] + [False] * max(0, n - len(values))
+def _judge_limits(n_programs: int, n_tests: int, limits: MatrixLimits) -> JudgeLimits:
+    total = n_programs * (limits.per_test_s * (n_tests + 1) + 1.0)
+    return JudgeLimits(test_s=limits.per_test_s, total_s=total, memory_mb=limits.memory_mb, output_bytes=1 << 16)
 
 
 def pass_matrices(
@@ -159,33 +129,36 @@ def pass_matrices(
 
 
 def pass_matrices_many(
-    problems: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]], limits: MatrixLimits
+    problems: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]], limits: MatrixLimits,
+    stats: dict[str, int] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Every program against every test of its problem, all sandbox runs of all problems in parallel.
+    """Every program against every test of its problem (rlkit.reward.judge), all problems in parallel.
 
-    Reference tests (trusted) run together, one sandbox run per program; generated tests run
-    `tests_per_run` at a time, so a test that crashes the interpreter only fails its own cells.
+    Per problem one judge call for the reference tests (trusted, one tester process) and one per
+    `tests_per_run` generated tests (own tester process: a test that kills it only fails its own cells);
+    each call gives every program its own server process. `stats["processes"]` counts processes started.
     """
-    jobs: list[SandboxJob] = []
-    slots: list[tuple[int, str, int, int, int, str]] = []  # (problem, kind, row, first col, count, nonce)
+    calls: list[tuple[int, str, int, Sequence[str], Sequence[str]]] = []  # (problem, kind, first col, programs, tests)
     out = []
     for p, (programs, ref, gen) in enumerate(problems):
         out.append((np.zeros((len(programs), len(ref)), bool), np.zeros((len(programs), len(gen)), bool)))
-        for i, prog in enumerate(programs):
-            if ref:
-                job, nonce = _job(prog, ref, limits)
-                jobs.append(job)
-                slots.append((p, "ref", i, 0, len(ref), nonce))
-            step = max(1, limits.tests_per_run)
-            for j in range(0, len(gen), step):
-                chunk = gen[j : j + step]
-                job, nonce = _job(prog, chunk, limits)
-                jobs.append(job)
-                slots.append((p, "gen", i, j, len(chunk), nonce))
-    results = run_many(jobs, max_workers=limits.max_workers)
-    for (p, kind, i, j, n, nonce), res in zip(slots, results):
+        if not programs:
+            continue
+        if ref:
+            calls.append((p, "ref", 0, programs, list(ref)))
+        step = max(1, limits.tests_per_run)
+        for j in range(0, len(gen), step):
+            calls.append((p, "gen", j, programs, list(gen[j : j + step])))
+    if not calls:
+        return out
+    workers = limits.max_workers or min(len(calls), os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlkit-judge") as pool:
+        verdicts = list(pool.map(lambda c: judge(c[3], c[4], _judge_limits(len(c[3]), len(c[4]), limits)), calls))
+    for (p, kind, j, _, tests), v in zip(calls, verdicts):
         matrix = out[p][0] if kind == "ref" else out[p][1]
-        matrix[i, j : j + n] = _parse(res.stdout, nonce, n)
+        matrix[:, j : j + len(tests)] = np.array(v.passed(), bool).reshape(matrix.shape[0], len(tests))
+    if stats is not None:
+        stats["processes"] = stats.get("processes", 0) + sum(v.processes for v in verdicts)
     return out
 
 
@@ -266,7 +239,8 @@ class CoevolveReward:
                 programs.append(prob.solution)
             tests = [extract_test(texts[i]) for i in prob.tester_rows]
             specs.append((programs, prob.ref_tests, [t if t is not None else "assert False" for t in tests]))
-        matrices = pass_matrices_many(specs, self.limits)
+        counts: dict[str, int] = {}
+        matrices = pass_matrices_many(specs, self.limits, counts)
         stats: dict[str, list[float]] = defaultdict(list)
         for prob, (programs, _, _), (ref_pass, gen_pass) in zip(order, specs, matrices):
             k = len(prob.coder_rows)
@@ -290,7 +264,7 @@ class CoevolveReward:
         token_scores = torch.zeros(batch["responses"].shape, dtype=torch.float32)
         token_scores[torch.arange(len(batch)), last] = torch.tensor(scores, dtype=torch.float32)
         metrics: dict[str, list[float]] = {k: [float(np.mean(v))] if v else [0.0] for k, v in stats.items()}
-        metrics["coevolve/sandbox_runs"] = [float(sum(_runs(s, self.limits) for s in specs))]
+        metrics["coevolve/sandbox_runs"] = [float(counts.get("processes", 0))]
         if others and self.fallback is not None:
             sub = self.fallback(batch.index(others))
             token_scores[others] = sub["token_level_scores"]
@@ -300,8 +274,3 @@ class CoevolveReward:
         non_tensors = {f"reward_extra/{k}": v for k, v in extras.items()}
         return Batch({"token_level_scores": token_scores}, non_tensors, {METRICS_KEY: metrics})
 
-
-def _runs(spec: tuple[Sequence[str], Sequence[str], Sequence[str]], limits: MatrixLimits) -> int:
-    programs, ref, gen = spec
-    step = max(1, limits.tests_per_run)
-    return len(programs) * ((1 if ref else 0) + -(-len(gen) // step))

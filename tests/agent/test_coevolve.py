@@ -114,7 +114,9 @@ def test_batch_hook_scores_both_roles():
     m = out.meta["metrics"]
     assert m["coevolve/coder_reward/mean"] == [pytest.approx(2 / 3)]
     assert m["coevolve/valid_test/frac"] == [pytest.approx(3 / 5)]
-    assert m["coevolve/sandbox_runs"] == [4 + 4 * 5]  # 4 programs x (1 reference run + 5 generated tests)
+    # judge calls: 1 for the reference tests + 5 for the generated ones; each starts one tester process
+    # and one server process per program (4): 6 x (1 + 4)
+    assert m["coevolve/sandbox_runs"] == [6 * (1 + 4)]
 
 
 def test_batch_hook_fallback_and_unpaired_rows():

@@ -1,0 +1,246 @@
+"""Judge model-written programs against assert-style tests; the program cannot forge the verdict.
+
+Why: an RL policy optimises whatever decides its reward. When the program under test and the code that
+reports the verdict share an interpreter, the program can patch the reporting (builtins, `sys.exit`,
+atexit hooks, the result line, inherited fds) and score 1.0 on `assert False`.
+
+Design (threat model and guarantees: docs/rewards.md). Per program two sandboxed processes
+(rlkit.reward.sandbox), which never share an interpreter, and this process between them:
+
+* the *server* loads the program and answers requests on its objects with plain data;
+* the *tester* runs the tests; each name the program defines is a proxy whose every use becomes a
+  request, relayed here to the server; replies are decoded in the tester into plain values (never an
+  object of the program's making), so the comparison and the verdict happen where no program code runs;
+* this process (trusted) relays one request at a time, enforces each test's time limit and each reply's
+  size, restarts a server that died or timed out (the next test gets a fresh one) and accepts verdicts
+  only from the tester. Anything unexpected on the server's channel is a `protocol_error`.
+
+The child side is rlkit/reward/_judge_child.py (stdlib only, run with `python -I -c`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from rlkit.reward.sandbox import SandboxLimits, SandboxProcess, pump
+
+CHILD_SOURCE = Path(__file__).with_name("_judge_child.py").read_text(encoding="utf-8")
+
+# Error kinds of one check. The first seven are the sandbox's and the old scorer's; the rest are new:
+# exited: the program ended (sys.exit / os._exit) before or while answering;
+# protocol_error: something other than an answer appeared on the program's channel (tampering);
+# opaque_value: the test compared or truth-tested a program-made object (e.g. one with its own __eq__);
+# unsupported_value: the test passed the program something that is not plain data (e.g. a lambda).
+KINDS = ("ok", "wrong_answer", "runtime_error", "timeout", "memory", "syntax_error", "output_limit",
+         "exited", "protocol_error", "opaque_value", "unsupported_value")
+_LOAD_KINDS = frozenset({"ok", "syntax_error", "runtime_error", "exited", "memory"})
+_GRACE_S = 0.5  # after a timed-out call, how long the tester gets to report
+
+
+@dataclass(frozen=True)
+class JudgeLimits:
+    """Limits of one `judge` call. `test_s` bounds each test (its calls included) and each program load;
+    `total_s` the whole call (tests not started by then count as timeouts)."""
+
+    test_s: float = 3.0
+    total_s: float = 30.0
+    memory_mb: int = 1024
+    output_bytes: int = 1 << 20  # what each process may print (stderr; stdout is the channel)
+    message_bytes: int = 16 << 20  # the largest single reply (one value) from the program
+    sandbox: SandboxLimits = SandboxLimits()  # isolation settings and the interpreter
+
+
+@dataclass
+class Verdicts:
+    """kinds[i][t]: the error kind of program i on test t ("ok" = passed); `processes` started."""
+
+    kinds: list[list[str]]
+    processes: int = 0
+
+    def passed(self) -> list[list[bool]]:
+        return [[k == "ok" for k in row] for row in self.kinds]
+
+
+def judge(programs: Sequence[str], tests: Sequence[str], limits: JudgeLimits | None = None) -> Verdicts:
+    """Every program against every test. One tester process serves all programs (a fresh namespace per
+    test, proxies dropped between programs); each program gets its own server, started one program ahead."""
+    run = _Judge(list(tests), limits or JudgeLimits())
+    try:
+        return Verdicts([run.program(i, programs) for i in range(len(programs))], run.processes)
+    finally:
+        run.close()
+
+
+class _Judge:
+    def __init__(self, tests: list[str], limits: JudgeLimits) -> None:
+        self.tests, self.limits = tests, limits
+        self.deadline = time.monotonic() + limits.total_s
+        self.processes = 0
+        self.servers: dict[int, SandboxProcess] = {}
+        self.tester: SandboxProcess | None = None
+        self.live: list[SandboxProcess] = []
+
+    # ------------------------------------------------------------------------------------ processes
+
+    def _spawn(self, role: str, first_line: str | None = None) -> SandboxProcess:
+        left = max(1.0, self.deadline - time.monotonic()) + 2 * _GRACE_S
+        box = replace(self.limits.sandbox, wall_s=left, cpu_s=math.ceil(left) + 1,
+                      memory_mb=self.limits.memory_mb, output_bytes=self.limits.output_bytes)
+        proc = SandboxProcess(box, argv=["-c", CHILD_SOURCE, role], interactive=True)
+        if first_line is not None:
+            proc.send(first_line)
+        self.processes += 1
+        self.live.append(proc)
+        return proc
+
+    def _server(self, i: int, programs: Sequence[str]) -> SandboxProcess:
+        """Program i's server, and program i+1's started in the background (its load overlaps our tests)."""
+        for j in (i, i + 1):
+            if j < len(programs) and j not in self.servers and time.monotonic() < self.deadline:
+                self.servers[j] = self._spawn("serve", "S " + json.dumps({"src": programs[j]}) + "\n")
+        return self.servers.pop(i)
+
+    def _fresh_tester(self) -> SandboxProcess:
+        if self.tester is None or self.tester.exited:
+            if self.tester is not None:
+                self._drop(self.tester)
+            self.tester = self._spawn("test")
+        return self.tester
+
+    def _drop(self, proc: SandboxProcess) -> str:
+        """Kill and reap `proc`; the error kind its end stands for."""
+        res = proc.finish()
+        if proc in self.live:
+            self.live.remove(proc)
+        return {"ok": "exited"}.get(res.status, res.status)
+
+    def close(self) -> None:
+        for proc in list(self.live):
+            self._drop(proc)
+
+    def _wait(self, until: float) -> None:
+        pump(self.live, until)
+
+    # ------------------------------------------------------------------------------------ one program
+
+    def program(self, i: int, programs: Sequence[str]) -> list[str]:
+        n = len(self.tests)
+        if time.monotonic() >= self.deadline:
+            return ["timeout"] * n
+        server = self._server(i, programs)
+        tester = self._fresh_tester()  # starts alongside the server
+        kind = self._ready(server)
+        kinds: list[str] = []
+        if kind == "ok":
+            tester.send("N\n")
+        for t, src in enumerate(self.tests):
+            if kind != "ok":  # the program did not load (or stopped loading after a restart)
+                kinds.append(kind)
+                continue
+            if time.monotonic() >= self.deadline:
+                kinds.append("timeout")
+                continue
+            if server.exited:  # it died or timed out in the previous test: a fresh one for this test
+                self._drop(server)
+                server = self._spawn("serve", "S " + json.dumps({"src": programs[i]}) + "\n")
+                kind = self._ready(server)
+                if kind != "ok":
+                    kinds.append(kind)
+                    continue
+            kinds.append(self._test(server, t, src))
+        self._drop(server)
+        return kinds
+
+    def _ready(self, server: SandboxProcess) -> str:
+        """Wait for the program to load: its load kind ("ok", "syntax_error", ...)."""
+        until = min(time.monotonic() + self.limits.test_s, self.deadline)
+        while True:
+            line = server.take_line(4096)
+            if line is not None:
+                try:
+                    kind = json.loads(line.decode()[len("READY "):])["kind"] if line.startswith(b"READY ") else None
+                except (ValueError, TypeError, KeyError, RecursionError):
+                    kind = None
+                if kind not in _LOAD_KINDS:
+                    server.kill("protocol_error")
+                    return self._drop(server)
+                return kind
+            if server.exited:
+                return self._drop(server)
+            if time.monotonic() >= until:
+                server.kill("timeout")
+                return self._drop(server)
+            self._wait(until)
+
+    # ------------------------------------------------------------------------------------ one test
+
+    def _test(self, server: SandboxProcess, t: int, src: str) -> str:
+        tester = self._fresh_tester()
+        cap = self.limits.message_bytes
+        until = min(time.monotonic() + self.limits.test_s, self.deadline)
+        tester.send("T " + json.dumps({"i": t, "src": src}) + "\n")
+        pending: str | None = None  # id of the request the server is answering
+        forced: str | None = None  # a failure this process decided (timeout); it wins over the verdict
+        while True:
+            line = tester.take_line(cap)
+            if line is not None:
+                tag, _, rest = line.partition(b" ")
+                if tag == b"V":
+                    return forced or self._verdict(rest, t)
+                rid = rest.partition(b" ")[0].decode("ascii", "replace")
+                if tag != b"Q" or pending is not None:
+                    tester.kill("protocol_error")
+                    return forced or self._drop(tester)
+                if server.exited:
+                    tester.send(f"F {rid} {self._server_end(server)}\n")
+                else:
+                    server.send(line.decode("utf-8", "surrogatepass") + "\n")
+                    pending = rid
+                continue
+            reply = server.take_line(cap)
+            if reply is not None or (pending is None and server.out):  # an answer, or output nobody asked for
+                if pending is not None and reply is not None and reply.startswith(f"R {pending} ".encode()):
+                    tester.send(reply.decode("utf-8", "surrogatepass") + "\n")
+                else:
+                    server.kill("protocol_error")
+                    if pending is not None:
+                        tester.send(f"F {pending} protocol_error\n")
+                pending = None
+                continue
+            if pending is not None and server.exited:
+                tester.send(f"F {pending} {self._server_end(server)}\n")
+                pending = None
+                continue
+            if tester.exited:
+                return forced or self._drop(tester)
+            if time.monotonic() >= until:
+                if forced is not None or pending is None:  # the test itself is stuck: end the tester
+                    tester.kill("timeout")
+                    self._drop(tester)
+                    return "timeout"
+                server.kill("timeout")
+                tester.send(f"F {pending} timeout\n")
+                pending, forced = None, "timeout"
+                until = time.monotonic() + _GRACE_S
+                continue
+            self._wait(until)
+
+    def _server_end(self, server: SandboxProcess) -> str:
+        """The kind a dead server stands for (reaped once; later calls see the same result)."""
+        return {"ok": "exited"}.get(server.finish().status, server.finish().status)
+
+    def _verdict(self, payload: bytes, t: int) -> str:
+        try:
+            got = json.loads(payload)
+            kind = got["kind"] if got.get("i") == t else None
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            kind = None
+        if kind not in KINDS:
+            self.tester.kill("protocol_error")
+            return "protocol_error"
+        return kind
