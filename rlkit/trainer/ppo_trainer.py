@@ -115,10 +115,10 @@ class RLTrainer:
             if self.val_set is not None and (last or (tf > 0 and self.global_step % tf == 0)):
                 summary.last_val = self.validate()
                 metrics.update(summary.last_val)
+            self._log(metrics)  # before the save: a stop in between replays (and rewinds) this step, never loses it
             sf = self.cfg.trainer.save_freq
             if last or (sf > 0 and self.global_step % sf == 0):
                 summary.checkpoint = str(self.save_checkpoint())
-            self._log(metrics)
         summary.steps = self.global_step
         return summary
 
