@@ -198,10 +198,13 @@ class TrainerConfig:
     val_before_train: bool = f(True, "validate before the first step")
     test_freq: int = f(-1, "validate every N steps (-1 = only at the end)")
     save_freq: int = f(-1, "checkpoint every N steps (-1 = only at the end)")
-    default_local_dir: str = f("checkpoints/${trainer.project_name}/${trainer.experiment_name}", "checkpoint root")
+    default_local_dir: str = f("checkpoints/${trainer.project_name}/${trainer.experiment_name}",
+                             "checkpoint root (created and checked writable before Ray starts)")
     log_dir: str | None = f(None, "metrics jsonl / tensorboard dir; null = <default_local_dir>/logs")
-    resume_mode: str = f("auto", "auto | disable | <path to a global_step_N dir>")
-    max_actor_ckpt_to_keep: int | None = f(2, "keep the last K checkpoints (null = all)")
+    resume_mode: str = f("auto", "auto (newest loadable one; broken ones skipped, saying so) | disable | "
+                                         "<path to a global_step_N dir>")
+    max_actor_ckpt_to_keep: int | None = f(2, "keep the last K loadable checkpoints (null = all); "
+                                                 "broken ones get no slot")
     seed: int = f(42, "global seed")
     balance_batch: bool = f(True, "balance tokens across data-parallel ranks")
     one_step_off_policy: bool = f(
