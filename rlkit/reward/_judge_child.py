@@ -41,7 +41,8 @@ _BINOPS = {n: getattr(operator, n) for n in (
 _UNOPS = {"neg": operator.neg, "pos": operator.pos, "abs": operator.abs, "invert": operator.invert,
           "int": int, "float": float, "index": operator.index, "len": len, "str": str, "repr": repr}
 _FAIL_KINDS = frozenset({"timeout", "memory", "exited", "output_limit", "protocol_error", "runtime_error"})
-_INLINE_GLOBAL_BYTES = 1 << 16  # bigger plain globals stay behind a handle
+_INLINE_GLOBAL_BYTES = 1 << 16
+_MUTABLE = (list, dict, set, bytearray, collections.deque)  # bigger plain globals stay behind a handle
 
 
 class ProtocolError(Exception):
@@ -91,6 +92,10 @@ def encode(x, ref, depth: int = 0):
     if isinstance(x, list):
         return [encode(v, ref, d) for v in x]
     if isinstance(x, tuple):
+        fields = getattr(type(x), "_fields", None)
+        if type(fields) is tuple and len(fields) == len(x) and all(type(f) is str for f in fields):
+            return {"t": "namedtuple", "name": type(x).__name__, "fields": list(fields),
+                    "v": [encode(v, ref, d) for v in x]}
         return {"t": "tuple", "v": [encode(v, ref, d) for v in x]}
     if isinstance(x, collections.deque):
         return {"t": "deque", "v": [encode(v, ref, d) for v in x]}
@@ -121,6 +126,12 @@ def decode(v, deref):
     if tag in ("tuple", "set", "frozenset", "deque"):
         items = [decode(x, deref) for x in _list(body)]
         return {"tuple": tuple, "set": set, "frozenset": frozenset, "deque": collections.deque}[tag](items)
+    if tag == "namedtuple":  # a local class of the same name and fields (compares like a tuple)
+        fields = tuple(_str(f) for f in _list(v.get("fields")))
+        key = (_str(v.get("name")), fields)
+        if key not in _NAMEDTUPLES:
+            _NAMEDTUPLES[key] = collections.namedtuple(key[0], fields)
+        return _NAMEDTUPLES[key](*(decode(x, deref) for x in _list(body)))
     if tag == "dict":
         return {decode(k, deref): decode(x, deref) for k, x in (_pair(p) for p in _list(body))}
     if tag in ("bytes", "bytearray"):
@@ -131,6 +142,9 @@ def decode(v, deref):
     if tag == "range":
         return range(*(int(n) for n in _list(body)))
     return deref(v)
+
+
+_NAMEDTUPLES: dict[tuple, type] = {}
 
 
 def _list(x) -> list:
@@ -266,9 +280,14 @@ class _Server:
                 except StopIteration:
                     return {"t": "tuple", "v": [self.enc(items), True]}
             return {"t": "tuple", "v": [self.enc(items), False]}
-        if op == "call":
-            kwargs = {_str(k): self.dec(v) for k, v in (_pair(p) for p in _list(req.get("k", [])))}
-            return self.enc(args[0](*args[1:], **kwargs))
+        if op == "call":  # also sends back the arguments the call changed (in-place mutation, e.g. xs.sort())
+            raw_kw = [_pair(p) for p in _list(req.get("k", []))]
+            kwargs = {_str(k): self.dec(v) for k, v in raw_kw}
+            value = self.enc(args[0](*args[1:], **kwargs))
+            sent = [(i, v, args[i]) for i, v in enumerate(req["a"]) if i] + [(k, v, kwargs[k]) for k, v in raw_kw]
+            changed = [[key, now] for key, before, obj in sent
+                       if type(obj) in _MUTABLE and (now := self.enc(obj)) != before]
+            return {"t": "tuple", "v": [value, changed]}
         if op == "iter":
             return self.ref(iter(args[0]))  # always a handle: items are fetched with "next"
         if op in _SERVE_OPS:
@@ -409,10 +428,12 @@ class _Client:
 
     # -- requests
 
-    def request(self, op: str, *args, **fields):
+    def request(self, op: str, *args, kwargs: dict | None = None, **fields):
         """Ask the program; returns plain data or a proxy, re-raises the program's exception here."""
         try:
             req = {"op": op, "a": [encode(a, self.ref) for a in args], **fields}
+            if kwargs is not None:
+                req["k"] = [[k, encode(v, self.ref)] for k, v in kwargs.items()]
         except RecursionError:
             raise self.fail("unsupported_value", "argument nested too deep") from None
         self.next_id += 1
@@ -433,6 +454,10 @@ class _Client:
                 raise ProtocolError("malformed reply")
             if "raise" in body:
                 raised = self._exception(body["raise"])
+            elif op == "call":
+                value, changed = decode(body["v"], self.deref)
+                _restore(args, kwargs or {}, changed)
+                return value
             else:
                 return decode(body["v"], self.deref)
         except (ProtocolError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
@@ -477,6 +502,19 @@ class _Client:
             buf.append(_END)
             raise StopIteration
         return item
+
+
+def _restore(args: tuple, kwargs: dict, changed) -> None:
+    """Apply the program's in-place changes to the test's own list/dict/set/bytearray/deque arguments."""
+    for key, new in changed:
+        obj = args[key] if type(key) is int and 0 < key < len(args) else kwargs.get(key)
+        if type(obj) is not type(new) or type(obj) not in _MUTABLE:
+            continue
+        if isinstance(obj, (list, bytearray)):
+            obj[:] = new
+        else:
+            obj.clear()
+            (obj.extend if isinstance(obj, collections.deque) else obj.update)(new)
 
 
 _END = object()
@@ -529,11 +567,7 @@ class Remote:
         _CLIENT.request("delattr", self, name)
 
     def __call__(self, *args, **kwargs):
-        try:
-            kw = [[k, encode(v, _CLIENT.ref)] for k, v in kwargs.items()]
-        except RecursionError:
-            raise _CLIENT.fail("unsupported_value", "argument nested too deep") from None
-        return _CLIENT.request("call", self, *args, k=kw)
+        return _CLIENT.request("call", self, *args, kwargs=kwargs)
 
     def __getitem__(self, key):
         return _CLIENT.request("getitem", self, key)

@@ -202,8 +202,8 @@ class _Judge:
                     server.send(line.decode("utf-8", "surrogatepass") + "\n")
                     pending = rid
                 continue
-            reply = server.take_line(cap)
-            if reply is not None or (pending is None and server.out):  # an answer, or output nobody asked for
+            reply = server.take_line(cap) if pending is not None else None
+            if reply is not None or (pending is None and server.out and not server.exited):  # output nobody asked for
                 if pending is not None and reply is not None and reply.startswith(f"R {pending} ".encode()):
                     tester.send(reply.decode("utf-8", "surrogatepass") + "\n")
                 else:

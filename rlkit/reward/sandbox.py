@@ -176,6 +176,7 @@ class SandboxProcess:
         self.out, self.err, self.status = bytearray(), bytearray(), bytearray()
         self._pending = bytearray()  # bytes still to write to an interactive stdin
         self._grace_until: float | None = None
+        self._scanned = 0  # how much of `out` is known to hold no newline
         try:
             self._spawn(code, list(argv), stdin)
         except BaseException:
@@ -240,13 +241,15 @@ class SandboxProcess:
     def take_line(self, max_bytes: int) -> bytes | None:
         """The next complete stdout line (without the newline), or None. A line longer than `max_bytes`
         kills the program with `output_limit`."""
-        nl = self.out.find(b"\n", 0, max_bytes + 1)
+        nl = self.out.find(b"\n", self._scanned, max_bytes + 1)
         if nl < 0:
+            self._scanned = len(self.out)  # the next search starts where this one stopped
             if len(self.out) > max_bytes:
                 self.kill("output_limit")
             return None
         line = bytes(self.out[:nl])
         del self.out[: nl + 1]
+        self._scanned = 0
         return line
 
     # ---------------------------------------------------------------- state
