@@ -241,6 +241,21 @@ def test_resume_skips_a_broken_latest_keeps_good_checkpoints_and_logs_each_step_
 # ----------------------------------------------------------------------------------------- Ctrl-C
 
 
+def test_interrupt_line_replaces_the_resume_setting_and_quotes_arguments():
+    from rlkit.trainer.interrupt import TrainingInterrupted
+
+    argv = ["/opt/venv/bin/rlkit", "train", "grpo", "trainer.resume_mode=disable", "trainer.logger=[file]",
+            "trainer.experiment_name=my run"]
+    line = TrainingInterrupted(7, 100, Path("/ck/global_step_6")).line(argv)
+    assert line == ("interrupted at step 7 of 100; last complete checkpoint: /ck/global_step_6; resume with: "
+                    "/opt/venv/bin/rlkit train grpo 'trainer.logger=[file]' 'trainer.experiment_name=my run' "
+                    "trainer.resume_mode=auto")
+    fresh = TrainingInterrupted(None, None, None).line(["python", "train", "grpo", "trainer.resume_mode=disable"])
+    assert fresh == ("interrupted before training started; no checkpoint saved yet; start again with: "
+                     "rlkit train grpo trainer.resume_mode=disable")
+    assert TrainingInterrupted(0, 5, None).line().startswith("interrupted before the first step; no checkpoint")
+
+
 def _interrupt(cmd: list[str], out: Path, ready, timeout: float = 300) -> tuple[int, str, str]:
     """Start `cmd` in its own process group, wait for `ready()`, then send SIGINT to the group (what a
     terminal's Ctrl-C does); returns (exit status, stdout, stderr)."""
