@@ -93,7 +93,7 @@ def test_cli_dry_run_prints_the_plan(toy_data, tiny_model, tmp_path):
 
 @pytest.mark.slow
 def test_cli_missing_train_file_is_one_line_exit_1(toy_data, tiny_model, tmp_path):
-    """A real `rlkit train` process (it starts Ray, then reads the data): exit 1, the path named, no traceback."""
+    """A real `rlkit train` process (its pre-flight check finds it before Ray starts): exit 1, the path named."""
     missing = tmp_path / "nope" / "train.parquet"
     res = run_cli("train", "grpo", "--num-cpus", "1",
                   *toy_overrides(toy_data, tiny_model, tmp_path, data__train_files=missing), timeout=180)
