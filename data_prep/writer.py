@@ -6,6 +6,7 @@ or an int-looking ground truth would otherwise come out typed differently per da
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -54,6 +55,7 @@ def write_split(rows: list[dict[str, Any]], schema: pa.Schema, path: Path) -> pa
         os.replace(tmp, path)
     except OSError as exc:
         raise UserError(f"{path}: cannot write ({exc.strerror or exc}); check the disk and --out") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    finally:  # the cleanup must not raise a second error (on a read-only disk even unlink fails)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return table

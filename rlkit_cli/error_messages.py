@@ -95,14 +95,14 @@ ERRNO_FIXES: dict[int, str] = {
     errno.EEXIST: "remove it or choose another path",
     errno.EACCES: "check its permissions, or choose a path you can write to",
     errno.EPERM: "check its permissions, or choose a path you can write to",
-    errno.EROFS: "the file system is read-only; choose a path on a writable disk",
-    errno.ENOSPC: "the disk is full; free some space or choose a path on another disk",
-    errno.EDQUOT: "your disk quota is used up; free some space or choose a path on another disk",
-    errno.EISDIR: "it is a directory; give the path of a file",
-    errno.ENOTDIR: "a part of the path is a file, not a directory; check the path",
+    errno.EROFS: "choose a path on a writable disk",
+    errno.ENOSPC: "free some space or choose a path on another disk",
+    errno.EDQUOT: "free some space or choose a path on another disk",
+    errno.EISDIR: "give the path of a file",
+    errno.ENOTDIR: "a part of the path is a file; check the path",
     errno.ENAMETOOLONG: "use a shorter path",
     errno.EMFILE: "too many open files; raise the limit (ulimit -n)",
-    errno.ENOTEMPTY: "the directory is not empty; empty it or choose another path",
+    errno.ENOTEMPTY: "empty it or choose another path",
 }
 
 
@@ -113,7 +113,10 @@ def _os_error(exc: BaseException) -> str:
         return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     what = exc.strerror or os.strerror(exc.errno)
     names = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
-    where = " -> ".join(names) if names else "(no file named)"
+    if not names:  # a failed write/flush on an open file carries no name: find the file
+        found = file_in_traceback(exc)
+        names = [str(found)] if found else []
+    where = " -> ".join(names) if names else "a file"
     fix = ERRNO_FIXES.get(exc.errno)
     return f"{where}: {what.lower()}" + (f"; {fix}" if fix else "")
 
@@ -170,30 +173,48 @@ def _from_checkpoint_reader(exc: BaseException) -> bool:
     return any(any(m in f.f_code.co_filename.replace(os.sep, "/") for m in CHECKPOINT_READERS) for f in _frames(exc))
 
 
+def _root_cause(exc: BaseException) -> BaseException:
+    """DCP's CheckpointException wraps each rank's failure as (exception, frames): the first one."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        first = first[0] if isinstance(first, tuple) else first
+        if isinstance(first, BaseException):
+            return first
+    return exc
+
+
+def _checkpoint_message(exc: BaseException) -> str:
+    cause = _root_cause(exc)
+    text = (str(cause).strip().splitlines() or [""])[0].split(". ")[0][:160] or "empty or truncated"
+    path = file_in_traceback(exc)
+    return (f"{path or 'a checkpoint or weights file'}: cannot load it ({type(cause).__name__}: {text}); the file is "
+            "damaged or incomplete (an interrupted save, copy or download): use an earlier global_step_N "
+            "checkpoint, or copy/download it again")
+
+
 def _checkpoint(exc: BaseException) -> str | None:
+    """Unpickling/EOF/zip errors count only when raised inside a checkpoint reader (torch.load, DCP)."""
     if not _from_checkpoint_reader(exc):
         return None
-    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     if type(exc) is RuntimeError and not any(m in str(exc) for m in CHECKPOINT_MARKERS):
         return None
-    path = file_in_traceback(exc)
-    return (f"{path or 'a checkpoint file'}: cannot load it ({type(exc).__name__}: {text[:200]}); the checkpoint is "
-            "damaged or incomplete: use an earlier global_step_N folder (or save again)")
+    return _checkpoint_message(exc)
 
 
 formatter(pickle.UnpicklingError, EOFError, RuntimeError)(_checkpoint)
 
 
 def _register_optional() -> None:
-    """Checkpoint error types of optional/heavy packages, registered when they are already imported."""
+    """Error types of heavy packages, registered when they are already imported (they always mean a bad file)."""
     import sys
 
     dcp = sys.modules.get("torch.distributed.checkpoint")
     if dcp is not None and hasattr(dcp, "CheckpointException"):
-        FORMATTERS.setdefault(dcp.CheckpointException, _checkpoint)
+        FORMATTERS.setdefault(dcp.CheckpointException, _checkpoint_message)
     st = sys.modules.get("safetensors")
     if st is not None and hasattr(st, "SafetensorError"):
-        FORMATTERS.setdefault(st.SafetensorError, _checkpoint)
+        FORMATTERS.setdefault(st.SafetensorError, _checkpoint_message)
 
 
 # ------------------------------------------------------------------ ours

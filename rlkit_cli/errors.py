@@ -45,14 +45,16 @@ def friendly_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt, SystemExit,
+                GeneratorExit):
             raise
-        except Exception as exc:
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
             message = describe_any(exc)
             if message is None:
                 raise  # not a user error: a bug, keep the traceback
             if show_tracebacks():
-                err_console.print("".join(traceback.format_exception(exc)), markup=False, highlight=False)
+                err_console.print("".join(traceback.format_exception(exc)), markup=False, highlight=False,
+                                  soft_wrap=True)
             err_console.print(f"[bold red]error:[/bold red] {_escape(message)}", soft_wrap=True)
             if not isinstance(exc, UserError) and not show_tracebacks():
                 err_console.print(f"(rlkit --traceback ... or {TRACEBACK_ENV}=1 shows where it happened)", style="dim")

@@ -12,9 +12,13 @@ import pkgutil
 
 import typer
 
-from rlkit import __version__
-from rlkit_cli import commands
-from rlkit_cli.errors import show_tracebacks
+from rlkit.utils.quiet import quiet_process
+
+quiet_process()  # before any command imports torch/vLLM: their log levels are read at import (RLKIT_VERBOSE=1: all)
+
+from rlkit import __version__  # noqa: E402
+from rlkit_cli import commands  # noqa: E402
+from rlkit_cli.errors import show_tracebacks  # noqa: E402
 
 app = typer.Typer(
     name="rlkit",

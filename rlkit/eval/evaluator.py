@@ -7,8 +7,10 @@ training, so an eval number means the same thing as a `val/` metric.
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ import numpy as np
 
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -87,6 +91,7 @@ def evaluate(
     max_response_length: int = 512,
     batch_size: int = 64,
     progress: Any = None,
+    notify: Callable[[str], None] | None = None,
 ) -> EvalResult:
     from rlkit.data import RLDataset
     from rlkit.reward.manager import RewardManager
@@ -97,6 +102,9 @@ def evaluate(
         raise UserError(f"--n must be >= 1, got {n}")
     model_path, tmp = resolve_eval_model(model)
     try:
+        max_prompt_length, max_response_length = fit_context(
+            model_path, max_prompt_length, max_response_length, notify or log.warning
+        )
         tokenizer = load_tokenizer(model_path)
         dataset = RLDataset(data, tokenizer, max_prompt_length, truncation="left", max_samples=limit)
         temp = temperature if temperature is not None else (0.0 if n == 1 else 1.0)
@@ -124,6 +132,25 @@ def evaluate(
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def fit_context(model_path: str, prompt_len: int, response_len: int,
+                notify: Callable[[str], None]) -> tuple[int, int]:
+    """(prompt, response) lengths that fit the model's context: the response is capped (and `notify` says so),
+    or a UserError names the option to lower when the prompt alone fills it. vLLM would refuse the engine."""
+    from rlkit.utils.model_context import context_length
+
+    limit = context_length(model_path)
+    if limit is None or prompt_len + response_len <= limit:
+        return prompt_len, response_len
+    where = f"max_position_embeddings in {model_path}/config.json"
+    if prompt_len >= limit:
+        raise UserError(f"--max-prompt-length {prompt_len} leaves no room for a response: the model holds {limit} "
+                        f"tokens ({where}); lower --max-prompt-length, e.g. --max-prompt-length {limit // 2}")
+    capped = limit - prompt_len
+    notify(f"--max-response-length {response_len} capped to {capped}: the model holds {limit} tokens ({where}) "
+           f"and prompts take up to {prompt_len}; lower --max-prompt-length for longer responses")
+    return prompt_len, capped
 
 
 def _rows(out: Batch, scored: Batch, tokenizer: Any) -> list[dict[str, Any]]:

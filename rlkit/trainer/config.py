@@ -97,7 +97,8 @@ def load_config(algo: str = "grpo", overrides: list[str] | None = None, config_f
     if config_file:
         path = Path(config_file).expanduser()
         if not path.is_file():
-            raise UserError(f"config file {path} does not exist")
+            what = "is a directory; pass a YAML file" if path.is_dir() else "does not exist"
+            raise UserError(f"config file {path} {what}")
         try:
             layers.append((str(path), OmegaConf.to_container(OmegaConf.load(path)) or {}))
         except OmegaConfBaseException as exc:
@@ -132,8 +133,10 @@ def to_dict(cfg: RLConfig) -> dict:
 
 def finalize(cfg: RLConfig) -> None:
     """Fill derived values and check that the sizes fit together; raise UserError saying what to change."""
+    from rlkit.trainer.config_bounds import check_bounds
     from rlkit.trainer.config_checks import check_config
 
+    check_bounds(cfg)  # single values first: their messages name the key the user wrote
     rollout = cfg.actor_rollout_ref.rollout
     rollout.prompt_length = cfg.data.max_prompt_length
     rollout.response_length = cfg.data.max_response_length

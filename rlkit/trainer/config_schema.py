@@ -28,7 +28,7 @@ class DataConfig:
     max_prompt_length: int = f(512, "prompts are left-padded to this many tokens")
     max_response_length: int = f(512, "max new tokens per response (sets rollout.response_length)")
     train_batch_size: int = f(64, "prompts per training step (before the n samples per prompt)")
-    val_batch_size: int | None = f(None, "prompts per validation batch; null = all at once")
+    val_batch_size: int | None = f(None, "prompts per validation call; null = ~10 calls of >= 64 (progress bar)")
     val_max_samples: int | None = f(None, "use only the first N validation rows (a fixed subset)")
     truncation: str = f("error", "over-long prompts: error | left | right | filter")
     shuffle: bool = f(True, "shuffle the training set each epoch (seeded, resumable)")

@@ -52,15 +52,15 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
         prepare_driver_env,
         restore_driver_breakpoint,
     )
+    from rlkit.utils.quiet import worker_env
 
     settings = debug_settings(opts.debug)
     prepare_driver_env(opts.debug)
     env_vars = {
         "TOKENIZERS_PARALLELISM": "false",
-        # vLLM's per-request INFO/WARNING lines drown the progress view; RLKIT_VERBOSE=1 or your own value keeps them
-        "VLLM_LOGGING_LEVEL": os.environ.get(
-            "VLLM_LOGGING_LEVEL", "INFO" if os.environ.get("RLKIT_VERBOSE") else "ERROR"
-        ),
+        # third-party log lines, C++ warnings and loading bars drown the progress view (rlkit.utils.quiet);
+        # RLKIT_VERBOSE=1 or your own values keep them
+        **worker_env(),
         "RLKIT_DIST_TIMEOUT_S": str(int(settings.dist_timeout_s(1800))),  # read with int() in the workers
     }
     runtime_env = merge_runtime_env({"env_vars": env_vars}, debug_runtime_env(opts.debug, cfg.trainer.debug.break_at))

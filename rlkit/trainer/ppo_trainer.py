@@ -236,15 +236,20 @@ class RLTrainer:
         assert self.val_set is not None
         start = time.perf_counter()
         n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
-        bs = self.cfg.data.val_batch_size or len(self.val_set)
+        total = len(self.val_set)
+        bs = self.cfg.data.val_batch_size or val_chunk_size(total)
         outs = []
-        for i in range(0, len(self.val_set), bs):
-            prompts = self.val_set.get_batch(np.arange(i, min(i + bs, len(self.val_set))))
+        self._progress(VAL_PHASE, 0, total)
+        for i in range(0, total, bs):
+            end = min(i + bs, total)
+            prompts = self.val_set.get_batch(np.arange(i, end))
             gen = repeat_with_uids(prompts, n)
-            out = self.workers.rollout.generate_sequences(gen.select(self._rollout_keys(gen)), validate=True)
+            out = self.workers.rollout.generate_sequences(gen.select(self._rollout_keys(gen)), validate=True,
+                                                          stay_awake=end < total)  # one wake/sleep per pass
             out.non_tensors.update(gen.non_tensors)
             out.union(self.reward_fn(out))
             outs.append(out)
+            self._progress(VAL_PHASE, end, total)
         batch = Batch.concat(outs)
         metrics = validation_metrics(batch, n)
         metrics["timing_s/validate"] = time.perf_counter() - start
@@ -300,9 +305,23 @@ class RLTrainer:
         except AttributeError:  # a controller whose value is derived, not stored
             pass
 
+    def _progress(self, phase: str, done: int, total: int) -> None:
+        if self.tracker is not None and hasattr(self.tracker, "progress"):
+            self.tracker.progress(phase, done, total)
+
     def _log(self, metrics: dict[str, Any]) -> None:
         if self.tracker is not None:
             self.tracker.log(metrics, step=self.global_step)
+
+
+VAL_PHASE = "validation prompts"
+VAL_CHUNKS, VAL_MIN_CHUNK = 10, 64
+
+
+def val_chunk_size(total: int) -> int:
+    """Prompts per validation call when data.val_batch_size is null: about VAL_CHUNKS calls (so the console
+    shows progress and an ETA), never fewer than VAL_MIN_CHUNK prompts per call (the engine stays busy)."""
+    return max(VAL_MIN_CHUNK, -(-total // VAL_CHUNKS))
 
 
 def raise_user(msg: str) -> None:

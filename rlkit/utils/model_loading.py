@@ -32,6 +32,7 @@ MARKER = "rlkit_model.json"  # written last into a converted folder: its source 
 CONVERT_FORMAT = 1  # bump when the conversion output changes, so old caches are not reused
 WEIGHT_GLOBS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+MAX_JSON_CHECK_BYTES = 64 << 20  # bigger JSON files (none in usual model folders) are not parsed up front
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16", "half": "float16"}
 
@@ -117,10 +118,17 @@ def check_hf_folder(path: Path) -> Path:
     if not (path / "config.json").is_file():
         raise UserError(f"{path} has no config.json, so it is not a Hugging Face model folder; pass the folder "
                         "holding config.json and the weights, a .gguf file, or an alias (`rlkit model list`)")
-    try:
-        json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path / 'config.json'} is not valid JSON ({exc}); the folder is corrupt") from None
+    for file in sorted(path.glob("*.json")):  # config, tokenizer, generation config: each must parse
+        if file.stat().st_size > MAX_JSON_CHECK_BYTES:
+            continue
+        try:  # an unreadable file raises OSError, which names the file and the cause on its own
+            json.loads(file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{file} line {exc.lineno} column {exc.colno}: not valid JSON ({exc.msg}); the model "
+                            "folder is damaged: download or copy it again") from None
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{file}: not valid UTF-8 text ({exc.reason} at byte {exc.start}); the model folder "
+                            "is damaged: download or copy it again") from None
     if not any(next(path.glob(g), None) for g in WEIGHT_GLOBS):
         raise UserError(f"{path} has config.json but no weights (*.safetensors or pytorch_model*.bin)")
     return path

@@ -215,6 +215,23 @@ CONSOLE_KEYS = [
 ]
 CONSOLE_FALLBACK_ROWS = 16  # when none of CONSOLE_KEYS is present, the first keys alphabetically
 
+# Console row labels by key prefix (default: the key's first part). The field's names put the reward and
+# advantage statistics under `critic/` even without a critic (GRPO); the table shows them as "reward", so
+# a "critic" row means a real value model. Metric keys in the files are unchanged.
+CONSOLE_GROUPS = {"critic/score/": "reward", "critic/rewards/": "reward", "critic/advantages/": "reward",
+                  "critic/returns/": "reward", "critic/reward_baseline/": "reward"}
+
+
+PROGRESS_EVERY_S = 10.0  # log files: at most one progress line per phase this often
+
+
+def console_group(key: str) -> tuple[str, str]:
+    """(row label, cell name) of a metric key in the console table."""
+    for prefix, label in CONSOLE_GROUPS.items():
+        if key.startswith(prefix):
+            return label, key.split("/", 1)[1]
+    group, _, name = key.partition("/")
+    return group, name or group
 
 def format_value(value: float) -> str:
     if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3) and math.isfinite(value):
@@ -232,7 +249,9 @@ def select_keys(metrics: dict[str, float], patterns: list[str]) -> list[str]:
 class ConsoleTracker:
     """A progress bar over total steps (with ETA) and a compact metrics table per step, grouped by prefix.
 
-    On a terminal the bar is live; in a log file (Ray, CI) each step prints a plain progress line instead.
+    On a terminal the bar is live; in a log file (Ray, CI) each step prints one table whose title is the
+    plain progress line (step, elapsed, eta). Long phases inside a step (validation over many prompts)
+    report through `progress(phase, done, total)`: a second bar on a terminal, a line per update otherwise.
     """
 
     def __init__(self, run: RunInfo, console: Any = None, keys: list[str] | None = None) -> None:
@@ -245,6 +264,7 @@ class ConsoleTracker:
         self._first: tuple[int, float] | None = None
         self._progress = None
         if self.console.is_terminal and self.total:
+        self._phases: dict[str, list] = {}  # phase -> [bar task or None, start, last line printed or None]
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -260,17 +280,17 @@ class ConsoleTracker:
             self._task = self._progress.add_task(f"{run.project}/{run.experiment}", total=self.total)
             self._progress.start()
 
-    def render(self, metrics: dict[str, float], step: int) -> Any:
+    def render(self, metrics: dict[str, float], step: int, title: str | None = None) -> Any:
         from rich.table import Table
 
-        table = Table(title=f"step {step}" + (f"/{self.total}" if self.total else ""), title_justify="left",
-                      show_header=False, box=None, padding=(0, 1))
+        title = title or f"step {step}" + (f"/{self.total}" if self.total else "")
+        table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 1))
         table.add_column(style="bold cyan", no_wrap=True)
         table.add_column()
         groups: dict[str, list[str]] = {}
         for key in select_keys(metrics, self.keys):
-            group, _, name = key.partition("/")
-            groups.setdefault(group, []).append(f"{name or group} [bold]{format_value(metrics[key])}[/bold]")
+            group, name = console_group(key)
+            groups.setdefault(group, []).append(f"{name} [bold]{format_value(metrics[key])}[/bold]")
         for group, cells in groups.items():
             table.add_row(group, "  ".join(cells))
         return table
@@ -286,13 +306,32 @@ class ConsoleTracker:
         return line
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        table = self.render(metrics, step)
         if self._progress is not None:
-            self._progress.console.print(table)
+            self._progress.console.print(self.render(metrics, step))
             self._progress.update(self._task, completed=step)
-        else:
-            self.console.print(self.eta_line(step), style="dim")
-            self.console.print(table)
+        else:  # one line per step in a log file: the progress line is the table's title
+            self.console.print(self.render(metrics, step, title=self.eta_line(step)))
+
+    def progress(self, phase: str, done: int, total: int) -> None:
+        """`done` of `total` items of a long phase (e.g. validation prompts); done == total ends it.
+
+        In a log file a line is printed at most every PROGRESS_EVERY_S, so a short phase prints nothing."""
+        now = time.monotonic()
+        if phase not in self._phases:
+            task = self._progress.add_task(phase, total=total) if self._progress is not None else None
+            self._phases[phase] = [task, now, None]
+        state = self._phases[phase]
+        task, start, last = state
+        if task is not None:
+            self._progress.update(task, completed=done, total=total)  # type: ignore[union-attr]
+        elif 0 < done and (now - (last or start) >= PROGRESS_EVERY_S or (done >= total and last is not None)):
+            eta = f"  eta {(now - start) / done * (total - done):.0f}s" if done < total else ""
+            self.console.print(f"{phase} {done}/{total}  elapsed {now - start:.0f}s{eta}", style="dim")
+            state[2] = now
+        if done >= total:
+            if task is not None:
+                self._progress.remove_task(task)  # type: ignore[union-attr]
+            del self._phases[phase]
 
     def finish(self) -> None:
         if self._progress is not None:
@@ -330,6 +369,12 @@ class Tracking:
         self._finished = False
 
     def log(self, metrics: dict[str, Any], step: int) -> dict[str, float]:
+    def progress(self, phase: str, done: int, total: int) -> None:
+        """Progress inside a step (e.g. validation prompts done / total) for the backends that show it."""
+        for tracker in self.trackers:
+            if hasattr(tracker, "progress"):
+                tracker.progress(phase, done, total)
+
         """Reduce `metrics` to floats and send them to every backend; returns what was logged."""
         reduced = reduce_metrics(metrics)
         for tracker in self.trackers:

@@ -64,10 +64,12 @@ class RolloutWorker(Worker):
         return {"engine_kwargs": {"distributed_executor_backend": "external_launcher"}}
 
     @register(dispatch=Dispatch.DP_COMPUTE)
-    def generate_sequences(self, batch: Batch, validate: bool = False, call_id: int = 0, greedy: bool = False) -> Batch:
+    def generate_sequences(self, batch: Batch, validate: bool = False, call_id: int = 0, greedy: bool = False,
+                           stay_awake: bool = False) -> Batch:
         """One response per row. `call_id` (the driver's step) seeds sampling: reproducible on resume,
         and never the same draws twice (a fixed seed would replay them every step). `greedy=True`
-        decodes with argmax under the training settings (ReMax's baseline response)."""
+        decodes with argmax under the training settings (ReMax's baseline response). `stay_awake=True`
+        skips the sleep after generating (more calls follow at once: validation in chunks)."""
         if not validate:
             set_step(call_id // 1000)  # call_id = global_step * 1000 + attempt; roles share the process
         maybe_break("rollout.validate" if validate else "rollout.generate")
@@ -82,7 +84,7 @@ class RolloutWorker(Worker):
             sampling.seed = (rollout.seed * 1_000_003 + call_id * 7919 + self.dispatch_info().dp_rank) % 2**31
         out = self.engine.generate(batch, sampling)
         gen_s = time.perf_counter() - start
-        if rollout.free_cache_engine:
+        if rollout.free_cache_engine and not stay_awake:
             self.engine.sleep(rollout.sleep_level)
         tokens = float(out["response_mask"].sum())
         out.meta["metrics"] = {

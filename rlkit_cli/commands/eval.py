@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -29,6 +30,9 @@ def eval_command(
 
     Exit status: 0 on success, 1 on bad input (missing model/data).
     """
+    from rlkit.utils.quiet import quiet_process
+
+    quiet_process(bars=True)  # our bar only: no engine/transformers loading bars (RLKIT_VERBOSE=1 shows them)
     from rlkit.eval.evaluator import evaluate, write_jsonl
     from rlkit.utils.fs_checks import ensure_writable_file
 
@@ -43,6 +47,7 @@ def eval_command(
             model, str(data), n=n, limit=limit, backend=backend, temperature=temperature,
             max_prompt_length=max_prompt_length, max_response_length=max_response_length,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
+            notify=lambda msg: console.print(f"[yellow]note:[/yellow] {escape(msg)}", soft_wrap=True),
         )
     table = Table(title=f"eval of {model} on {data.name} (K={n})")
     keys = sorted({k for m in result.metrics.values() for k in m})

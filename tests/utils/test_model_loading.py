@@ -42,7 +42,7 @@ def test_folder_without_weights_names_the_path(tmp_path, cache_dir):
 def test_corrupt_config_json(tmp_path, cache_dir):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text("{not json")
-    with pytest.raises(UserError, match=r"config.json is not valid JSON"):
+    with pytest.raises(UserError, match=r"config.json line 1 column 2: not valid JSON .*download or copy it again"):
         resolve_model_path(str(tmp_path / "bad"), cache_dir)
 
 

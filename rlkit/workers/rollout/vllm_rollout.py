@@ -50,6 +50,9 @@ def prepare_vllm_env() -> None:
 
     Only sets variables that are unset, so a user's choice wins.
     """
+    from rlkit.utils.quiet import quiet_process
+
+    quiet_process()  # vLLM warns at import time (Triton on CPU...); RLKIT_VERBOSE=1 keeps it
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if "VLLM_CACHE_ROOT" in os.environ and "VLLM_RPC_BASE_PATH" in os.environ:
         return
@@ -159,6 +162,8 @@ class VLLMRollout(RolloutBackend):
         import vllm
         from vllm.platforms import current_platform
 
+        from rlkit.utils.quiet import use_load_bars
+
         self.config = config
         self.stop_ids, self.pad_id = special_token_ids(model_path, tokenizer)
         self.weight_names = WeightNames.from_folder(model_path)
@@ -173,6 +178,7 @@ class VLLMRollout(RolloutBackend):
             max_num_seqs=config.max_num_seqs,
             skip_tokenizer_init=True,  # token ids in, token ids out
             logprobs_mode="processed_logprobs",
+            use_tqdm_on_load=use_load_bars(),  # one bar per engine and per weight reload otherwise (RLKIT_VERBOSE)
         )
         if config.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
