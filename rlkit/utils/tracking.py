@@ -214,7 +214,6 @@ CONSOLE_KEYS = [
     "perf/throughput", "perf/mfu", "val/*",
 ]
 CONSOLE_FALLBACK_ROWS = 16  # when none of CONSOLE_KEYS is present, the first keys alphabetically
-
 # Console row labels by key prefix (default: the key's first part). The field's names put the reward and
 # advantage statistics under `critic/` even without a critic (GRPO); the table shows them as "reward", so
 # a "critic" row means a real value model. Metric keys in the files are unchanged.
@@ -232,6 +231,7 @@ def console_group(key: str) -> tuple[str, str]:
             return label, key.split("/", 1)[1]
     group, _, name = key.partition("/")
     return group, name or group
+
 
 def format_value(value: float) -> str:
     if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3) and math.isfinite(value):
@@ -263,8 +263,8 @@ class ConsoleTracker:
         self._start = time.monotonic()
         self._first: tuple[int, float] | None = None
         self._progress = None
-        if self.console.is_terminal and self.total:
         self._phases: dict[str, list] = {}  # phase -> [bar task or None, start, last line printed or None]
+        if self.console.is_terminal and self.total:
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -368,13 +368,13 @@ class Tracking:
             raise
         self._finished = False
 
-    def log(self, metrics: dict[str, Any], step: int) -> dict[str, float]:
     def progress(self, phase: str, done: int, total: int) -> None:
         """Progress inside a step (e.g. validation prompts done / total) for the backends that show it."""
         for tracker in self.trackers:
             if hasattr(tracker, "progress"):
                 tracker.progress(phase, done, total)
 
+    def log(self, metrics: dict[str, Any], step: int) -> dict[str, float]:
         """Reduce `metrics` to floats and send them to every backend; returns what was logged."""
         reduced = reduce_metrics(metrics)
         for tracker in self.trackers:
