@@ -194,6 +194,8 @@ def _reaper(cfg: dict, status_fd: int, done: dict) -> None:
     pid = os.fork()
     if pid == 0:
         _exec_program(cfg, status_fd)
+    if hasattr(_libc, "prctl"):  # PR_SET_DUMPABLE=0: the program (same uid without a uid drop) cannot ptrace us
+        _libc.prctl(4, 0, 0, 0, 0)
     while True:
         got, status, usage = os.wait4(-1, 0)
         if got == pid:

@@ -14,6 +14,8 @@ Each run gets a fresh `python -I` interpreter in a new session, started through
   the program forks outlives it) and, as root, an unprivileged uid of its own
   with RLIMIT_NPROC (fork bombs stop at `nproc` tasks).
 
+`run_program` runs a program to its end; `SandboxProcess` + `pump` keep one running
+and talk to it over its stdin/stdout (the code judge, rlkit/reward/judge.py).
 `sandbox_capabilities()` runs a probe once and reports what is *measured* to be
 enforced here. This is a guard against accidents and runaway programs, not a
 security boundary against a determined attacker (no seccomp, shared kernel).
