@@ -30,3 +30,14 @@ def ray_local():
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_cluster_records(tmp_path_factory: pytest.TempPathFactory):
+    """Runs in tests join the cluster `rlkit cluster up` recorded: keep a developer's own one out of them."""
+    from rlkit.debug.cluster import STATE_ENV
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv(STATE_ENV, str(tmp_path_factory.mktemp("rlkit-records") / "cluster.json"))
+    yield
+    mp.undo()

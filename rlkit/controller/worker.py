@@ -30,6 +30,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rendezvous_store(addr: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """The TCPStore `init_method="tcp://addr:port"` would make, but rank 0's server listens on `addr` only.
+
+    torch's store server binds every interface; given a socket bound to MASTER_ADDR (the node IP:
+    127.0.0.1 on a single-node cluster) it listens where the group needs it and no wider.
+    """
+    if rank != 0:
+        return dist.TCPStore(addr, port, world_size, False, timeout=timeout)
+    sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((addr, port))
+    sock.listen(128)
+    return dist.TCPStore(addr, port, world_size, True, timeout=timeout, master_listen_fd=sock.detach())
+
+
 def node_ip() -> str:
     try:
         import ray
@@ -69,13 +84,10 @@ class Worker:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{self.master_addr}:{self.master_port}",
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s or DEFAULT_DIST_TIMEOUT_S),
-        )
+        timeout = datetime.timedelta(seconds=timeout_s or DEFAULT_DIST_TIMEOUT_S)
+        store = rendezvous_store(self.master_addr, self.master_port, self.rank, self.world_size, timeout)
+        dist.init_process_group(backend=backend, store=store, rank=self.rank, world_size=self.world_size,
+                                timeout=timeout)  # fmt: skip
 
     # ---------------------------------------------------------- dispatch
     def set_dispatch_info(self, dp_rank: int, dp_size: int, is_collector: bool) -> None:

@@ -34,6 +34,12 @@ from types import FrameType
 from rlkit.errors import UserError
 
 BREAK_AT_ENV = "RLKIT_BREAK_AT"
+BREAK_AT_KEY = "trainer.debug.break_at"
+# Every phase a worker announces with maybe_break() (a test keeps this in step with rlkit/workers).
+PHASES = (
+    "rollout.generate", "rollout.validate", "actor.compute_log_prob", "actor.update_policy",
+    "ref.compute_log_prob", "critic.compute_values", "critic.update",
+)  # fmt: skip
 TEST_RAISE_ENV = "RLKIT_TEST_RAISE_IN"
 TEST_BREAKPOINT_ENV = "RLKIT_TEST_BREAKPOINT_IN"
 RAY_WORKER_HOOK = "ray.util.rpdb.set_trace"  # what Ray puts in PYTHONBREAKPOINT in a worker
@@ -88,6 +94,22 @@ def parse_break_at(spec: str) -> tuple[BreakRule, ...]:
                 raise UserError(f"{BREAK_AT_ENV}: '{opt}' in '{item}' needs a number (or rank=*)") from None
         rules.append(BreakRule(phase.strip(), **fields))  # type: ignore[arg-type]
     return tuple(rules)
+
+
+def break_at_list(value: object) -> list[str]:
+    """`trainer.debug.break_at` as a list of rules: a scalar (`actor.update_policy`, or comma separated)
+    or a list; each rule's phase must name (or, with wildcards, match) a phase in PHASES."""
+    if value is None or value == "":
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise UserError(f"{BREAK_AT_KEY}: expected a phase or a list of phases, got {value!r};"
+                        " e.g. trainer.debug.break_at=actor.update_policy")  # fmt: skip
+    rules = [r.strip() for item in items for r in item.split(",") if r.strip()]
+    for rule in parse_break_at(",".join(rules)):
+        if not any(fnmatch.fnmatchcase(phase, rule.phase) for phase in PHASES):
+            raise UserError(f"{BREAK_AT_KEY}: unknown phase '{rule.phase}'; valid phases: {', '.join(PHASES)}")
+    return rules
 
 
 @functools.lru_cache(maxsize=8)

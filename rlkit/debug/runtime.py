@@ -141,15 +141,23 @@ def merge_runtime_env(base: dict | None, extra: dict) -> dict:
     return merged
 
 
-def debug_banner(mode: str | None, dashboard_url: str | None, local_folder: str) -> str:
-    """Lines the trainer prints at start so the user knows how to attach."""
+def debug_banner(mode: str | None, dashboard_url: str | None, local_folder: str, node_ip: str = "") -> str:
+    """Lines the trainer prints at start so the user knows how to attach (and who else could)."""
+    from rlkit.debug.listeners import is_loopback
+
     spec = get_mode(mode)
     if not spec.enabled:
         return ""
     url = dashboard_url or "(no dashboard: start one with `rlkit cluster up`)"
+    if not node_ip or is_loopback(node_ip):
+        where = "  - a paused worker's debugpy listens on 127.0.0.1 (single node: loopback only)"
+    else:  # Ray's debugpy listens on the node IP so a debugger on another machine can attach
+        where = (f"  - warning: a paused worker's debugpy listens on {node_ip} (multi-node) without authentication:"
+                 " anyone who can reach that address can run code in the worker; use a trusted network")
     lines = [
         f"Debug mode '{spec.name}': a breakpoint() in any Ray worker pauses it and waits for a debugger.",
         *(f"  - {n}" for n in debug_settings(mode).notes),
+        where,
         f"  VS Code: Ray Distributed Debugger -> Add Cluster -> {url}; local folder: {local_folder}",
         "  Terminal: rlkit debug list   then   rlkit debug attach",
     ]

@@ -133,6 +133,7 @@ def to_dict(cfg: RLConfig) -> dict:
 
 def finalize(cfg: RLConfig) -> None:
     """Fill derived values and check that the sizes fit together; raise UserError saying what to change."""
+    from rlkit.debug.breakpoints import break_at_list
     from rlkit.trainer.config_bounds import check_bounds
     from rlkit.trainer.config_checks import check_config
 
@@ -157,4 +158,5 @@ def finalize(cfg: RLConfig) -> None:
 
         rollout.name = default_backend_name()
     rollout.validate()
+    cfg.trainer.debug.break_at = break_at_list(cfg.trainer.debug.break_at)  # a scalar or a list; phases checked
     check_config(cfg)

@@ -181,7 +181,7 @@ class AlgorithmConfig:
 
 @dataclass
 class DebugConfig:
-    break_at: list = f(factory=list, help="phases to pause at, e.g. [actor.update_policy] (needs --debug)")
+    break_at: Any = f(factory=list, help="phase(s) to pause at: actor.update_policy or a list (needs --debug)")
 
 
 @dataclass

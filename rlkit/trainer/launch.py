@@ -52,6 +52,8 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
         prepare_driver_env,
         restore_driver_breakpoint,
     )
+    from rlkit.debug.cluster import PRIVATE, choose_cluster, record_driver_cluster
+    from rlkit.debug.listeners import use_loopback_node
     from rlkit.utils.quiet import worker_env
 
     settings = debug_settings(opts.debug)
@@ -64,22 +66,28 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
         "RLKIT_DIST_TIMEOUT_S": str(int(settings.dist_timeout_s(1800))),  # read with int() in the workers
     }
     runtime_env = merge_runtime_env({"env_vars": env_vars}, debug_runtime_env(opts.debug, cfg.trainer.debug.break_at))
-    kwargs: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": True, **settings.ray_init_kwargs()}
-    if opts.address or os.environ.get("RAY_ADDRESS"):
-        kwargs["address"] = opts.address or os.environ["RAY_ADDRESS"]
+    kwargs: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": True}
+    target = choose_cluster(opts.address)  # --address, $RAY_ADDRESS, `rlkit cluster up`'s, else a private one
+    if target.loopback:
+        use_loopback_node()  # one machine: every Ray port, debugpy's included, on 127.0.0.1
+    if target.private:
+        kwargs.update({"address": PRIVATE, "num_cpus": opts.num_cpus or os.cpu_count(), "include_dashboard": False,
+                       **settings.ray_init_kwargs()})  # fmt: skip
     else:
-        # a fresh local Ray, never a cluster someone else started on this machine (use --address to join one)
-        kwargs["address"] = "local"
-        kwargs["num_cpus"] = opts.num_cpus or os.cpu_count()
-        kwargs.setdefault("include_dashboard", False)
+        kwargs["address"] = target.address
+    if target.joined is not None:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # how `rlkit cluster up` started it
+        console.print(f"joining the cluster from `rlkit cluster up` at {target.address} (dashboard "
+                      f"{target.joined.dashboard_url}); `--address local` runs on a private one",
+                      markup=False, highlight=False, soft_wrap=True)  # fmt: skip
     ctx = ray.init(**kwargs)
     restore_driver_breakpoint()
     if opts.debug:
-        from rlkit.debug.cluster import record_driver_cluster
-
         url = getattr(ctx, "dashboard_url", None)
-        record_driver_cluster(url, ctx.address_info.get("address", "") if hasattr(ctx, "address_info") else "")
-        console.print(debug_banner(opts.debug, url, os.getcwd()))
+        info = getattr(ctx, "address_info", {}) or {}
+        if target.private:
+            record_driver_cluster(url, info.get("address", ""))
+        console.print(debug_banner(opts.debug, url, os.getcwd(), node_ip=info.get("node_ip_address", "")))
     return ctx
 
 

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlkit.debug import cluster as cl
+from rlkit.debug.listeners import LOOPBACK_ENV
 from rlkit.debug.state import Dashboard, paused_workers, peek_where
 from rlkit_cli.errors import friendly_errors
 
@@ -37,29 +38,71 @@ def up(
         "127.0.0.1", "--dashboard-host", help="Bind address of the dashboard; 0.0.0.0 opens it to the network."
     ),
     temp_dir: str = typer.Option(None, "--temp-dir", help="Ray temp dir (default: /tmp/rlkit-ray-PORT)."),
+    node_ip: str = typer.Option(
+        None, "--node-ip", help="Multi-node: Ray listens on this address so other nodes can join (auth is off)."
+    ),
+    listen_all: bool = typer.Option(
+        False, "--listen-all", help="Multi-node: like --node-ip with the address Ray picks (auth is off)."
+    ),
 ) -> None:
     """Start a Ray head with the dashboard (token auth off, so the VS Code debugger can talk to it).
+
+    Single node by default: every Ray service listens on 127.0.0.1 only. `rlkit train` and
+    `rlkit eval` join this cluster while it is up (`--address local` keeps a run private).
 
     Example: [bold]rlkit cluster up --num-cpus 8 --num-gpus 2[/bold]
     """
     t0 = time.monotonic()
     with console.status("starting the Ray head ..."):
-        info = cl.start_cluster(num_cpus, num_gpus, port, dashboard_port, dashboard_host, temp_dir)
+        info = cl.start_cluster(
+            num_cpus, num_gpus, port, dashboard_port, dashboard_host, temp_dir, node_ip=node_ip, listen_all=listen_all
+        )
     console.print(f"[green]Ray head up[/green] in {time.monotonic() - t0:.0f}s")
     _print_info(info)
+    _print_exposure(info)
     if dashboard_host not in ("127.0.0.1", "localhost"):
         console.print(
             f"[yellow]warning:[/yellow] the dashboard listens on {dashboard_host}: anyone who can reach it can run"
             " code on this cluster (token auth is off). Keep it on a trusted network."
         )
+    join = "" if info.loopback else f"\n  other nodes:     RAY_AUTH_MODE=disabled ray start --address {info.address}"
     console.print(
         "\n[bold]Next:[/bold]\n"
-        "  in each shell:   export RAY_AUTH_MODE=disabled   (drivers must match the cluster's auth mode)\n"
-        f"  train on it:     rlkit train grpo --address {info.address} ...   (add --debug to debug workers)\n"
+        "  train on it:     rlkit train grpo ...   (joins this cluster; add --debug to debug workers)\n"
         f"  VS Code:         Ray Distributed Debugger view -> Add Cluster -> {_host_port(info.dashboard_url)}\n"
-        f"  terminal:        rlkit debug list   /   rlkit debug attach\n"
-        f"  stop it:         rlkit cluster down"
+        "  terminal:        rlkit debug list   /   rlkit debug attach\n"
+        f"  own Ray scripts: {_script_env(info)} python my.py   with ray.init(address=\"{info.address}\"){join}\n"
+        "  stop it:         rlkit cluster down",
+        soft_wrap=True,
     )
+
+
+def _script_env(info: cl.ClusterInfo) -> str:
+    """What a plain Ray driver needs in its environment to connect (rlkit commands set it themselves)."""
+    env = {**cl.AUTH_ENV, **(LOOPBACK_ENV if info.loopback else {})}
+    return " ".join(f"{k}={v}" for k, v in env.items())
+
+
+def _print_exposure(info: cl.ClusterInfo) -> None:
+    """Say where Ray listens: loopback only, or (one warning line) that it is on the network without auth."""
+    found = cl.cluster_listeners(info)
+    open_ = [str(item) for item in found if not item.loopback]
+    if not info.loopback:
+        console.print(
+            f"[yellow]warning:[/yellow] multi-node mode: Ray listens on the network (node IP {info.node_ip}) and token"
+            " auth is off: anyone who can reach its ports can run code here; keep the nodes on a trusted network.",
+            soft_wrap=True,
+        )
+    elif open_:
+        console.print(
+            "[yellow]warning:[/yellow] these Ray services listen beyond loopback on a single-node cluster (token auth"
+            " is off); block them with a firewall: " + ", ".join(open_),
+            soft_wrap=True,
+        )
+    if not open_:
+        console.print(f"listening on loopback only: {len(found)} sockets on 127.0.0.1 (GCS, raylet, agents, ...)")
+    elif not info.loopback:
+        console.print("listening beyond loopback:\n  " + "\n  ".join(open_), soft_wrap=True)
 
 
 @friendly_errors
@@ -96,11 +139,20 @@ def status(
 def down() -> None:
     """Stop the cluster `rlkit cluster up` started (only its processes; other Ray clusters are left alone).
 
+    Nothing to stop is not an error (exit 0).
+
     Example: [bold]rlkit cluster down[/bold]
     """
     with console.status("stopping the Ray head ..."):
-        info = cl.stop_cluster()
-    console.print(f"[green]stopped[/green] the Ray cluster at {info.address} (dashboard {info.dashboard_url})")
+        stopped = cl.stop_cluster()
+    if stopped is None:
+        console.print("no cluster started by `rlkit cluster up` is running; nothing to stop")
+        return
+    info = stopped.info
+    if stopped.processes == 0:
+        console.print(f"the cluster at {info.address} (dashboard {info.dashboard_url}) had already stopped; forgot it")
+    else:
+        console.print(f"[green]stopped[/green] the Ray cluster at {info.address} (dashboard {info.dashboard_url})")
     console.print("start again with: rlkit cluster up")
 
 
@@ -114,6 +166,7 @@ def _print_info(info: cl.ClusterInfo) -> None:
     table.add_row("dashboard", info.dashboard_url)
     table.add_row("temp dir", info.temp_dir or "-")
     table.add_row("started by", info.started_by)
+    table.add_row("listens on", "127.0.0.1 only (single node)" if info.loopback else f"the network ({info.node_ip})")
     table.add_row("auth", "RAY_AUTH_MODE=disabled (the VS Code debugger sends no token); drivers need it too")
     console.print(table)
 

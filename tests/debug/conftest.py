@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlkit.debug import cluster as cl
+from tests.debug._runs import Toy
 
 
 @dataclass
@@ -52,7 +53,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
         yield ClusterHandle(info, port, dashboard_port, temp_dir, state_file, result.output)
     finally:
         _shutdown_driver()
-        cl.stop_processes(temp_dir)
+        cl.stop_processes(temp_dir, gcs_port=port)  # the port finds Ray's client server (no temp dir in its args)
         mp.undo()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
@@ -64,15 +65,22 @@ def driver(cluster: ClusterHandle) -> Iterator[object]:
     import ray
 
     from rlkit.debug import debug_runtime_env
+    from rlkit.debug.listeners import SINGLE_NODE_ENV
     from tests.debug import _targets
 
     _shutdown_driver()
+    # A driver of a loopback cluster runs Ray in single-node mode, else Ray rewrites 127.0.0.1 to the
+    # network address (rlkit.debug.listeners); undone afterwards so later tests get Ray's default.
+    mp = pytest.MonkeyPatch()
+    mp.setenv(SINGLE_NODE_ENV, "0")
+    mp.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
     cloudpickle.register_pickle_by_value(_targets)  # workers need not import the tests package
     ray.init(address=cluster.info.address, runtime_env=debug_runtime_env("on"), log_to_driver=False)
     try:
         yield ray
     finally:
         _shutdown_driver()
+        mp.undo()
 
 
 def _shutdown_driver() -> None:
@@ -83,3 +91,23 @@ def _shutdown_driver() -> None:
     if ray.is_initialized():
         ray.shutdown()
     restore_driver_breakpoint()  # ray.init pointed this process's breakpoint() at debugpy
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Toy]:
+    """Toy parquet + a tiny model for `rlkit train` runs (README's two-minute run, smaller)."""
+    from rlkit.testing import save_tiny_model
+    from rlkit_cli.main import app
+
+    root = tmp_path_factory.mktemp("toy")
+    made = CliRunner().invoke(app, ["data", "toy", "--out", str(root), "--length", "1"])
+    assert made.exit_code == 0, made.output
+    save_tiny_model(str(root / "model"), tie_embeddings=True)
+    mp = pytest.MonkeyPatch()
+    state_file = root / "cluster.json"
+    mp.setenv(cl.STATE_ENV, str(state_file))  # `rlkit debug list` in this process reads the run's record
+    mp.delenv("RLKIT_DASHBOARD", raising=False)
+    try:
+        yield Toy(root, state_file)
+    finally:
+        mp.undo()

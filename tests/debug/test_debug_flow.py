@@ -6,6 +6,7 @@ Tests run in file order and share one cluster; the last one stops it through the
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -53,10 +54,27 @@ def wait_released(runner, worker_id: str, timeout: float = 20.0) -> None:
 def test_cluster_up_said_what_to_do_next(cluster):
     out = flat(cluster.up_output)
     assert cluster.info.dashboard_url == f"http://127.0.0.1:{cluster.dashboard_port}"
-    assert cluster.info.address.endswith(f":{cluster.port}")
+    assert cluster.info.address == f"127.0.0.1:{cluster.port}" and cluster.info.loopback
     assert "RAY_AUTH_MODE=disabled" in out
     assert "Add Cluster" in out and f"127.0.0.1:{cluster.dashboard_port}" in out
-    assert f"--address {cluster.info.address}" in out
+    assert "rlkit train grpo ... (joins this cluster; add --debug to debug workers)" in out
+    assert "--address" not in out  # the run finds the cluster itself
+    assert "listening on loopback only" in out and "warning" not in out
+
+
+def test_cluster_up_listens_on_loopback_only(cluster):
+    """Every socket a process of the cluster listens on (read from /proc/net) is on 127.0.0.1."""
+    from tests.debug._sockets import listening
+
+    pids = [p.pid for p in cl.cluster_processes(cluster.temp_dir, cluster.port)]
+    socks = listening(pids)
+    services = {s.process for s in socks}
+    assert any("gcs_server" in s for s in services) and any("raylet" in s for s in services)
+    assert any(s.port == cluster.port for s in socks) and any(s.port == cluster.dashboard_port for s in socks)
+    assert any("ray.util.client.server" in s for s in services)  # found, and stopped at the end, through the port
+    exposed = [str(s) for s in socks if not s.loopback]
+    assert not exposed, "Ray services listening beyond loopback:\n" + "\n".join(exposed)
+    print("\nlistening after `rlkit cluster up`:\n  " + "\n  ".join(map(str, socks)))
 
 
 def test_cluster_up_twice_or_on_a_taken_port_fails(cluster, runner, tmp_path, monkeypatch):
@@ -210,8 +228,11 @@ def test_no_debug_mode_stray_breakpoint_does_not_hang(cluster):
     from pathlib import Path
 
     repo = str(Path(__file__).resolve().parents[2])
+    from rlkit.debug.listeners import LOOPBACK_ENV
+
     proc = subprocess.run(
         [sys.executable, "-c", NO_DEBUG_DRIVER, cluster.info.address],
+        env={**os.environ, **LOOPBACK_ENV},  # as `rlkit cluster up` tells plain Ray scripts
         input="p here\nc\n",
         capture_output=True,
         text=True,
@@ -236,10 +257,10 @@ def test_cluster_status_then_down(cluster, runner, driver):
     down = runner.invoke(app, ["cluster", "down"])
     assert down.exit_code == 0, down.output
     assert "stopped" in flat(down.output)
-    assert cl.cluster_processes(cluster.temp_dir) == []
+    assert cl.cluster_processes(cluster.temp_dir, cluster.port) == []
     assert cl.load_state() is None
 
     again = runner.invoke(app, ["cluster", "down"])
-    assert again.exit_code == 1 and "no cluster" in flat(again.output)
+    assert again.exit_code == 0 and "nothing to stop" in flat(again.output)
     gone = runner.invoke(app, ["cluster", "status", "--dashboard", cluster.info.dashboard_url])
     assert gone.exit_code == 1 and "cannot reach" in flat(gone.output)

@@ -250,18 +250,44 @@ def flat(text: str) -> str:
 
 # -- cluster CLI with nothing running --------------------------------------------------------------
 def test_cluster_commands_with_nothing_running(tmp_path, monkeypatch):
+    import glob
+    import tempfile
+
     monkeypatch.setenv(cl.STATE_ENV, str(tmp_path / "cluster.json"))
     monkeypatch.delenv("RLKIT_DASHBOARD", raising=False)
     monkeypatch.setattr(cl, "DEFAULT_DASHBOARD_PORT", cl.free_port())  # someone else may own :8265
+    temp_dirs = set(glob.glob(f"{tempfile.gettempdir()}/rlkit-ray-*"))
     runner = CliRunner()
-    down = runner.invoke(app, ["cluster", "down"])
-    assert down.exit_code == 1 and "no cluster started by `rlkit cluster up`" in flat(down.output)
+    for _ in range(2):  # idempotent: nothing to stop is not an error, and leaves nothing behind
+        down = runner.invoke(app, ["cluster", "down"])
+        assert down.exit_code == 0, down.output
+        assert "no cluster started by `rlkit cluster up` is running; nothing to stop" in flat(down.output)
+    assert set(glob.glob(f"{tempfile.gettempdir()}/rlkit-ray-*")) == temp_dirs
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no state file, no runs folder
     status = runner.invoke(app, ["cluster", "status"])
     assert status.exit_code == 1 and "no Ray cluster is running" in flat(status.output)
     listed = runner.invoke(app, ["debug", "list"])
     assert listed.exit_code == 1 and "rlkit cluster up" in flat(listed.output)
     bad = runner.invoke(app, ["debug", "attach", "--host", "127.0.0.1"])
     assert bad.exit_code == 1 and "--host and --port go together" in flat(bad.output)
+    both = runner.invoke(app, ["cluster", "up", "--node-ip", "10.0.0.1", "--listen-all"])
+    assert both.exit_code == 1 and "either --node-ip or --listen-all" in flat(both.output)
+
+
+def test_down_forgets_a_cluster_that_already_stopped_and_removes_its_temp_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(cl.STATE_ENV, str(tmp_path / "cluster.json"))
+    temp = tmp_path / "ray-tmp"
+    (temp / "session_latest" / "logs").mkdir(parents=True)
+    kept = tmp_path / "users-own-dir"
+    kept.mkdir()
+    cl.save_state(cl.ClusterInfo(address="127.0.0.1:1", dashboard_url="http://127.0.0.1:1", temp_dir=str(temp),
+                                 own_temp_dir=True))  # fmt: skip
+    down = CliRunner().invoke(app, ["cluster", "down"])
+    assert down.exit_code == 0 and "had already stopped; forgot it" in flat(down.output)
+    assert not temp.exists() and cl.load_state() is None
+    cl.save_state(cl.ClusterInfo(address="127.0.0.1:1", dashboard_url="http://127.0.0.1:1", temp_dir=str(kept)))
+    assert CliRunner().invoke(app, ["cluster", "down"]).exit_code == 0
+    assert kept.exists()  # a --temp-dir that existed before `up` is the user's: never removed
 
 
 def test_state_file_round_trip(tmp_path, monkeypatch):
@@ -271,22 +297,163 @@ def test_state_file_round_trip(tmp_path, monkeypatch):
     assert cl.load_state() == info
     assert cl.running_cluster() is None  # dead dashboard, no processes: forgotten
     assert cl.load_state() is None
+    (tmp_path / "s" / "cluster.json").write_text('{"address": "a", "dashboard_url": "b", "temp_dir": "c", "new": 1}')
+    assert cl.load_state() is not None  # a key from a newer rlkit is ignored
+    (tmp_path / "s" / "cluster.json").write_text("{not json")
+    with pytest.raises(UserError, match="delete the file"):
+        cl.load_state()
 
 
-def test_record_driver_cluster_keeps_a_cluster_up_record(tmp_path, monkeypatch):
+def test_a_private_run_never_touches_the_cluster_up_record(tmp_path, monkeypatch):
+    import json as _json
+    import os
+    import subprocess
+
     monkeypatch.setenv(cl.STATE_ENV, str(tmp_path / "cluster.json"))
-    cl.record_driver_cluster("127.0.0.1:1", "10.0.0.1:2")  # a run's own local Ray
-    info = cl.load_state()
-    assert info is not None and info.started_by == "rlkit train" and info.dashboard_url == "http://127.0.0.1:1"
-    assert info.driver_pid == __import__("os").getpid()
-    assert cl.running_cluster() == info  # dashboard not answering (yet), but the run is alive: kept
-    cl.save_state(cl.ClusterInfo(**{**info.__dict__, "driver_pid": 2**22 + 12345}))  # the run is gone
-    assert cl.running_cluster() is None and cl.load_state() is None
-    up = cl.ClusterInfo(address="10.0.0.1:6379", dashboard_url="http://127.0.0.1:2", temp_dir="/x")
+    up = cl.ClusterInfo(address="127.0.0.1:6379", dashboard_url="http://127.0.0.1:2", temp_dir="/x")
     cl.save_state(up)
-    monkeypatch.setattr(cl, "dashboard_alive", lambda url, timeout=2.0: True)
-    cl.record_driver_cluster("http://127.0.0.1:2", "10.0.0.1:6379")  # a run joined it with --address
-    assert cl.load_state() == up  # `rlkit cluster down` still owns it
+    before = (tmp_path / "cluster.json").read_bytes()
+    path = cl.record_driver_cluster("127.0.0.1:1", "127.0.0.1:2")  # a run's own private Ray
+    assert path is not None and path.parent == cl.runs_dir() and path.name == f"{os.getpid()}.json"
+    assert (tmp_path / "cluster.json").read_bytes() == before
+    run = cl.running_runs()[0]
+    assert run.started_by == "rlkit train" and run.driver_pid == os.getpid() and run.loopback
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = cl.runs_dir() / f"{dead.stdout.strip()}.json"
+    gone.write_text(_json.dumps({**run.__dict__, "driver_pid": int(dead.stdout)}))  # a run that has ended
+    assert [r.driver_pid for r in cl.running_runs()] == [os.getpid()] and not gone.exists()
+    # a record of a private run written by an older rlkit in cluster.json is not `cluster up`'s: forgotten
+    cl.save_state(cl.ClusterInfo(**{**up.__dict__, "started_by": "rlkit train", "driver_pid": os.getpid()}))
+    assert cl.running_cluster() is None and cl.load_state() is None
+
+
+class _Dashboard:
+    """A real HTTP server answering /api/version, standing in for a live Ray dashboard."""
+
+    def __enter__(self) -> str:
+        import http.server
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                self.send_response(200 if self.path == "/api/version" else 404)
+                self.end_headers()
+                self.wfile.write(b'{"version": "test"}')
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_choose_cluster_joins_cluster_up_else_private(tmp_path, monkeypatch):
+    monkeypatch.setenv(cl.STATE_ENV, str(tmp_path / "cluster.json"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cl.choose_cluster() == cl.Target("local")  # nothing recorded: a private Ray
+    with _Dashboard() as url:
+        up = cl.ClusterInfo(address="127.0.0.1:16379", dashboard_url=url, temp_dir=str(tmp_path / "t"))
+        cl.save_state(up)
+        target = cl.choose_cluster()
+        assert target.address == up.address and target.joined == up and not target.private
+        assert cl.choose_cluster("local").private  # --address local
+        assert cl.choose_cluster(up.address).joined == up  # --address naming it: the same cluster
+        other = cl.choose_cluster("10.1.2.3:6379")
+        assert other.address == "10.1.2.3:6379" and other.joined is None
+        monkeypatch.setenv("RAY_ADDRESS", "local")
+        assert cl.choose_cluster().private
+        monkeypatch.delenv("RAY_ADDRESS")
+        assert cl.resolve_dashboard() == url
+    assert cl.choose_cluster() == cl.Target("local")  # its dashboard is gone, no processes: forgotten
+    assert cl.load_state() is None
+
+
+def test_break_at_scalar_list_and_unknown_phase():
+    assert bp.break_at_list("actor.update_policy") == ["actor.update_policy"]
+    assert bp.break_at_list(["actor.update_policy:step=2", "critic.update"]) == [
+        "actor.update_policy:step=2", "critic.update"]  # fmt: skip
+    assert bp.break_at_list("actor.*:rank=*:step=3,rollout.generate") == ["actor.*:rank=*:step=3", "rollout.generate"]
+    assert bp.break_at_list([]) == [] and bp.break_at_list(None) == []
+    with pytest.raises(UserError, match=r"unknown phase 'actor\.update'; valid phases: rollout\.generate, .*"):
+        bp.break_at_list("actor.update")
+    with pytest.raises(UserError, match="unknown phase 'reward.*'"):
+        bp.break_at_list(["reward.*"])
+    with pytest.raises(UserError, match="expected a phase or a list of phases"):
+        bp.break_at_list([1, 2])
+
+
+def test_break_at_from_the_command_line():
+    from rlkit.trainer.config import load_config
+
+    base = ["data.train_files=/tmp/x.parquet"]
+    cfg = load_config("grpo", [*base, "trainer.debug.break_at=actor.update_policy"])
+    assert cfg.trainer.debug.break_at == ["actor.update_policy"]
+    cfg = load_config("grpo", [*base, "trainer.debug.break_at=[actor.update_policy:step=2,critic.update]"])
+    assert cfg.trainer.debug.break_at == ["actor.update_policy:step=2", "critic.update"]
+    bad = CliRunner().invoke(app, ["train", "grpo", "--dry-run", *base, "trainer.debug.break_at=actor.udpate_policy"])
+    assert bad.exit_code == 1
+    assert "trainer.debug.break_at: unknown phase 'actor.udpate_policy'; valid phases:" in flat(bad.output)
+    assert "actor.update_policy" in bad.output and "Traceback" not in bad.output
+
+
+def test_phases_match_what_the_workers_announce():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "rlkit" / "workers"
+    text = "\n".join(p.read_text() for p in root.rglob("*.py"))
+    calls = re.findall(r"maybe_break\(([^)]*)\)", text)  # maybe_break("a") or maybe_break("a" if x else "b")
+    announced = {name for args in calls for name in re.findall(r'"([^"]+)"', args)}
+    assert announced == set(bp.PHASES)
+
+
+# -- loopback --------------------------------------------------------------------------------------
+def test_is_loopback_and_service_names():
+    from rlkit.debug.listeners import Listener, is_loopback, service_of
+
+    for ip in ("127.0.0.1", "127.0.1.1", "::1", "::ffff:127.0.0.1", "localhost"):
+        assert is_loopback(ip), ip
+    for ip in ("0.0.0.0", "::", "10.0.0.5", "::ffff:10.0.0.5", "192.0.2.2"):
+        assert not is_loopback(ip), ip
+    assert service_of(["/x/ray/core/src/ray/gcs/gcs_server", "--log_dir=/t"]) == "GCS"
+    assert service_of(["python", "-m", "ray.util.client.server", "--address=127.0.0.1:6379"]) == "client server"
+    assert service_of([], "ray::DashboardAgent") == "dashboard agent (+ metrics)"
+    assert str(Listener("0.0.0.0", 6379, 7, "GCS")) == "*:6379 (GCS, pid 7)"
+
+
+def test_debug_banner_says_where_debugpy_listens():
+    local = rd.debug_banner("on", "127.0.0.1:8265", "/src", node_ip="127.0.0.1")
+    assert "debugpy listens on 127.0.0.1 (single node: loopback only)" in local and "warning" not in local
+    remote = rd.debug_banner("on", "127.0.0.1:8265", "/src", node_ip="10.0.0.5")
+    assert "warning: a paused worker's debugpy listens on 10.0.0.5 (multi-node) without authentication" in remote
+
+
+def test_eval_never_starts_or_joins_ray(tmp_path):
+    """`rlkit eval` runs in one process without Ray: it cannot start a second cluster or touch the records."""
+    import os
+    import subprocess
+
+    from rlkit.testing import save_tiny_model
+
+    made = CliRunner().invoke(app, ["data", "toy", "--out", str(tmp_path), "--length", "1"])
+    assert made.exit_code == 0, made.output
+    save_tiny_model(str(tmp_path / "model"), tie_embeddings=True)
+    code = (
+        "import sys; from typer.testing import CliRunner; from rlkit_cli.main import app\n"
+        "r = CliRunner().invoke(app, ['eval', sys.argv[1], '--data', sys.argv[2], '--limit', '4', '--backend', 'hf',"
+        " '--max-response-length', '3'])\n"
+        "assert r.exit_code == 0, r.output\nprint('ray imported:', 'ray' in sys.modules)\n"
+    )
+    env = {**os.environ, cl.STATE_ENV: str(tmp_path / "cluster.json")}
+    argv = [sys.executable, "-c", code, str(tmp_path / "model"), str(tmp_path / "test.parquet")]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ray imported: False" in proc.stdout
+    assert not (tmp_path / "cluster.json").exists() and not (tmp_path / "cluster.runs").exists()
 
 
 # -- the shipped .vscode files ----------------------------------------------------------------------

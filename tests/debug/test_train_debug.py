@@ -7,22 +7,14 @@
 - no `--debug`: a stray `breakpoint()` in a worker is skipped with a warning; the run finishes.
 
 Each run starts its own local Ray (RAY_ADDRESS=local: never join another cluster on a shared machine)
-and remembers it in a private state file, which is how `rlkit debug list` finds it.
+and records it next to a private state file (`cluster.runs/<pid>.json`), which is how `rlkit debug list`
+finds it. tests/debug/test_cluster_flow.py runs the flow with `rlkit cluster up` instead.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
-import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -30,118 +22,9 @@ from typer.testing import CliRunner
 from rlkit.debug import cluster as cl
 from rlkit.debug.session import DebugSession
 from rlkit_cli.main import app
+from tests.debug._runs import ACTOR_PY, Run, Toy, line_after
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
-RLKIT = str(Path(sys.executable).parent / "rlkit")
-ACTOR_PY = REPO / "rlkit" / "workers" / "actor.py"
-PAUSED_AT = re.compile(
-    r"pausing at phase '(?P<phase>[^']+)' \(rank (?P<rank>\d+), step (?P<step>\d+)\) at (?P<at>[\d:.]+)"
-)
-
-
-@dataclass
-class Toy:
-    root: Path
-    state_file: Path
-
-    def args(self, name: str, steps: int) -> list[str]:
-        return [
-            f"data.train_files={self.root}/train.parquet", f"data.val_files={self.root}/test.parquet",
-            f"actor_rollout_ref.model.path={self.root}/model", "actor_rollout_ref.rollout.name=hf",
-            "data.max_prompt_length=32", "data.max_response_length=3", "data.train_batch_size=8",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4",
-            f"trainer.total_training_steps={steps}", "trainer.n_gpus_per_node=1",
-            f"trainer.default_local_dir={self.root}/{name}", "trainer.logger=[file]",
-        ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory: pytest.TempPathFactory):
-    from rlkit.testing import save_tiny_model
-
-    root = tmp_path_factory.mktemp("toy")
-    made = CliRunner().invoke(app, ["data", "toy", "--out", str(root), "--length", "1"])
-    assert made.exit_code == 0, made.output
-    save_tiny_model(str(root / "model"), tie_embeddings=True)
-    mp = pytest.MonkeyPatch()
-    state_file = root / "cluster.json"
-    mp.setenv(cl.STATE_ENV, str(state_file))  # `rlkit debug list` in this process reads the run's record
-    mp.delenv("RLKIT_DASHBOARD", raising=False)
-    try:
-        yield Toy(root, state_file)
-    finally:
-        mp.undo()
-
-
-@dataclass
-class Run:
-    """A `rlkit train` subprocess; a reader thread keeps its merged output."""
-
-    proc: subprocess.Popen
-    lines: list[str] = field(default_factory=list)
-
-    @classmethod
-    def start(cls, toy: Toy, argv: list[str], **env: str) -> Run:
-        full_env = {**os.environ, cl.STATE_ENV: str(toy.state_file), "RAY_ADDRESS": "local", **env}
-        full_env.pop("RLKIT_DASHBOARD", None)
-        toy.state_file.unlink(missing_ok=True)
-        proc = subprocess.Popen(
-            [RLKIT, "train", *argv], cwd=REPO, env=full_env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        )  # fmt: skip
-        run = cls(proc)
-        threading.Thread(target=run._read, daemon=True).start()
-        return run
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise AssertionError(f"`rlkit train` still running after {timeout:.0f}s:\n{self.output[-4000:]}") from None
-
-    def stop(self) -> None:
-        """Stop the run and the Ray processes it started (its descendants, found by pid)."""
-        import psutil
-
-        if self.proc.poll() is not None:
-            return
-        try:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            children = []
-        self.proc.send_signal(signal.SIGINT)  # ray.shutdown() on the way out
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        for child in children:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-
-    def pause_time(self) -> float:
-        """Epoch seconds of the worker's "pausing at phase ... at HH:MM:SS.mmm" line."""
-        found = [m for m in map(PAUSED_AT.search, self.lines) if m]
-        assert found, f"no pause line in the output:\n{self.output[-3000:]}"
-        clock = dt.datetime.strptime(found[-1]["at"], "%H:%M:%S.%f").time()
-        now = dt.datetime.now()
-        days = (now.date() - dt.timedelta(days=d) for d in (0, 1))  # the pause may predate midnight
-        return min(
-            (dt.datetime.combine(d, clock) for d in days), key=lambda t: abs((now - t).total_seconds())
-        ).timestamp()
 
 
 def wait_paused(run: Run, toy: Toy, timeout: float = 240.0) -> dict:
@@ -151,8 +34,8 @@ def wait_paused(run: Run, toy: Toy, timeout: float = 240.0) -> dict:
     recorded = False
     while time.monotonic() < deadline:
         assert run.proc.poll() is None, f"the run ended before pausing:\n{run.output[-4000:]}"
-        recorded = recorded or toy.state_file.exists()
-        if recorded:  # before the run records its cluster, `list` could find someone else's
+        recorded = recorded or bool(cl.running_runs())
+        if recorded:  # before the run records its private cluster, `list` could find someone else's
             listed = runner.invoke(app, ["debug", "list", "--json"])
             assert listed.exit_code == 0, listed.output
             workers = json.loads(listed.output)
@@ -164,20 +47,16 @@ def wait_paused(run: Run, toy: Toy, timeout: float = 240.0) -> dict:
     raise AssertionError(f"no paused worker within {timeout:.0f}s:\n{run.output[-4000:]}")
 
 
-def line_after(path: Path, text: str) -> int:
-    """1-based number of the line after the one containing `text` (where a phase break stops)."""
-    lines = path.read_text().splitlines()
-    return next(i for i, line in enumerate(lines, 1) if text in line) + 1
-
-
 def test_train_debug_break_at_phase_list_attach_detach(toy):
     run = Run.start(toy, ["grpo", "--debug", *toy.args("ckpt_debug", steps=2),
                           "trainer.debug.break_at=[actor.update_policy:step=2]"])  # fmt: skip
     try:
         worker = wait_paused(run, toy)
         t_listed = time.time()
-        info = cl.load_state()
-        assert info is not None and info.started_by == "rlkit train"  # the run's own local Ray, with a dashboard
+        runs = cl.running_runs()
+        assert len(runs) == 1 and runs[0].driver_pid == run.proc.pid  # the run's own local Ray, with a dashboard
+        assert cl.load_state() is None  # recorded apart: never in the file of `rlkit cluster up`
+        assert worker["ip"] == "127.0.0.1" and runs[0].loopback  # single node: debugpy on loopback
         assert worker["rank"] == 0 and worker["actor_name"].endswith(":0")
         assert "update_actor" in worker["where"] and "actor.py" in worker["where"]
 
