@@ -1,5 +1,5 @@
 """The sandboxed side of the code judge (rlkit/reward/judge.py). Stdlib only, no rlkit imports:
-it runs as `python -I -c <this source> serve|test` inside the sandbox.
+it runs as `python -I -c <this source> serve|test` inside the sandbox (judge.py passes it compiled).
 
 Two processes per judged program, which never share an interpreter:
 
@@ -680,7 +680,10 @@ def run_test(client: _Client, src: str) -> tuple[str, str]:
 
 
 def _no_ptrace() -> None:
-    """Other processes of the same uid may not attach to this one (best effort, Linux only)."""
+    """Other processes of the same uid may not attach to this one (best effort, Linux only). In a pid
+    namespace of its own (pid 2: the sandbox's reaper is 1) nothing else can name this process."""
+    if os.getpid() <= 2:
+        return
     try:
         import ctypes
 
@@ -709,7 +712,7 @@ def test() -> None:
 def main() -> None:
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(0)
-    {"serve": serve, "test": test}[sys.argv[1]]()
+    {"serve": serve, "test": test}[sys.argv[-1]]()
 
 
 if __name__ == "__main__":

@@ -113,7 +113,9 @@ def code_score(
     code = extract_code(response)
     if "tests" in tests:
         total = min(timeout_s * (len(tests["tests"]) + 1), total_timeout_s)
-        kinds = _run_asserts(code, tests["tests"], JudgeLimits(test_s=timeout_s, total_s=total, memory_mb=memory_mb))
+        # the dataset's tests are trusted: their tester process may be reused across samples
+        limits = JudgeLimits(test_s=timeout_s, total_s=total, memory_mb=memory_mb, reuse_tester=True)
+        kinds = _run_asserts(code, tests["tests"], limits)
     else:
         limits = SandboxLimits(wall_s=timeout_s, memory_mb=memory_mb)
         kinds = _run_io(code, tests, limits, max(1, workers), total_timeout_s)

@@ -116,9 +116,11 @@ class MatrixLimits:
     max_workers: int | None = None  # judge calls running at once (None: one per CPU)
 
 
-def _judge_limits(n_programs: int, n_tests: int, limits: MatrixLimits) -> JudgeLimits:
+def _judge_limits(n_programs: int, n_tests: int, limits: MatrixLimits, trusted: bool) -> JudgeLimits:
+    """Reference tests are trusted (their tester may be reused); generated ones get a tester of their own."""
     total = n_programs * (limits.per_test_s * (n_tests + 1) + 1.0)
-    return JudgeLimits(test_s=limits.per_test_s, total_s=total, memory_mb=limits.memory_mb, output_bytes=1 << 16)
+    return JudgeLimits(test_s=limits.per_test_s, total_s=total, memory_mb=limits.memory_mb, output_bytes=1 << 16,
+                       reuse_tester=trusted)
 
 
 def pass_matrices(
@@ -153,7 +155,8 @@ def pass_matrices_many(
         return out
     workers = limits.max_workers or min(len(calls), os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlkit-judge") as pool:
-        verdicts = list(pool.map(lambda c: judge(c[3], c[4], _judge_limits(len(c[3]), len(c[4]), limits)), calls))
+        verdicts = list(pool.map(
+            lambda c: judge(c[3], c[4], _judge_limits(len(c[3]), len(c[4]), limits, c[1] == "ref")), calls))
     for (p, kind, j, _, tests), v in zip(calls, verdicts):
         matrix = out[p][0] if kind == "ref" else out[p][1]
         matrix[:, j : j + len(tests)] = np.array(v.passed(), bool).reshape(matrix.shape[0], len(tests))

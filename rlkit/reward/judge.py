@@ -20,8 +20,13 @@ The child side is rlkit/reward/_judge_child.py (stdlib only, run with `python -I
 
 from __future__ import annotations
 
+import atexit
 import json
+import marshal
 import math
+import os
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -30,6 +35,9 @@ from pathlib import Path
 from rlkit.reward.sandbox import SandboxLimits, SandboxProcess, pump
 
 CHILD_SOURCE = Path(__file__).with_name("_judge_child.py").read_text(encoding="utf-8")
+# Compiling that source costs ~20 ms per process; the same interpreter gets it compiled, as marshal hex in argv.
+_CHILD_CODE = marshal.dumps(compile(CHILD_SOURCE, "_judge_child.py", "exec")).hex()
+BOOT = "import marshal,sys;exec(marshal.loads(bytes.fromhex(sys.argv[1])))  # rlkit code judge"
 
 # Error kinds of one check. The first seven are the sandbox's and the old scorer's; the rest are new:
 # exited: the program ended (sys.exit / os._exit) before or while answering;
@@ -40,6 +48,7 @@ KINDS = ("ok", "wrong_answer", "runtime_error", "timeout", "memory", "syntax_err
          "exited", "protocol_error", "opaque_value", "unsupported_value")
 _LOAD_KINDS = frozenset({"ok", "syntax_error", "runtime_error", "exited", "memory"})
 _GRACE_S = 0.5  # after a timed-out call, how long the tester gets to report
+_POOL_AGE_S, _POOL_USES, _POOL_IDLE = 300.0, 200, 2 * (os.cpu_count() or 1)  # reused testers
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,10 @@ class JudgeLimits:
     output_bytes: int = 1 << 20  # what each process may print (stderr; stdout is the channel)
     message_bytes: int = 16 << 20  # the largest single reply (one value) from the program
     sandbox: SandboxLimits = SandboxLimits()  # isolation settings and the interpreter
+    # Trusted tests only (a dataset's): the tester process may come from, and go back to, a pool shared
+    # by judge calls, which saves one process start per call. Never for model-written tests: one test
+    # could then tamper with the tester that judges another.
+    reuse_tester: bool = False
 
 
 @dataclass
@@ -60,7 +73,7 @@ class Verdicts:
     """kinds[i][t]: the error kind of program i on test t ("ok" = passed); `processes` started."""
 
     kinds: list[list[str]]
-    processes: int = 0
+    processes: int = 0  # sandboxed processes used: started, or a tester taken from the pool
 
     def passed(self) -> list[list[bool]]:
         return [[k == "ok" for k in row] for row in self.kinds]
@@ -76,6 +89,55 @@ def judge(programs: Sequence[str], tests: Sequence[str], limits: JudgeLimits | N
         run.close()
 
 
+class _TesterPool:
+    """Idle tester processes for trusted tests, shared by judge calls in this process (thread-safe).
+
+    A tester is retired after `_POOL_AGE_S` or `_POOL_USES` judge calls; idle ones are killed at exit
+    (and end by themselves when this process dies: their stdin closes).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.idle: dict[tuple, list[tuple[SandboxProcess, int]]] = {}
+        self.uses: dict[int, int] = {}
+        atexit.register(self.clear)
+
+    def take(self, key: tuple, need_s: float) -> SandboxProcess | None:
+        """An idle tester that will live at least `need_s` more seconds, or None."""
+        while True:
+            with self.lock:
+                if not self.idle.get(key):
+                    return None
+                proc, uses = self.idle[key].pop()
+            now = time.monotonic()
+            pump([proc], now)  # notice a tester that ended while idle
+            if proc.exited or now - proc.start > _POOL_AGE_S or proc.hard_deadline - now < need_s:
+                proc.finish()
+                continue
+            with self.lock:
+                self.uses[id(proc)] = uses + 1
+            return proc
+
+    def give(self, key: tuple, proc: SandboxProcess) -> None:
+        with self.lock:
+            uses = self.uses.pop(id(proc), 1)
+            keep = uses < _POOL_USES and len(self.idle.get(key, ())) < _POOL_IDLE
+            if keep:
+                self.idle.setdefault(key, []).append((proc, uses))
+        if not keep:
+            proc.finish()
+
+    def clear(self) -> None:
+        with self.lock:
+            procs = [p for entries in self.idle.values() for p, _ in entries]
+            self.idle.clear()
+        for proc in procs:
+            proc.finish()
+
+
+_POOL = _TesterPool()
+
+
 class _Judge:
     def __init__(self, tests: list[str], limits: JudgeLimits) -> None:
         self.tests, self.limits = tests, limits
@@ -87,11 +149,15 @@ class _Judge:
 
     # ------------------------------------------------------------------------------------ processes
 
-    def _spawn(self, role: str, first_line: str | None = None) -> SandboxProcess:
+    def _spawn(self, role: str, first_line: str | None = None, pooled: bool = False) -> SandboxProcess:
         left = max(1.0, self.deadline - time.monotonic()) + 2 * _GRACE_S
+        if pooled:  # each test's time is bounded here; the process's own limits only stop a runaway
+            left += _POOL_AGE_S
         box = replace(self.limits.sandbox, wall_s=left, cpu_s=math.ceil(left) + 1,
                       memory_mb=self.limits.memory_mb, output_bytes=self.limits.output_bytes)
-        proc = SandboxProcess(box, argv=["-c", CHILD_SOURCE, role], interactive=True)
+        same = os.path.realpath(box.python) == os.path.realpath(sys.executable)
+        argv = ["-c", BOOT, _CHILD_CODE, role] if same else ["-c", CHILD_SOURCE, role]
+        proc = SandboxProcess(box, argv=argv, interactive=True)
         if first_line is not None:
             proc.send(first_line)
         self.processes += 1
@@ -109,8 +175,18 @@ class _Judge:
         if self.tester is None or self.tester.exited:
             if self.tester is not None:
                 self._drop(self.tester)
-            self.tester = self._spawn("test")
+            self.tester = None
+            if self.limits.reuse_tester:
+                self.tester = _POOL.take(self._pool_key(), self.deadline - time.monotonic() + 10)
+                if self.tester is not None:
+                    self.processes += 1
+                    self.live.append(self.tester)
+            if self.tester is None:
+                self.tester = self._spawn("test", pooled=self.limits.reuse_tester)
         return self.tester
+
+    def _pool_key(self) -> tuple:
+        return (self.limits.sandbox, self.limits.memory_mb, self.limits.output_bytes)
 
     def _drop(self, proc: SandboxProcess) -> str:
         """Kill and reap `proc`; the error kind its end stands for."""
@@ -120,6 +196,10 @@ class _Judge:
         return {"ok": "exited"}.get(res.status, res.status)
 
     def close(self) -> None:
+        tester = self.tester
+        if self.limits.reuse_tester and tester is not None and not tester.exited and tester in self.live:
+            self.live.remove(tester)  # alive means idle: it answered its last test
+            _POOL.give(self._pool_key(), tester)
         for proc in list(self.live):
             self._drop(proc)
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from rlkit.reward.code import code_score
-from rlkit.reward.judge import KINDS, JudgeLimits, judge
+from rlkit.reward.judge import BOOT, KINDS, JudgeLimits, judge
 
 # Every test calls the program; the last cannot pass at all: a score above 0 means a forged verdict.
 TESTS = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert False"]}
@@ -247,17 +247,18 @@ def test_fork_bomb_inside_a_call_leaves_nothing_behind():
     assert time.monotonic() - start < 15  # children die with the server, not at their sleep's end
     assert v.kinds[0] in (["ok"], ["timeout"])
     time.sleep(0.2)
-    assert _judge_children() == []
+    assert _judge_servers() == []
 
 
-def _judge_children() -> list[str]:
-    """Live processes running the judge's child source (forked copies of a server included)."""
+def _judge_servers() -> list[str]:
+    """Live processes running the judge's server (forked copies included); pooled testers do not count."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if b"The sandboxed side of the code judge" in fh.read():
-                    found.append(pid)
+                cmdline = fh.read()
+            if BOOT.encode() in cmdline and cmdline.endswith(b"\0serve\0"):
+                found.append(pid)
         except OSError:
             pass
     return found
@@ -275,3 +276,26 @@ def test_io_tests_compare_outputs_here_and_ignore_tampering():
     for cheat in cheats:
         out = code_score(f"```python\n{cheat}\n```", spec, None)
         assert out["score"] == 0.0 and out["error"] in ("wrong_answer", "runtime_error"), (cheat, out)
+
+
+MARK = "import builtins\nbuiltins.MARK = getattr(builtins, 'MARK', 0) + 1\nassert MARK == 1 and add(1, 2) == 3"
+
+
+def test_trusted_tests_reuse_a_tester_untrusted_ones_never_do():
+    """reuse_tester (dataset tests) keeps the tester process for the next call, with its state;
+    without it (model-written tests) every call gets a fresh one."""
+    program = "def add(a, b):\n    return a + b\n"
+    fresh = [judge([program], [MARK], JudgeLimits(test_s=2, total_s=20)).kinds[0] for _ in range(2)]
+    assert fresh == [["ok"], ["ok"]]
+    reused = [judge([program], [MARK], JudgeLimits(test_s=2, total_s=20, reuse_tester=True)).kinds[0]
+              for _ in range(2)]
+    assert reused[1] == ["wrong_answer"]  # the same process: the first call's mark is still there
+
+
+def test_a_generated_test_cannot_tamper_with_another_tests_verdict():
+    from rlkit.reward.coevolve import MatrixLimits, pass_matrices
+
+    tamper = "import __main__\n__main__.run_test = lambda client, src: ('ok', '')\nassert False"
+    programs = ["def double(x):\n    return 2 * x", "def double(x):\n    return x + x"]
+    _, gen = pass_matrices(programs, [], [tamper, "assert double(1) == 3"], MatrixLimits(per_test_s=1.5))
+    assert gen[:, 1].tolist() == [False, False]
