@@ -189,6 +189,11 @@ def _importable(x) -> dict | None:
     return {"t": "import", "mod": mod, "v": qual} if obj is x else None
 
 
+def _plain_exception_class(x) -> bool:
+    """An exception class with the default equality and metaclass: safe to re-create in the tester."""
+    return isinstance(x, type) and type(x) is type and issubclass(x, BaseException) and x.__eq__ is object.__eq__
+
+
 def _import(tag: dict):
     """The stdlib object a tag names; only a class, function or module (never an instance such as
     unittest.mock.ANY, which equals everything)."""
@@ -215,10 +220,10 @@ class _Server:
         self.ns: dict = {"__name__": "solution", "__builtins__": builtins}
 
     def ref(self, x) -> dict:
-        tag = _importable(x)
+        tag = _importable(x) if _plain_exception_class(x) else None  # e.g. ValueError: the tester's own class
         if tag is not None:
             return tag
-        key = id(x)
+        key = id(x)  # anything else, even a stdlib function or module, stays here behind a handle
         if key not in self.ids:
             self.ids[key] = len(self.objects)
             self.objects.append(x)
@@ -420,11 +425,11 @@ class _Client:
                 base = _EXCEPTIONS.get(tag.get("base"), Exception)
                 self.exc_classes[hid] = type(_str(tag.get("name")), (base,), {"__module__": "solution"})
             return self.exc_classes[hid]
-        if kind == "module":
-            return _stdlib_module(tag.get("v"))
-        if kind == "import":
-            return _import(tag)
-        raise ProtocolError(f"unknown tag {kind!r}")
+        if kind == "import":  # only a stdlib exception class: nothing the program names runs here
+            obj = _import(tag)
+            if _plain_exception_class(obj):
+                return obj
+        raise ProtocolError(f"unexpected tag {kind!r}")
 
     # -- requests
 
@@ -645,8 +650,8 @@ def _namespace(client: _Client, tree: ast.AST) -> dict:
     ns: dict = {"__name__": "__main__", "__builtins__": builtins}
     if wanted:
         got = client.request("names", v=wanted)
-        if type(got) is not dict or not all(type(k) is str for k in got):
-            raise client.fail("protocol_error", "malformed names")
+        if type(got) is not dict or not set(got) <= set(wanted):  # only what was asked: never a builtin
+            raise client.fail("protocol_error", "names that were not asked for")
         ns.update(got)
     as_module = {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
     for name in as_module & _STDLIB - {"this", "antigravity"}:

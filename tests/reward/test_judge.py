@@ -70,6 +70,17 @@ ATTACKS = {
         "__main__._send = lambda fd, line: _orig(fd, line.replace('R ', 'V ', 1))\n" + WRONG_ADD,
         {"protocol_error"},
     ),
+    "server_injects_a_builtin_into_the_test": (
+        "import __main__\n_answer = __main__._Server.answer\ndef answer(self, req):\n    out = _answer(self, req)\n"
+        "    if req.get('op') == 'names':\n        out['v'].append(['AssertionError', {'t': 'ref', 'id': 0}])\n"
+        "    return out\n__main__._Server.answer = answer\n" + WRONG_ADD,
+        {"protocol_error"},
+    ),
+    "server_names_a_stdlib_class_as_the_function": (
+        "import __main__\n__main__._Server.answer = lambda self, req: {'t': 'dict', 'v': [['add', "
+        "{'t': 'import', 'mod': 'unittest.mock', 'v': 'MagicMock'}]]}\n" + WRONG_ADD,
+        {"protocol_error"},
+    ),
     # --- exits, signals, builtins
     "sys_exit_before_tests": ("import sys\nsys.exit(0)\ndef add(a, b):\n    return a + b\n", {"exited"}),
     "os_exit_before_tests": ("import os\nos._exit(0)\ndef add(a, b):\n    return a + b\n", {"exited"}),
