@@ -28,7 +28,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", "-c", default=None, help="YAML merged over the algorithm preset")
     p.add_argument("--algo", default="grpo", help="algorithm preset (default grpo)")
     p.add_argument("--tester-reward", default="gated", help="tester reward: gated | balanced")
-    p.add_argument("--tests-per-run", type=int, default=1, help="generated tests per sandbox run")
+    p.add_argument("--tests-per-run", type=int, default=1, help="generated tests sharing one tester process")
     p.add_argument("--per-test-s", type=float, default=2.0, help="time limit of each test in the sandbox")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     return p.parse_args(argv)
