@@ -71,7 +71,7 @@ def up(
         "  train on it:     rlkit train grpo ...   (joins this cluster; add --debug to debug workers)\n"
         f"  VS Code:         Ray Distributed Debugger view -> Add Cluster -> {_host_port(info.dashboard_url)}\n"
         "  terminal:        rlkit debug list   /   rlkit debug attach\n"
-        f"  own Ray scripts: {_script_env(info)} python my.py   with ray.init(address=\"{info.address}\"){join}\n"
+        f"  own Ray scripts: {_script_env(info)} python my.py   (my.py: ray.init(address=\"{info.address}\")){join}\n"
         "  stop it:         rlkit cluster down",
         soft_wrap=True,
     )
@@ -167,7 +167,7 @@ def _print_info(info: cl.ClusterInfo) -> None:
     table.add_row("temp dir", info.temp_dir or "-")
     table.add_row("started by", info.started_by)
     table.add_row("listens on", "127.0.0.1 only (single node)" if info.loopback else f"the network ({info.node_ip})")
-    table.add_row("auth", "RAY_AUTH_MODE=disabled (the VS Code debugger sends no token); drivers need it too")
+    table.add_row("auth", "off: RAY_AUTH_MODE=disabled (the VS Code debugger sends no token); rlkit runs set it")
     console.print(table)
 
 

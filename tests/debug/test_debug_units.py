@@ -425,6 +425,36 @@ def test_is_loopback_and_service_names():
     assert str(Listener("0.0.0.0", 6379, 7, "GCS")) == "*:6379 (GCS, pid 7)"
 
 
+def test_cluster_up_reports_sockets_beyond_loopback(tmp_path):
+    """A real process of the "cluster" (its command line names the temp dir) listening on the wildcard."""
+    import subprocess
+
+    from rlkit_cli.commands import cluster as cmd
+
+    temp = tmp_path / "ray-tmp"
+    temp.mkdir()
+    code = ("import socket, sys, time; s = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen();"
+            "print(s.getsockname()[1], flush=True); time.sleep(60)")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code, f"--temp-dir={temp}"], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        single = cl.ClusterInfo(address="127.0.0.1:1", dashboard_url="http://127.0.0.1:2", temp_dir=str(temp))
+        with cmd.console.capture() as out:
+            cmd._print_exposure(single)
+        text = flat(out.get())
+        assert "warning: these Ray services listen beyond loopback on a single-node cluster" in text
+        assert f"*:{port} (" in text and f"pid {proc.pid})" in text
+        multi = cl.ClusterInfo(**{**single.__dict__, "node_ip": "10.0.0.5", "loopback": False})
+        with cmd.console.capture() as out:
+            cmd._print_exposure(multi)
+        lines = out.get().splitlines()
+        assert lines[0].startswith("warning: multi-node mode: Ray listens on the network (node IP 10.0.0.5) and token")
+        assert "auth is off" in lines[0] and f"*:{port}" in out.get()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_debug_banner_says_where_debugpy_listens():
     local = rd.debug_banner("on", "127.0.0.1:8265", "/src", node_ip="127.0.0.1")
     assert "debugpy listens on 127.0.0.1 (single node: loopback only)" in local and "warning" not in local
