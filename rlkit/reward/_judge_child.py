@@ -109,7 +109,12 @@ def encode(x, ref, depth: int = 0):
         return {"t": "complex", "v": [x.real, x.imag]}
     if isinstance(x, range):
         return {"t": "range", "v": [x.start, x.stop, x.step]}
-    if type(x).__module__ == "numpy" and getattr(x, "shape", None) == () and hasattr(x, "item"):
+    module = type(x).__module__
+    if module == "fractions" and isinstance(x, sys.modules["fractions"].Fraction):
+        return {"t": "fraction", "v": [int(x.numerator), int(x.denominator)]}
+    if module == "decimal" and isinstance(x, sys.modules["decimal"].Decimal):
+        return {"t": "decimal", "v": str(x)}
+    if module == "numpy" and getattr(x, "shape", None) == () and hasattr(x, "item"):
         return encode(x.item(), ref, d)  # numpy scalars compare like the Python number they hold
     return ref(x)
 
@@ -141,6 +146,11 @@ def decode(v, deref):
         return complex(float(re_), float(im))
     if tag == "range":
         return range(*(int(n) for n in _list(body)))
+    if tag == "fraction":
+        num, den = _list(body)
+        return importlib.import_module("fractions").Fraction(int(num), int(den))
+    if tag == "decimal":
+        return importlib.import_module("decimal").Decimal(_str(body))
     return deref(v)
 
 
@@ -465,7 +475,8 @@ class _Client:
                 return value
             else:
                 return decode(body["v"], self.deref)
-        except (ProtocolError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        except (ProtocolError, ValueError, KeyError, TypeError, AttributeError, ArithmeticError,
+                RecursionError) as exc:
             raise self.fail("protocol_error", f"malformed reply: {type(exc).__name__}") from None
         raise raised
 

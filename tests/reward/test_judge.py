@@ -173,6 +173,12 @@ def nan(): return float("nan")
 def many(): return {(1, 2): {3, 4}, "a": [b"x", 1.5, None, True, -0.0], 5: frozenset({1}), "c": 1 + 2j}
 def dq(): return deque([1, 2])
 def area(r): return math.pi * r * r
+def third():
+    from fractions import Fraction
+    return Fraction(1, 3)
+def money():
+    from decimal import Decimal
+    return Decimal("0.10") + Decimal("0.20")
 print("the program may print")
 '''
 HONEST_TESTS = [
@@ -193,6 +199,8 @@ HONEST_TESTS = [
     "assert LIMIT == 10",
     "assert check(5) is not None and isinstance(check(5), int)",
     "print('tests may print too')\nassert check(1) == 1",
+    "from fractions import Fraction\nfrom decimal import Decimal\nassert third() == Fraction(1, 3)\n"
+    "assert money() == Decimal('0.30')",
 ]
 
 
