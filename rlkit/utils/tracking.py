@@ -221,7 +221,8 @@ CONSOLE_GROUPS = {"critic/score/": "reward", "critic/rewards/": "reward", "criti
                   "critic/returns/": "reward", "critic/reward_baseline/": "reward"}
 
 
-PROGRESS_EVERY_S = 10.0  # log files: at most one progress line per phase this often
+# log files: at most one progress line per phase this often (RLKIT_PROGRESS_EVERY_S; 0 = every update)
+PROGRESS_EVERY_S = float(os.environ.get("RLKIT_PROGRESS_EVERY_S", "10"))
 
 
 def console_group(key: str) -> tuple[str, str]:
