@@ -475,7 +475,7 @@ def test_eval_never_starts_or_joins_ray(tmp_path):
     code = (
         "import sys; from typer.testing import CliRunner; from rlkit_cli.main import app\n"
         "r = CliRunner().invoke(app, ['eval', sys.argv[1], '--data', sys.argv[2], '--limit', '4', '--backend', 'hf',"
-        " '--max-response-length', '3'])\n"
+        " '--max-prompt-length', '32', '--max-response-length', '3'])\n"
         "assert r.exit_code == 0, r.output\nprint('ray imported:', 'ray' in sys.modules)\n"
     )
     env = {**os.environ, cl.STATE_ENV: str(tmp_path / "cluster.json")}
