@@ -93,19 +93,21 @@ class _TesterPool:
     """Idle tester processes for trusted tests, shared by judge calls in this process (thread-safe).
 
     A tester is retired after `_POOL_AGE_S` or `_POOL_USES` judge calls; idle ones are killed at exit
-    (and end by themselves when this process dies: their stdin closes).
+    (and end by themselves when this process dies: their stdin closes). A forked child starts empty.
     """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.pid = os.getpid()
         self.idle: dict[tuple, list[tuple[SandboxProcess, int]]] = {}
-        self.uses: dict[int, int] = {}
         atexit.register(self.clear)
 
-    def take(self, key: tuple, need_s: float) -> SandboxProcess | None:
-        """An idle tester that will live at least `need_s` more seconds, or None."""
+    def take(self, key: tuple, need_s: float) -> tuple[SandboxProcess, int] | None:
+        """An idle tester that will live at least `need_s` more seconds, and its use count; or None."""
         while True:
             with self.lock:
+                if self.pid != os.getpid():  # the pipes belong to the parent process
+                    self.pid, self.idle = os.getpid(), {}
                 if not self.idle.get(key):
                     return None
                 proc, uses = self.idle[key].pop()
@@ -114,14 +116,11 @@ class _TesterPool:
             if proc.exited or now - proc.start > _POOL_AGE_S or proc.hard_deadline - now < need_s:
                 proc.finish()
                 continue
-            with self.lock:
-                self.uses[id(proc)] = uses + 1
-            return proc
+            return proc, uses
 
-    def give(self, key: tuple, proc: SandboxProcess) -> None:
+    def give(self, key: tuple, proc: SandboxProcess, uses: int) -> None:
         with self.lock:
-            uses = self.uses.pop(id(proc), 1)
-            keep = uses < _POOL_USES and len(self.idle.get(key, ())) < _POOL_IDLE
+            keep = uses < _POOL_USES and len(self.idle.get(key, ())) < _POOL_IDLE and self.pid == os.getpid()
             if keep:
                 self.idle.setdefault(key, []).append((proc, uses))
         if not keep:
@@ -129,7 +128,7 @@ class _TesterPool:
 
     def clear(self) -> None:
         with self.lock:
-            procs = [p for entries in self.idle.values() for p, _ in entries]
+            procs = [p for entries in self.idle.values() for p, _ in entries] if self.pid == os.getpid() else []
             self.idle.clear()
         for proc in procs:
             proc.finish()
@@ -145,6 +144,7 @@ class _Judge:
         self.processes = 0
         self.servers: dict[int, SandboxProcess] = {}
         self.tester: SandboxProcess | None = None
+        self.tester_uses = 0  # judge calls the current tester has served before this one
         self.live: list[SandboxProcess] = []
 
     # ------------------------------------------------------------------------------------ processes
@@ -167,7 +167,7 @@ class _Judge:
     def _server(self, i: int, programs: Sequence[str]) -> SandboxProcess:
         """Program i's server, and program i+1's started in the background (its load overlaps our tests)."""
         for j in (i, i + 1):
-            if j < len(programs) and j not in self.servers and time.monotonic() < self.deadline:
+            if j < len(programs) and j not in self.servers and (j == i or time.monotonic() < self.deadline):
                 self.servers[j] = self._spawn("serve", "S " + json.dumps({"src": programs[j]}) + "\n")
         return self.servers.pop(i)
 
@@ -176,13 +176,13 @@ class _Judge:
             if self.tester is not None:
                 self._drop(self.tester)
             self.tester = None
-            if self.limits.reuse_tester:
-                self.tester = _POOL.take(self._pool_key(), self.deadline - time.monotonic() + 10)
-                if self.tester is not None:
-                    self.processes += 1
-                    self.live.append(self.tester)
-            if self.tester is None:
-                self.tester = self._spawn("test", pooled=self.limits.reuse_tester)
+            taken = _POOL.take(self._pool_key(), self.deadline - time.monotonic() + 10) \
+                if self.limits.reuse_tester else None
+            if taken is not None:
+                (self.tester, self.tester_uses), self.processes = taken, self.processes + 1
+                self.live.append(self.tester)
+            else:
+                self.tester, self.tester_uses = self._spawn("test", pooled=self.limits.reuse_tester), 0
         return self.tester
 
     def _pool_key(self) -> tuple:
@@ -199,7 +199,7 @@ class _Judge:
         tester = self.tester
         if self.limits.reuse_tester and tester is not None and not tester.exited and tester in self.live:
             self.live.remove(tester)  # alive means idle: it answered its last test
-            _POOL.give(self._pool_key(), tester)
+            _POOL.give(self._pool_key(), tester, self.tester_uses + 1)
         for proc in list(self.live):
             self._drop(proc)
 
