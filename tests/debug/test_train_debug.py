@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -23,6 +24,7 @@ from rlkit.debug import cluster as cl
 from rlkit.debug.session import DebugSession
 from rlkit_cli.main import app
 from tests.debug._runs import ACTOR_PY, Run, Toy, line_after
+from tests.debug._sockets import listening
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +59,9 @@ def test_train_debug_break_at_phase_list_attach_detach(toy):
         assert len(runs) == 1 and runs[0].driver_pid == run.proc.pid  # the run's own local Ray, with a dashboard
         assert cl.load_state() is None  # recorded apart: never in the file of `rlkit cluster up`
         assert worker["ip"] == "127.0.0.1" and runs[0].loopback  # single node: debugpy on loopback
+        ray_pids = [run.proc.pid] + [c.pid for c in psutil.Process(run.proc.pid).children(recursive=True)]
+        socks = listening(ray_pids) + listening(None, port=worker["port"])  # + debugpy's adapter (a daemon)
+        assert len(socks) > 5 and not [str(s) for s in socks if not s.loopback], "\n".join(map(str, socks))
         assert worker["rank"] == 0 and worker["actor_name"].endswith(":0")
         assert "update_actor" in worker["where"] and "actor.py" in worker["where"]
 
