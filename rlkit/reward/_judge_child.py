@@ -12,9 +12,10 @@ Two processes per judged program, which never share an interpreter:
   program cannot reach. Comparing or truth-testing a proxy (a program-made object, e.g. one with its own
   `__eq__`) is refused: error kind `opaque_value`.
 
-Framing, one line per message (json payloads never hold a raw newline):
+Framing, one line per message (json payloads never hold a raw newline); both children first say `UP`
+(the interpreter runs: time limits start now):
   judge -> serve: `S <json {src}>` once, then `Q <id> <json request>`
-  serve -> judge: `READY <json {kind}>` once, then `R <id> <json reply>`
+  serve -> judge: `READY <json {kind}>` once (the program loaded, or why not), then `R <id> <json reply>`
   judge -> test:  `T <json {i, src}>` run test i | `N` a new program (drop every proxy) |
                   `R <id> <json reply>` (serve's answer, passed on verbatim) | `F <id> <kind>` (the call failed)
   test -> judge:  `Q <id> <json request>` | `V <json {i, kind}>` (the verdict of test i)
@@ -346,6 +347,7 @@ class _Server:
 
 def serve() -> None:
     cin, cout = _channel()
+    _send(cout, "UP")
     server = _Server(cout)
     first = cin.readline().decode("utf-8", "surrogatepass")
     if not first.startswith("S "):
@@ -709,6 +711,7 @@ def test() -> None:
     global _CLIENT
     _no_ptrace()
     cin, cout = _channel()
+    _send(cout, "UP")
     _CLIENT = client = _Client(cin, cout)
     for raw in cin:
         line = raw.decode("utf-8", "surrogatepass").rstrip("\n")

@@ -146,6 +146,7 @@ class _Judge:
         self.tester: SandboxProcess | None = None
         self.tester_uses = 0  # judge calls the current tester has served before this one
         self.live: list[SandboxProcess] = []
+        self.up: set[int] = set()  # ids of processes that said UP
 
     # ------------------------------------------------------------------------------------ processes
 
@@ -181,6 +182,7 @@ class _Judge:
             if taken is not None:
                 (self.tester, self.tester_uses), self.processes = taken, self.processes + 1
                 self.live.append(self.tester)
+                self.up.add(id(self.tester))
             else:
                 self.tester, self.tester_uses = self._spawn("test", pooled=self.limits.reuse_tester), 0
         return self.tester
@@ -236,8 +238,26 @@ class _Judge:
         self._drop(server)
         return kinds
 
+    def _started(self, proc: SandboxProcess) -> bool:
+        """Wait for `proc`'s first line, `UP`: its interpreter runs. Start-up (slow on a loaded machine) is
+        not charged to a test or to the program's load; only to the whole call's `total_s`."""
+        while id(proc) not in self.up:
+            line = proc.take_line(64)
+            if line == b"UP":
+                self.up.add(id(proc))
+            elif line is not None:
+                proc.kill("protocol_error")
+            elif proc.exited or time.monotonic() >= self.deadline:
+                return False
+            else:
+                self._wait(self.deadline)
+        return True
+
     def _ready(self, server: SandboxProcess) -> str:
         """Wait for the program to load: its load kind ("ok", "syntax_error", ...)."""
+        if not self._started(server):
+            server.kill("timeout")
+            return self._drop(server)
         until = min(time.monotonic() + self.limits.test_s, self.deadline)
         while True:
             line = server.take_line(4096)
@@ -261,6 +281,9 @@ class _Judge:
 
     def _test(self, server: SandboxProcess, t: int, src: str) -> str:
         tester = self._fresh_tester()
+        if not self._started(tester):
+            tester.kill("timeout")
+            return self._drop(tester)
         cap = self.limits.message_bytes
         until = min(time.monotonic() + self.limits.test_s, self.deadline)
         tester.send("T " + json.dumps({"i": t, "src": src}) + "\n")

@@ -318,3 +318,20 @@ def test_a_generated_test_cannot_tamper_with_another_tests_verdict():
     programs = ["def double(x):\n    return 2 * x", "def double(x):\n    return x + x"]
     _, gen = pass_matrices(programs, [], [tamper, "assert double(1) == 3"], MatrixLimits(per_test_s=1.5))
     assert gen[:, 1].tolist() == [False, False]
+
+
+def test_interpreter_start_up_is_not_charged_to_a_test(tmp_path):
+    """A slow start (a loaded machine; here an interpreter wrapper that sleeps 1 s) does not eat the
+    0.5 s each test and the program's load get; only the whole call's total_s."""
+    import stat
+    import sys
+
+    from rlkit.reward.sandbox import SandboxLimits
+
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!/bin/sh\nsleep 1\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(slow.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    tmp_path.chmod(0o755)
+    limits = JudgeLimits(test_s=0.5, total_s=30, sandbox=SandboxLimits(python=str(slow)))
+    v = judge(["def add(a, b):\n    return a + b\n"], ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], limits)
+    assert v.kinds == [["ok", "ok"]]
