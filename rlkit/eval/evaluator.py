@@ -102,11 +102,14 @@ def evaluate(
         raise UserError(f"--n must be >= 1, got {n}")
     model_path, tmp = resolve_eval_model(model)
     try:
-        max_prompt_length, max_response_length = fit_context(
-            model_path, max_prompt_length, max_response_length, notify or log.warning
-        )
         tokenizer = load_tokenizer(model_path)
         dataset = RLDataset(data, tokenizer, max_prompt_length, truncation="left", max_samples=limit)
+        lengths = dataset.prompt_lengths
+        max_prompt_length, max_response_length = fit_context(
+            model_path, max_prompt_length, max_response_length, notify or log.warning,
+            longest=int(lengths.max()) if len(lengths) else None,
+        )
+        dataset.max_prompt_length = max_prompt_length  # pad to what the prompts need, not more
         temp = temperature if temperature is not None else (0.0 if n == 1 else 1.0)
         cfg = RolloutConfig(
             name=backend or default_backend_name(), prompt_length=max_prompt_length,
@@ -134,23 +137,30 @@ def evaluate(
             tmp.cleanup()
 
 
-def fit_context(model_path: str, prompt_len: int, response_len: int,
-                notify: Callable[[str], None]) -> tuple[int, int]:
-    """(prompt, response) lengths that fit the model's context: the response is capped (and `notify` says so),
-    or a UserError names the option to lower when the prompt alone fills it. vLLM would refuse the engine."""
+def fit_context(model_path: str, prompt_len: int, response_len: int, notify: Callable[[str], None],
+                longest: int | None = None) -> tuple[int, int]:
+    """(prompt, response) lengths that fit the model's context (vLLM refuses an engine that does not fit).
+
+    `longest` is the longest prompt of the data: the prompt length shrinks to it first, then the response
+    is capped (and `notify` says so); a UserError names the option to lower when prompts fill the context.
+    """
     from rlkit.utils.model_context import context_length
 
     limit = context_length(model_path)
     if limit is None or prompt_len + response_len <= limit:
         return prompt_len, response_len
+    need = min(prompt_len, longest) if longest else prompt_len
+    if need + response_len <= limit:
+        return need, response_len
     where = f"max_position_embeddings in {model_path}/config.json"
-    if prompt_len >= limit:
-        raise UserError(f"--max-prompt-length {prompt_len} leaves no room for a response: the model holds {limit} "
-                        f"tokens ({where}); lower --max-prompt-length, e.g. --max-prompt-length {limit // 2}")
-    capped = limit - prompt_len
+    if need >= limit:
+        raise UserError(f"prompts take up to {need} tokens (--max-prompt-length {prompt_len}) and leave no room for a "
+                        f"response: the model holds {limit} tokens ({where}); lower --max-prompt-length (longer "
+                        f"prompts are cut on the left), e.g. --max-prompt-length {limit // 2}")
+    capped = limit - need
     notify(f"--max-response-length {response_len} capped to {capped}: the model holds {limit} tokens ({where}) "
-           f"and prompts take up to {prompt_len}; lower --max-prompt-length for longer responses")
-    return prompt_len, capped
+           f"and prompts take up to {need}")
+    return need, capped
 
 
 def _rows(out: Batch, scored: Batch, tokenizer: Any) -> list[dict[str, Any]]:

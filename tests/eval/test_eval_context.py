@@ -43,13 +43,14 @@ def test_fit_context_caps_the_response_or_names_the_option(tmp_path):
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 256}')
     notes: list[str] = []
     assert fit_context(str(tmp_path), 64, 100, notes.append) == (64, 100) and notes == []
-    assert fit_context(str(tmp_path), 64, 512, notes.append) == (64, 192)
+    assert fit_context(str(tmp_path), 512, 200, notes.append, longest=40) == (40, 200) and notes == []  # prompts fit
+    assert fit_context(str(tmp_path), 64, 512, notes.append, longest=100) == (64, 192)
     assert notes == [f"--max-response-length 512 capped to 192: the model holds 256 tokens (max_position_embeddings "
-                     f"in {tmp_path}/config.json) and prompts take up to 64; lower --max-prompt-length for longer "
-                     "responses"]
-    with pytest.raises(UserError, match=r"--max-prompt-length 512 leaves no room for a response: the model holds 256 "
-                                        r"tokens .*lower --max-prompt-length, e.g. --max-prompt-length 128"):
-        fit_context(str(tmp_path), 512, 512, notes.append)
+                     f"in {tmp_path}/config.json) and prompts take up to 64"]
+    with pytest.raises(UserError, match=r"prompts take up to 300 tokens \(--max-prompt-length 512\) and leave no room "
+                                        r"for a response: the model holds 256 tokens .*lower --max-prompt-length .*"
+                                        r"e.g. --max-prompt-length 128"):
+        fit_context(str(tmp_path), 512, 512, notes.append, longest=300)
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +73,17 @@ def _eval(model, data, out, *extra: str, env: dict | None = None) -> subprocess.
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_vllm_eval_with_default_lengths_on_a_short_context_model(tmp_path, model_and_data):
-    """Defaults (512 + 512) on a 256-token model: the response is capped with one note, the run works."""
+    """512 + 512 tokens on a 256-token model: prompts are padded only as far as they need, the response is
+    capped with one note, and the run works (vLLM itself would refuse the engine)."""
     model, data = model_and_data
-    proc = _eval(model, data, tmp_path / "gen.jsonl", "--backend", "vllm", "--max-prompt-length", "64")
+    proc = _eval(model, data, tmp_path / "gen.jsonl", "--backend", "vllm")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    assert "note: --max-response-length 512 capped to 192: the model holds 256 tokens" in " ".join(out.split())
+    note = re.search(r"note: --max-response-length 512 capped to (\d+): the model holds 256 tokens",
+                     " ".join(out.split()))
+    assert note, out[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "gen.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 and all(r["response_length"] <= 192 for r in rows)
+    assert len(rows) == 2 and all(r["response_length"] <= int(note.group(1)) for r in rows)
     for pattern in NOISE:  # hidden unless RLKIT_VERBOSE=1
         assert not re.search(pattern, out), f"{pattern!r} in the output:\n{out[-4000:]}"
 
@@ -91,10 +95,15 @@ def test_vllm_eval_with_default_lengths_on_a_short_context_model(tmp_path, model
     assert len(shown) >= 3, f"RLKIT_VERBOSE=1 shows the third-party lines; seen {shown}:\n{out[-3000:]}"
 
 
-def test_a_prompt_length_that_fills_the_context_is_one_error(tmp_path, model_and_data):
-    model, data = model_and_data
-    proc = _eval(model, data, tmp_path / "gen.jsonl", "--backend", "vllm")  # --max-prompt-length 512 > 256
+def test_prompts_that_fill_the_context_are_one_error(tmp_path, model_and_data):
+    model, _ = model_and_data
+    long = tmp_path / "long"  # 400 digits to copy: prompts of ~800 tokens, over the model's 256
+    made = subprocess.run(rlkit_cmd("data", "toy", "--out", str(long), "--length", "400", "--test-size", "2"),
+                          capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert made.returncode == 0, made.stderr
+    proc = _eval(model, long / "test.parquet", tmp_path / "gen.jsonl", "--backend", "vllm",
+                 "--max-prompt-length", "1024")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and "ValidationError" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith(
-        "error: --max-prompt-length 512 leaves no room for a response: the model holds 256 tokens")
+    assert re.match(r"error: prompts take up to \d+ tokens \(--max-prompt-length 1024\) and leave no room for a "
+                    r"response: the model holds 256 tokens", proc.stderr.strip().splitlines()[-1]), proc.stderr
