@@ -146,7 +146,7 @@ class _Judge:
         self.tester: SandboxProcess | None = None
         self.tester_uses = 0  # judge calls the current tester has served before this one
         self.live: list[SandboxProcess] = []
-        self.up: set[int] = set()  # ids of processes that said UP
+        self.up: set[SandboxProcess] = set()  # processes that said UP (held: an id could be reused)
 
     # ------------------------------------------------------------------------------------ processes
 
@@ -182,7 +182,7 @@ class _Judge:
             if taken is not None:
                 (self.tester, self.tester_uses), self.processes = taken, self.processes + 1
                 self.live.append(self.tester)
-                self.up.add(id(self.tester))
+                self.up.add(self.tester)
             else:
                 self.tester, self.tester_uses = self._spawn("test", pooled=self.limits.reuse_tester), 0
         return self.tester
@@ -241,10 +241,10 @@ class _Judge:
     def _started(self, proc: SandboxProcess) -> bool:
         """Wait for `proc`'s first line, `UP`: its interpreter runs. Start-up (slow on a loaded machine) is
         not charged to a test or to the program's load; only to the whole call's `total_s`."""
-        while id(proc) not in self.up:
+        while proc not in self.up:
             line = proc.take_line(64)
             if line == b"UP":
-                self.up.add(id(proc))
+                self.up.add(proc)
             elif line is not None:
                 proc.kill("protocol_error")
             elif proc.exited or time.monotonic() >= self.deadline:

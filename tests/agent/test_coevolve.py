@@ -160,3 +160,12 @@ def test_sandbox_limits_hold_during_matrix_execution():
 
     assert not os.path.exists("/tmp/rlkit_coevolve_escape")
     assert elapsed < 60, f"matrix took {elapsed:.1f}s"
+
+
+def test_a_larger_matrix_has_no_spurious_failures():
+    """Many judge calls with processes coming and going (a regression: a recycled object id once let a
+    new process skip its start-up line, which then read as a protocol error in about 1 cell in 10)."""
+    programs = [*PROGRAMS, SOLUTION] * 2
+    ref, gen = pass_matrices(programs, REF_TESTS, GEN_TESTS * 2, MatrixLimits(per_test_s=2.0, max_workers=2))
+    assert ref.tolist() == np.tile(R, (2, 1)).tolist()
+    assert gen.tolist() == np.tile(A, (2, 2)).tolist()
