@@ -176,7 +176,21 @@ def check_resume(p: Preflight) -> None:
         p.problems.append(str(exc))
 
 
-CHECKS: list[Check] = [check_data, check_model, check_output_dirs, check_disk, check_resume]
+def check_custom_reward(p: Preflight) -> None:
+    """custom_reward_function.path imports and its signature is one rlkit can call (rlkit.reward.custom)."""
+    c = p.cfg.custom_reward_function
+    if not c.path:
+        return
+    from rlkit.reward.custom import bind_custom, load_custom_fn
+
+    try:
+        bind_custom(load_custom_fn(c.path, c.name), (p.cfg.reward_model.scorer_kwargs or {}).get("custom"),
+                    f"'{c.name}' in {c.path}")
+    except UserError as exc:
+        p.problems.append(str(exc))
+
+
+CHECKS: list[Check] = [check_data, check_model, check_output_dirs, check_disk, check_resume, check_custom_reward]
 
 
 def preflight(cfg: RLConfig, allow_download: bool = True) -> Preflight:

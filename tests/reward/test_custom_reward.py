@@ -160,3 +160,15 @@ def test_breakpoint_in_a_custom_function_opens_pdb_and_is_not_timed_out(tmp_path
     assert proc.returncode == 0, out
     assert "(Pdb)" in out and "'inside-the-reward-abc'" in out
     assert "RESULT 1.0 None" in out
+
+
+def test_dry_run_checks_the_signature_before_anything_starts(tmp_path):
+    from tests.trainer.conftest import run_cli
+
+    path = tmp_path / "bad_reward.py"
+    path.write_text("def compute_score(data_source, text, gt):\n    return 1.0\n")
+    res = run_cli("train", "grpo", "--dry-run", "actor_rollout_ref.rollout.name=hf",
+                  f"custom_reward_function.path={path}", f"trainer.default_local_dir={tmp_path}/ckpt")
+    assert res.returncode == 1
+    assert f"custom_reward_function: 'compute_score' in {path} has a signature rlkit cannot call" in res.stderr
+    assert "Traceback" not in res.stderr
