@@ -48,6 +48,7 @@ KINDS = ("ok", "wrong_answer", "runtime_error", "timeout", "memory", "syntax_err
          "exited", "protocol_error", "opaque_value", "unsupported_value")
 _LOAD_KINDS = frozenset({"ok", "syntax_error", "runtime_error", "exited", "memory"})
 _GRACE_S = 0.5  # after a timed-out call, how long the tester gets to report
+_REUSE_WAIT_S = 1.0  # how long a pooled tester that has not said UP yet is waited for at the end of a call
 _POOL_AGE_S, _POOL_USES, _POOL_IDLE = 300.0, 200, 2 * (os.cpu_count() or 1)  # reused testers
 
 
@@ -199,12 +200,25 @@ class _Judge:
 
     def close(self) -> None:
         tester = self.tester
-        if self.limits.reuse_tester and tester is not None and not tester.exited and tester in self.live:
-            self.live.remove(tester)  # alive means idle: it answered its last test
+        if self.limits.reuse_tester and tester is not None and tester in self.live and self._reusable(tester):
+            self.live.remove(tester)
             _POOL.give(self._pool_key(), tester, self.tester_uses + 1)
         for proc in list(self.live):
             self._drop(proc)
 
+    def _reusable(self, tester: SandboxProcess) -> bool:
+        """Alive, started (its UP read: a call whose program never loaded may not have), nothing unread
+        or unsent: the next call starts from a clean line."""
+        until = time.monotonic() + _REUSE_WAIT_S  # its start-up is paid for: worth a short wait
+        while tester not in self.up and not tester.exited and time.monotonic() < until:
+            line = tester.take_line(64)
+            if line == b"UP":
+                self.up.add(tester)
+            elif line is not None:
+                return False
+            else:
+                pump([tester], until)
+        return not tester.exited and tester in self.up and tester.drained
     def _wait(self, until: float) -> None:
         pump(self.live, until)
 

@@ -266,6 +266,11 @@ class SandboxProcess:
         return True
 
     @property
+    def drained(self) -> bool:
+        """Nothing read from stdout and not yet taken, nothing queued for stdin."""
+        return not self.out and not self._pending
+
+    @property
     def exited(self) -> bool:
         """The program has ended (its reaper reported) or was killed."""
         return bool(self.killed) or self._status_fd not in self._fds

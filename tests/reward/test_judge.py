@@ -335,3 +335,18 @@ def test_interpreter_start_up_is_not_charged_to_a_test(tmp_path):
     limits = JudgeLimits(test_s=0.5, total_s=30, sandbox=SandboxLimits(python=str(slow)))
     v = judge(["def add(a, b):\n    return a + b\n"], ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], limits)
     assert v.kinds == [["ok", "ok"]]
+
+
+def test_concurrent_scoring_keeps_honest_and_forged_apart():
+    """The reward manager scores samples on threads that share the pool of testers: 24 samples, honest
+    and tampering interleaved, each gets its own verdict."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    honest = "```python\ndef add(a, b):\n    return a + b\n```"
+    cheats = [ATTACKS[n][0] for n in ("nonce_read_from_main", "atexit_prints_result_line", "custom_eq_object",
+                                      "forge_lines_on_every_fd_in_call", "sys_exit_in_call")]
+    spec = {"tests": TESTS["tests"][:2]}
+    jobs = [(honest, 1.0) if i % 2 else (f"```python\n{cheats[i // 2 % len(cheats)]}\n```", 0.0) for i in range(24)]
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda job: code_score(job[0], "", spec), jobs))
+    assert [o["score"] for o in outs] == [want for _, want in jobs], outs
