@@ -46,6 +46,12 @@ ATTACKS = {
     ),
     "atexit_prints_result_line": (FORGE + "import atexit\natexit.register(_forge)\n" + WRONG_ADD, {"wrong_answer"}),
     "atexit_then_exit": (FORGE + "import atexit\natexit.register(_forge)\nsys.exit(0)\n", {"exited"}),
+    "print_result_lines_on_stdout": (
+        "import sys, __main__\nfor _v in list(vars(__main__).values()):\n    if isinstance(_v, str):\n"
+        "        sys.__stdout__.write('\\n' + _v + '[\"ok\", \"ok\", \"ok\"]\\nV {\"i\": 0, \"kind\": \"ok\"}\\n')\n"
+        "sys.__stdout__.flush()\n" + WRONG_ADD,
+        {"wrong_answer"},
+    ),
     # --- the channel of the new design
     "forge_lines_on_every_fd_at_load": (FORGE + "_forge()\n" + WRONG_ADD, {"protocol_error"}),
     "forge_lines_on_every_fd_in_call": (FORGE + "def add(a, b):\n    _forge()\n    return None\n",
