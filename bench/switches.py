@@ -84,10 +84,11 @@ def run_variant(name: str, overrides: list[str], model: str, data: str, batch, r
     from _rlkit_worker import RssSampler, workload_overrides  # noqa: I001 - bench-local module
 
     from rlkit.trainer.config import load_config
-    from rlkit.workers.actor import ActorWorker
+    from rlkit.trainer.roles import actor_role
 
     cfg = load_config("grpo", workload_overrides(model, data, 100, "hf", 0.0, "/tmp/rlkit-switches") + overrides)
-    actor = ActorWorker(cfg, model, 100)
+    role = actor_role(cfg, model, 100)
+    actor = role.cls(*role.args, **role.kwargs)
     actor.init_model()
     actor.update_actor(batch)  # warm-up
     base_rss = psutil.Process().memory_info().rss

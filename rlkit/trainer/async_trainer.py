@@ -111,8 +111,7 @@ def build_separate_workers(cfg: RLConfig, model_path: str, total_steps: int,
     """Actor (+ref, +critic) colocated on one pool; the rollout engine on a second pool of its own."""
     import ray
 
-    from rlkit.workers.actor import ActorWorker, RefWorker
-    from rlkit.workers.critic import CriticWorker
+    from rlkit.trainer.roles import actor_role, critic_role, ref_role
 
     t = cfg.trainer
     gpu = use_gpu(cfg)
@@ -128,11 +127,11 @@ def build_separate_workers(cfg: RLConfig, model_path: str, total_steps: int,
             )
     actor_pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=gpu, cpus_per_process=t.cpus_per_worker,
                               name="actor_pool")
-    roles = {"actor": ClassWithInitArgs(ActorWorker, cfg, model_path, total_steps)}
+    roles = {"actor": actor_role(cfg, model_path, total_steps)}
     if ref_needed(cfg):
-        roles["ref"] = ClassWithInitArgs(RefWorker, cfg, model_path)
+        roles["ref"] = ref_role(cfg, model_path)
     if critic_enabled(cfg):
-        roles["critic"] = ClassWithInitArgs(CriticWorker, cfg, cfg.critic.model.path or model_path, total_steps)
+        roles["critic"] = critic_role(cfg, model_path, total_steps)
     group = RayWorkerGroup(actor_pool, roles, name_prefix="rlkit", runtime_env=runtime_env)
 
     rollout_cfg = copy.deepcopy(cfg)

@@ -43,21 +43,20 @@ def use_gpu(cfg: RLConfig) -> bool:
 
 
 def build_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env: dict | None = None) -> WorkerHandles:
-    from rlkit.workers.actor import ActorWorker, RefWorker
-    from rlkit.workers.critic import CriticWorker
+    from rlkit.trainer.roles import actor_role, critic_role, ref_role
     from rlkit.workers.rollout_worker import RolloutWorker
 
     t = cfg.trainer
     pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu(cfg), cpus_per_process=t.cpus_per_worker,
                         name="global_pool")
     roles = {
-        "actor": ClassWithInitArgs(ActorWorker, cfg, model_path, total_steps),
+        "actor": actor_role(cfg, model_path, total_steps),
         "rollout": ClassWithInitArgs(RolloutWorker, cfg, model_path),
     }
     if ref_needed(cfg):
-        roles["ref"] = ClassWithInitArgs(RefWorker, cfg, model_path)
+        roles["ref"] = ref_role(cfg, model_path)
     if critic_enabled(cfg):
-        roles["critic"] = ClassWithInitArgs(CriticWorker, cfg, cfg.critic.model.path or model_path, total_steps)
+        roles["critic"] = critic_role(cfg, model_path, total_steps)
     group = RayWorkerGroup(pool, roles, name_prefix="rlkit", runtime_env=runtime_env)
     handles = WorkerHandles(
         group=group,

@@ -1,17 +1,83 @@
-"""What every trained role (actor, critic) shares: its checkpoint calls and the per-update LR step."""
+"""What every trained role (actor, critic) shares: the update loop, its checkpoint calls and the LR step.
+
+The loop is the same for every role; only the loss differs. A role passes an `UpdatePlan`
+(epochs, mini-batch rows, micro-batching, loss aggregation, clipping) and a `MicroLoss`, the
+function from one micro-batch to its loss and metrics:
+
+    for each epoch (optionally reshuffled):
+        for each mini-batch:                   one optimizer step
+            micro-batches, by count or by a token budget
+            loss_scales: weights so the micro-batch losses sum to the mini-batch's loss
+            for each micro-batch: loss_fn -> (loss * weight).backward()
+            clip the global grad norm, step (`<prefix>/grad_norm`)
+    record `<prefix>/lr`, advance the LR schedule
+"""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from rlkit.controller import Dispatch, register
+from rlkit.protocol import Batch
 from rlkit.workers.fsdp_model import FSDPModel
+from rlkit.workers.micro_batch import loss_scales, split_by_count, split_by_tokens
+
+#: One micro-batch -> (its loss, aggregated over its own rows by the plan's loss_agg_mode; metrics to record).
+MicroLoss = Callable[[Batch], tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """How one update call walks its (this rank's) batch."""
+
+    epochs: int
+    mini_batch_rows: int  # rows of this rank per optimizer step
+    micro_batch_size: int  # rows per forward/backward (when not use_dynamic_bsz)
+    loss_agg_mode: str  # how the loss averages: sets the micro-batch weights (`loss_scales`)
+    grad_clip: float
+    use_dynamic_bsz: bool = False  # micro-batches bounded by max_token_len instead of a row count
+    max_token_len: int = 0
+    shuffle_seed: int | None = None  # reshuffle the rows every epoch with this seed; None = keep their order
+    optimizer_offload: bool = False  # optimizer state lives on the host between updates
+
+    def micro_batches(self, mini: Batch) -> list[Batch]:
+        if self.use_dynamic_bsz:
+            return split_by_tokens(mini, self.max_token_len)
+        return split_by_count(mini, self.micro_batch_size)
 
 
 class TrainableModelRole:
     """Mixin for a Worker that owns `self.model: FSDPModel` with an optimizer and an LR schedule."""
 
     model: FSDPModel
+
+    def run_update(self, batch: Batch, plan: UpdatePlan, loss_fn: MicroLoss, prefix: str) -> dict[str, list[float]]:
+        """The shared update loop (see the module docstring); returns the metrics, lists per micro-batch/step."""
+        metrics: dict[str, list[float]] = defaultdict(list)
+        if plan.optimizer_offload:
+            self.model.load_optimizer()
+        self.model.module.train()
+        gen = torch.Generator().manual_seed(plan.shuffle_seed) if plan.shuffle_seed is not None else None
+        for _epoch in range(plan.epochs):
+            data = batch.index(torch.randperm(len(batch), generator=gen)) if gen is not None else batch
+            for mini in data.split(plan.mini_batch_rows):
+                micros = plan.micro_batches(mini)
+                scales = loss_scales([mb["response_mask"] for mb in micros], plan.loss_agg_mode)
+                for mb, weight in zip(micros, scales):
+                    loss, micro_metrics = loss_fn(mb)
+                    (loss * weight).backward()
+                    for key, value in micro_metrics.items():
+                        metrics[key].append(value)
+                metrics[f"{prefix}/grad_norm"].append(self.model.clip_and_step(plan.grad_clip))
+        if plan.optimizer_offload:
+            self.model.offload_optimizer()
+        self.finish_update(metrics, prefix)
+        return dict(metrics)
 
     def finish_update(self, metrics: dict[str, list[float]], prefix: str) -> None:
         """Record the LR this update used, then advance the schedule (once per update call)."""

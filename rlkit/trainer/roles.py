@@ -1,0 +1,55 @@
+"""Each worker role's constructor arguments, taken from the run config: its own section plus what it reads.
+
+The workers never see the whole `RLConfig`; this is the one place that picks their inputs out
+of it, so a role's dependencies show in its constructor and here, nowhere else. Model paths
+arrive resolved (a local HF folder), so no worker resolves an alias or downloads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rlkit.controller import ClassWithInitArgs
+from rlkit.trainer.config_schema import ModelConfig, RLConfig
+
+
+def policy_model(cfg: RLConfig, model_path: str) -> ModelConfig:
+    """actor_rollout_ref.model with `path` replaced by the resolved local folder."""
+    return dataclasses.replace(cfg.actor_rollout_ref.model, path=str(model_path))
+
+
+def actor_role(cfg: RLConfig, model_path: str, total_steps: int) -> ClassWithInitArgs:
+    from rlkit.workers.actor import ActorWorker
+
+    arr, algo = cfg.actor_rollout_ref, cfg.algorithm
+    return ClassWithInitArgs(
+        ActorWorker, arr.actor, policy_model(cfg, model_path), total_steps=total_steps, rollout_n=arr.rollout.n,
+        temperature=arr.rollout.temperature, seed=cfg.trainer.seed,
+        rollout_is_threshold=algo.rollout_is_threshold if algo.rollout_is else None,
+    )
+
+
+def ref_role(cfg: RLConfig, model_path: str) -> ClassWithInitArgs:
+    from rlkit.workers.actor import RefWorker
+
+    arr = cfg.actor_rollout_ref
+    return ClassWithInitArgs(RefWorker, arr.ref, policy_model(cfg, model_path), temperature=arr.rollout.temperature,
+                             logits_chunk_size=arr.actor.logits_chunk_size)
+
+
+def critic_role(cfg: RLConfig, model_path: str, total_steps: int) -> ClassWithInitArgs:
+    """The critic's backbone is critic.model.path, or the policy's (already resolved) when it names the same."""
+    from rlkit.workers.critic import CriticWorker
+
+    arr = cfg.actor_rollout_ref
+    path = cfg.critic.model.path
+    if path is None or path == arr.model.path:
+        path = str(model_path)
+    else:  # a folder, a .gguf, an alias or a hub id, as for the policy
+        from rlkit.utils.model_loading import resolve_model_path
+
+        path = str(resolve_model_path(path))
+    critic = dataclasses.replace(cfg.critic, model=dataclasses.replace(cfg.critic.model, path=path))
+    return ClassWithInitArgs(CriticWorker, critic, total_steps=total_steps, rollout_n=arr.rollout.n,
+                             attn_implementation=arr.model.attn_implementation,
+                             use_remove_padding=arr.model.use_remove_padding)
