@@ -147,15 +147,9 @@ def run(args: argparse.Namespace) -> dict:
                 trainer.global_step = step
                 prompts = next(batches)
                 start = time.perf_counter()
-                metrics = trainer.train_step(prompts)
+                result = trainer.train_step(prompts)
                 step_s = time.perf_counter() - start
-                metrics["timing_s/step"] = step_s
-                metrics["perf/throughput"] = metrics.pop("_tokens", 0.0) / step_s
-                flops = metrics.pop("_flops", None)
-                meter = getattr(trainer, "mfu_meter", None)
-                if meter is not None and flops is not None:
-                    metrics["perf/mfu"] = meter(flops, step_s)
-                rec.log(metrics, step)
+                rec.log(result.log_row(step_s, trainer.mfu_meter), step)
                 print(f"step {step}/{args.steps}: {step_s:.2f}s", file=sys.stderr, flush=True)
         finally:
             trainer.workers.shutdown()

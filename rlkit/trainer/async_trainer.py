@@ -78,14 +78,13 @@ class RemoteRollout:
         generation in flight; `wait=True` blocks until the rollout has loaded them."""
         import ray
 
-        start = time.perf_counter()
         self.receive_metrics()  # the previous load is long done; surface its errors before queueing another
         gathered = self.actor.full_state_dict(blocking=False)
         ray.wait(gathered.refs + gathered.side_refs, num_returns=len(gathered.refs) + len(gathered.side_refs))
         self.last_receive = self.view.receive_weights(gathered.refs[0], blocking=False)
         if wait:
             self.receive_metrics()
-        return [{"timing_s/update_weights": time.perf_counter() - start}]
+        return [{}]  # the driver times this call (timing_s/update_weights); the load reports via receive_metrics
 
     def receive_metrics(self) -> dict[str, float]:
         """Wait for the last queued weight load (raises its error) and return its timing."""
@@ -212,10 +211,10 @@ class OneStepOffPolicyTrainer(RLTrainer):
             self._pending = self._launch(prompts, stale=0)
         future, gen, stale, baseline, prompts = self._pending
         self._pending = None
-        start = time.perf_counter()
-        out = future.get()
-        wait_s = time.perf_counter() - start
-        gen_s = out.meta.get("metrics", {}).get("timing_s/gen", 0.0)
+        with timer("gen_wait"):
+            out = future.get()
+        wait_s = timer.seconds["gen_wait"]
+        gen_s = out.meta.get("metrics", {}).get("timing_s/generate_sequences", 0.0)  # the engine's own time
         gen_s = max(gen_s) if isinstance(gen_s, list) else float(gen_s)
         out.non_tensors.update(gen.non_tensors)
         if self.global_step < self.total_steps:
@@ -226,8 +225,7 @@ class OneStepOffPolicyTrainer(RLTrainer):
             with timer("gen_baseline"):
                 n = self.cfg.actor_rollout_ref.rollout.n
                 out["reward_baselines"] = self._baseline_rewards(baseline.get(), prompts, n)
-        metrics = {"timing_s/gen_wait": wait_s, "timing_s/gen_overlapped": max(0.0, gen_s - wait_s),
-                   "rollout/staleness": float(stale)}
+        metrics = {"timing_s/gen_overlapped": max(0.0, gen_s - wait_s), "rollout/staleness": float(stale)}
         metrics.update(self.workers.rollout.receive_metrics())
         return out, metrics
 

@@ -31,6 +31,7 @@ from rlkit.trainer.rollout_flow import (
     shape_rewards,
     validation_metrics,
 )
+from rlkit.trainer.step_result import StepResult
 from rlkit.trainer.workers_setup import WorkerHandles, build_workers
 from rlkit.workers.micro_batch import balance_across_ranks
 
@@ -98,13 +99,9 @@ class RLTrainer:
             prompts = next(data_iter)
             self.global_step += 1
             start = time.perf_counter()
-            metrics = self.train_step(prompts)
+            result = self.train_step(prompts)
             step_s = time.perf_counter() - start
-            metrics["timing_s/step"] = step_s
-            metrics["perf/throughput"] = metrics.pop("_tokens", 0.0) / step_s
-            flops = metrics.pop("_flops", 0.0)
-            if self.mfu_meter is not None:
-                metrics["perf/mfu"] = self.mfu_meter(flops, step_s)
+            metrics = result.log_row(step_s, self.mfu_meter)
             metrics["training/epoch"] = self.train_loader.epoch
             summary.train_scores.append(metrics.get("critic/score/mean", float("nan")))
             if "reward/acc/mean" in metrics:
@@ -122,7 +119,7 @@ class RLTrainer:
         summary.steps = self.global_step
         return summary
 
-    def train_step(self, prompts: Batch) -> dict[str, Any]:
+    def train_step(self, prompts: Batch) -> StepResult:
         cfg, w, timer = self.cfg, self.workers, Timer()
         with timer("gen"):
             batch, gen_metrics = self._rollout(prompts, timer)
@@ -156,12 +153,11 @@ class RLTrainer:
         worker_metrics = batch.meta.get("metrics", {})
         metrics = {
             **reduce_metrics(worker_metrics), **reduce_metrics({k: [s[k] for s in sync] for k in sync[0]}),
-            **compute_data_metrics(batch), **gen_metrics, **timer.seconds,
+            **compute_data_metrics(batch), **gen_metrics,
         }
-        metrics["_tokens"] = float(batch["attention_mask"].sum())
-        if self.mfu_meter is not None:
-            metrics["_flops"] = self.mfu_meter.step_flops(batch["attention_mask"], timer.seconds)
-        return metrics
+        mask = batch["attention_mask"]
+        flops = self.mfu_meter.step_flops(mask, timer.seconds) if self.mfu_meter is not None else None
+        return StepResult(metrics, dict(timer.seconds), tokens=float(mask.sum()), flops=flops)
 
     # ------------------------------------------------------------- rollout
     def _rollout(self, prompts: Batch, timer: Timer) -> tuple[Batch, dict[str, float]]:

@@ -23,7 +23,7 @@ from rlkit.trainer.config_schema import RLConfig
 
 
 class Timer:
-    """`with timer("gen"):` accumulates seconds under `timing_s/gen`."""
+    """`with timer("gen"):` accumulates the driver's seconds in phase `gen` (logged as `timing_s/gen`)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
@@ -34,7 +34,7 @@ class Timer:
         try:
             yield
         finally:
-            self.seconds[f"timing_s/{name}"] += time.perf_counter() - start
+            self.seconds[name] += time.perf_counter() - start
 
 
 def repeat_with_uids(prompts: Batch, n: int) -> Batch:

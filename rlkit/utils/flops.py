@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +161,9 @@ def mfu(flops: float, seconds: float, peak: float) -> float:
 class MFUMeter:
     """`perf/mfu` of RL steps: FLOPs of the passes a step ran over its valid tokens / (step time x peak)."""
 
-    SCORE_PHASES = ("timing_s/old_log_prob", "timing_s/ref", "timing_s/values")
+    #: Phases of a step (the driver's names, `StepResult.phases`) that run one no-grad forward over the batch;
+    #: update_actor / update_critic run a forward + backward per epoch.
+    SCORE_PHASES = ("old_log_prob", "ref", "values")
 
     def __init__(self, model_config: Any, peak: float, source: str, actor_epochs: int = 1, critic_epochs: int = 1):
         self.model_config, self.peak, self.source = model_config, peak, source
@@ -182,11 +184,11 @@ class MFUMeter:
         model_config = AutoConfig.from_pretrained(model_path, trust_remote_code=model.trust_remote_code)
         return cls(model_config, peak, source, epochs, cfg.critic.ppo_epochs or epochs)
 
-    def step_flops(self, attention_mask: torch.Tensor, timings: dict[str, float]) -> float:
-        """FLOPs of the phases present in `timings` (a step's `timing_s/*`) over these rows' valid tokens."""
-        scored = sum(1 for k in self.SCORE_PHASES if k in timings)
-        trained = self.actor_epochs * ("timing_s/update_actor" in timings)
-        trained += self.critic_epochs * ("timing_s/update_critic" in timings)
+    def step_flops(self, attention_mask: torch.Tensor, phases: Collection[str]) -> float:
+        """FLOPs of the phases a step ran (`StepResult.phases`: "ref", "update_actor", ...) over these rows'
+        valid tokens. A phase the meter does not know (gen, reward, adv, ...) runs no counted matmuls."""
+        scored = sum(1 for p in self.SCORE_PHASES if p in phases)
+        trained = self.actor_epochs * ("update_actor" in phases) + self.critic_epochs * ("update_critic" in phases)
         return step_flops(self.model_config, attention_mask.sum(-1).tolist(), trained, scored)
 
     def __call__(self, flops: float, seconds: float) -> float:

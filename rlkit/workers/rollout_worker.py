@@ -89,7 +89,7 @@ class RolloutWorker(Worker):
         tokens = float(out["response_mask"].sum())
         out.meta["metrics"] = {
             **out.meta.get("metrics", {}),  # the agent loop's num_turns/*, tool_calls/*, ...
-            "timing_s/gen": gen_s,
+            "timing_s/generate_sequences": gen_s,  # this worker's; the driver's whole stage is timing_s/gen
             "perf/rollout_tokens_per_s": tokens / max(gen_s, 1e-9),
             "perf/rollout_rss_mb_asleep": rss_sleep,
             "perf/rollout_rss_mb_awake": rss_awake,
@@ -102,4 +102,5 @@ class RolloutWorker(Worker):
         start = time.perf_counter()
         actor = local_role("actor")
         nbytes = self.engine.update_weights(actor.model.iter_full_params())
-        return {"timing_s/update_weights": time.perf_counter() - start, "perf/update_weights_mb": nbytes / 2**20}
+        return {"timing_s/rollout_load_weights": time.perf_counter() - start,
+                "perf/update_weights_mb": nbytes / 2**20}  # the driver times the whole call: timing_s/update_weights

@@ -30,12 +30,15 @@ def test_forward_flops_dense_plus_causal_attention():
 
 
 def test_meter_counts_the_phases_that_ran():
-    meter = flops.MFUMeter(SMOL, peak=1e12, source="test", actor_epochs=2)
+    """The meter reads the step's phases (`StepResult.phases`), not metric names."""
+    meter = flops.MFUMeter(SMOL, peak=1e12, source="test", actor_epochs=2, critic_epochs=3)
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0]])
     fwd = flops.forward_flops(SMOL, [3, 2])
-    assert meter.step_flops(mask, {"timing_s/update_actor": 1.0}) == 6 * fwd
-    both = {"timing_s/update_actor": 1.0, "timing_s/old_log_prob": 1.0, "timing_s/ref": 1.0}
-    assert meter.step_flops(mask, both) == 8 * fwd
+    assert meter.step_flops(mask, {"gen": 5.0, "reward": 1.0, "update_actor": 1.0}) == 6 * fwd
+    assert meter.step_flops(mask, ["update_actor", "old_log_prob", "ref"]) == 8 * fwd
+    ppo = ["gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights"]
+    assert meter.step_flops(mask, ppo) == (2 * 3 + 3 * 3 + 3) * fwd
+    assert meter.step_flops(mask, {"timing_s/update_actor": 1.0}) == 0  # metric names are not phases
     assert meter(5e11, 2.0) == pytest.approx(0.25)
 
 
