@@ -64,8 +64,9 @@ def test_grpo_learns_the_copy_task(grpo_run):
     step = train_rows(rows)[-1]
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/lr", "actor/pg_clipfrac", "critic/advantages/mean",
                 "response_length/mean", "response_length/clip_ratio", "timing_s/gen", "timing_s/reward",
-                "timing_s/update_actor", "timing_s/step", "perf/throughput"):
+                "timing_s/update_actor", "timing_s/step", "perf/throughput", "timing_s/generate_sequences"):
         assert key in step, key
+    assert step["timing_s/generate_sequences"] <= step["timing_s/gen"]  # the engine's time, inside the driver's
     assert summary.checkpoint is not None and summary.checkpoint.endswith(f"global_step_{STEPS}")
 
 
