@@ -329,6 +329,7 @@ def raise_user(msg: str) -> None:
 def _mfu_meter(cfg: RLConfig, model_path: str):
     """perf/mfu's FLOP counter and peak (rlkit.utils.flops); None (no perf/mfu) if the model config is unreadable."""
     from rlkit.utils.flops import MFUMeter
+    from rlkit.workers.fsdp_model import resolve_dtype
 
     try:
         import ray
@@ -336,7 +337,9 @@ def _mfu_meter(cfg: RLConfig, model_path: str):
         gpu = cfg.trainer.device == "cuda" or (
             cfg.trainer.device == "auto" and ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
         )
-        return MFUMeter.for_run(cfg, model_path, gpu)
+        dtype = resolve_dtype(cfg.actor_rollout_ref.actor.fsdp_config.param_dtype,
+                              torch.device("cuda" if gpu else "cpu"))
+        return MFUMeter.for_run(cfg, model_path, gpu, dtype)
     except Exception as exc:  # a metric must never stop a run
         log.warning("perf/mfu disabled: %s", exc)
         return None

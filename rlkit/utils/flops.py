@@ -170,16 +170,13 @@ class MFUMeter:
         self.actor_epochs, self.critic_epochs = actor_epochs, critic_epochs
 
     @classmethod
-    def for_run(cls, cfg: Any, model_path: str, gpu: bool) -> MFUMeter:
+    def for_run(cls, cfg: Any, model_path: str, gpu: bool, dtype: torch.dtype) -> MFUMeter:
+        """The meter of a run config; `dtype` is the actor's compute dtype (the peak depends on it)."""
         from transformers import AutoConfig
 
-        from rlkit.workers.fsdp_model import resolve_dtype
-
         model = cfg.actor_rollout_ref.model
-        device = torch.device("cuda" if gpu else "cpu")
-        dtype = resolve_dtype(cfg.actor_rollout_ref.actor.fsdp_config.param_dtype, device)
         t = cfg.trainer
-        peak, source = peak_flops(device.type, t.nnodes * t.n_gpus_per_node, dtype, t.cpus_per_worker)
+        peak, source = peak_flops("cuda" if gpu else "cpu", t.nnodes * t.n_gpus_per_node, dtype, t.cpus_per_worker)
         epochs = cfg.actor_rollout_ref.actor.ppo_epochs
         model_config = AutoConfig.from_pretrained(model_path, trust_remote_code=model.trust_remote_code)
         return cls(model_config, peak, source, epochs, cfg.critic.ppo_epochs or epochs)
