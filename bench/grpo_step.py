@@ -52,7 +52,7 @@ PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF folder / alias / .gguf; default: a tiny random model")
-    p.add_argument("--rollout", default="hf", choices=["hf", "vllm"], help="rollout backend")
+    p.add_argument("--rollout", default="hf", help="rollout backend (a name in ROLLOUT_BACKENDS)")
     p.add_argument("--data", default=None, help="a parquet in the RL schema; default: toy copy prompts")
     p.add_argument("--digits", type=int, default=8, help="digits per toy prompt")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step (data.train_batch_size)")

@@ -3,11 +3,10 @@
 # Extra arguments are config overrides (key=value).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
 RLKIT=${RLKIT:-.venv/bin/rlkit}
 DATA=${RLKIT_DATA_DIR:-$HOME/data/code_coevolve}
 if [[ ! -f "$DATA/train.parquet" ]]; then
   "$RLKIT" data code --coevolve --out "$DATA"
 fi
-"$PY" recipes/coevolve_code.py --config recipes/coevolve_code.yaml \
+"$RLKIT" train grpo --config recipes/coevolve_code.yaml \
   data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" "$@"

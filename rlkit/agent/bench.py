@@ -150,7 +150,7 @@ def run(model: str, backend_name: str, samples: int, response_length: int, promp
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", help="model folder, or 'tiny' for the random test Llama")
-    parser.add_argument("--backend", default="hf", choices=["hf", "vllm"])
+    parser.add_argument("--backend", default="hf", help="a registered rollout backend (ROLLOUT_BACKENDS)")
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--response-length", type=int, default=64)
     parser.add_argument("--prompt-length", type=int, default=512)

@@ -1,7 +1,9 @@
 """RL algorithms as pure tensor functions, each found by name in a registry.
 
 The trainer reads a name from the config and calls `REGISTRY.get(name)(...)`; it
-never branches on algorithm names.
+never branches on algorithm names. What an entry needs (a critic, groups, the reference
+model, a greedy baseline, an aggregation unit) is declared next to its registration
+with `@needs(...)` (rlkit.algo.needs).
 """
 
 from rlkit.algo.advantages import ADV_ESTIMATORS
@@ -16,6 +18,7 @@ from rlkit.algo.kl import (
     make_kl_controller,
 )
 from rlkit.algo.metrics import compute_data_metrics
+from rlkit.algo.needs import Needs, critic_enabled, needs, needs_of, ref_needed, run_needs
 from rlkit.algo.policy_loss import POLICY_LOSSES
 from rlkit.algo.utils import (
     LOSS_AGG,
@@ -38,10 +41,12 @@ __all__ = [
     "AdaptiveKLController",
     "DynamicSamplingResult",
     "FixedKLController",
+    "Needs",
     "agg_loss",
     "apply_kl_penalty",
     "compute_data_metrics",
     "compute_value_loss",
+    "critic_enabled",
     "dynamic_sampling_filter",
     "entropy_from_logits",
     "kl_penalty",
@@ -51,5 +56,9 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "needs",
+    "needs_of",
     "overlong_reward_shaping",
+    "ref_needed",
+    "run_needs",
 ]

@@ -10,21 +10,21 @@ branches on the name:
 tokens (padding, tool output) are not time steps: they carry no reward, get a
 zero advantage and are skipped by the recursions.
 
-Each estimator declares what it reads beyond rewards and the mask (`Needs`,
-found with `estimator_needs(name)`): the config checks and the trainer provide
-exactly that (a critic, n >= 2 samples per prompt, a greedy baseline) without
-knowing estimator names.
+Each estimator declares what it reads beyond rewards and the mask with
+`@needs(...)` (rlkit.algo.needs, read with `needs_of(ADV_ESTIMATORS, name)`): the
+config checks and the trainer provide exactly that (a critic, n >= 2 samples per
+prompt, a greedy baseline) without knowing estimator names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from rlkit.algo.needs import needs
 from rlkit.algo.utils import masked_whiten
 from rlkit.errors import UserError
 from rlkit.registry import Registry
@@ -35,30 +35,6 @@ AdvEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADV_ESTIMATORS: Registry[AdvEstimator] = Registry("advantage estimator")
 
 Index = np.ndarray | Sequence[Any] | None
-
-
-@dataclass(frozen=True)
-class Needs:
-    """What an estimator reads besides rewards and the mask; the trainer and the config checks act on it."""
-
-    values: bool = False  # critic `values` (B, R): a value model is built and trained
-    groups: bool = False  # several samples per prompt (`index`), so actor_rollout_ref.rollout.n >= 2
-    greedy_baseline: bool = False  # `reward_baselines` (B,): the reward of one greedy response per prompt
-
-
-def needs(**kwargs: bool) -> Callable[[AdvEstimator], AdvEstimator]:
-    """Decorator: `@needs(values=True)` declares an estimator's inputs (see `Needs`)."""
-
-    def deco(fn: AdvEstimator) -> AdvEstimator:
-        fn.needs = Needs(**kwargs)  # type: ignore[attr-defined]
-        return fn
-
-    return deco
-
-
-def estimator_needs(name: str) -> Needs:
-    """The `Needs` of a registered estimator (UserError naming close matches if `name` is unknown)."""
-    return getattr(ADV_ESTIMATORS.get(name), "needs", Needs())
 
 
 # -------------------------------------------------------------------- helpers
@@ -271,7 +247,7 @@ def remax(
 
     The greedy response is the policy's own "typical" answer, so the baseline costs one extra
     generation per prompt instead of a critic, and works with one sample per prompt. The trainer
-    generates and scores it because this estimator declares `Needs(greedy_baseline=True)`.
+    generates and scores it because this estimator declares `@needs(greedy_baseline=True)`.
     """
     if reward_baselines is None:
         raise UserError("advantage estimator 'remax' needs reward_baselines: the greedy sample's reward per row")

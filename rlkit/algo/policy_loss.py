@@ -1,15 +1,16 @@
-"""Policy-gradient losses, looked up by `actor.policy_loss.loss_mode`.
+"""Policy-gradient losses, looked up by `actor_rollout_ref.actor.policy_loss`.
 
 Shared signature:
 
     fn(old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low=0.2, clip_ratio_high=0.2,
-       clip_ratio_c=3.0, loss_agg_mode="token-mean", rollout_is_weights=None, **_)
+       clip_ratio_c=3.0, loss_agg_mode="token-mean", rollout_is_weights=None, ref_log_prob=None, **_)
     -> {"pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"}
 
 `pg_loss` carries the gradient; the other entries are detached scalars for logging.
 `rollout_is_weights` (B, R), detached, multiply the per-token loss: truncated
 importance sampling that corrects for the rollout engine's numerics differing from
-the trainer's.
+the trainer's. A loss that reads `ref_log_prob` declares `@needs(ref=True)` under its
+registration (rlkit.algo.needs), so the reference model is built for it.
 """
 
 from __future__ import annotations

@@ -10,11 +10,13 @@ from collections.abc import Callable
 
 import torch
 
+from rlkit.algo.needs import needs, rows, sequences, tokens
 from rlkit.registry import Registry
 
 LossAgg = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-#: name -> fn(loss_mat, mask) -> scalar. Chosen by `loss_agg_mode` in the config.
+#: name -> fn(loss_mat, mask) -> scalar. Chosen by `loss_agg_mode` in the config. Each mode declares the
+#: unit it averages over (`@needs(unit=...)`), which reweights micro-batch losses (workers.micro_batch).
 LOSS_AGG: Registry[LossAgg] = Registry("loss aggregation mode")
 
 DEFAULT_CHUNK_SIZE = 2048
@@ -62,23 +64,27 @@ def _seq_mean(per_seq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 @LOSS_AGG.register("token-mean")
+@needs(unit=tokens)
 def _token_mean(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Every valid token weighs the same: long answers dominate."""
     return masked_mean(loss_mat, mask)
 
 
 @LOSS_AGG.register("seq-mean-token-sum")
+@needs(unit=sequences)
 def _seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return _seq_mean(masked_sum(loss_mat, mask, dim=-1), mask)
 
 
 @LOSS_AGG.register("seq-mean-token-mean")
+@needs(unit=sequences)
 def _seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Every sequence weighs the same, whatever its length (original GRPO)."""
     return _seq_mean(masked_mean(loss_mat, mask, dim=-1), mask)
 
 
 @LOSS_AGG.register("seq-mean-token-sum-norm")
+@needs(unit=rows)
 def _seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Dr.GRPO: divide by a constant (B * horizon) so the normaliser never depends on lengths."""
     horizon = mask.shape[-1]

@@ -23,6 +23,7 @@ from rlkit.controller.decorator import DISPATCH_MODES, Dispatch, DispatchInfo, E
 from rlkit.controller.futures import DataFuture, get_with_rank
 from rlkit.controller.resource_pool import ResourcePool
 from rlkit.controller.worker import free_port, node_ip
+from rlkit.registry import extension_modules, import_plugins
 
 
 @dataclass
@@ -49,10 +50,12 @@ def local_role(name: str) -> Any:
 
 
 class _WorkerHost:
-    """The Ray actor: sets the rank environment, then builds each colocated role."""
+    """The Ray actor: sets the rank environment, imports the driver's plugin modules, then builds each
+    colocated role (so a loss or estimator registered outside rlkit is found here by its name too)."""
 
-    def __init__(self, env: dict[str, str], roles: dict[str, ClassWithInitArgs]) -> None:
+    def __init__(self, env: dict[str, str], roles: dict[str, ClassWithInitArgs], plugins: tuple[str, ...] = ()) -> None:
         os.environ.update(env)
+        import_plugins(plugins, strict=False)
         self._roles = {}
         for name, spec in roles.items():
             self._roles[name] = _LOCAL_ROLES[name] = spec.cls(*spec.args, **spec.kwargs)
@@ -116,7 +119,7 @@ class RayWorkerGroup:
                 }
                 if runtime_env:
                     opts["runtime_env"] = runtime_env
-                actors.append(host.options(**opts).remote(env, self.roles))
+                actors.append(host.options(**opts).remote(env, self.roles, tuple(extension_modules())))
                 rank += 1
         addr, port = ray.get(actors[0].master_address.remote())
         ray.get([a.set_env.remote({"MASTER_ADDR": addr, "MASTER_PORT": str(port)}) for a in actors])

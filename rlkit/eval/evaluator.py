@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from rlkit.algo.sample_metrics import metrics_by_source
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
+from rlkit.reward.placement import decode_responses
 
 log = logging.getLogger(__name__)
 
@@ -45,38 +46,16 @@ def resolve_eval_model(spec: str) -> tuple[str, tempfile.TemporaryDirectory | No
     return str(resolve_model_path(spec)), None
 
 
-def _is_correct(score: float, extras: dict[str, Any]) -> bool:
-    acc = extras.get("acc")
-    return bool(acc) if acc is not None else score >= 1.0
-
-
 def aggregate(rows: list[dict[str, Any]], k: int) -> dict[str, dict[str, float]]:
-    """mean@k (mean score), maj@k (majority vote on the extracted answer), pass@k (any correct), lengths."""
-    by_source: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        by_source[r["data_source"]][r["prompt_index"]].append(r)
-    out: dict[str, dict[str, float]] = {}
-    for ds, groups in sorted(by_source.items()):
-        mean_k, maj_k, pass_k, lengths = [], [], [], []
-        for samples in groups.values():
-            mean_k.append(np.mean([s["score"] for s in samples]))
-            pass_k.append(float(any(_is_correct(s["score"], s["extras"]) for s in samples)))
-            preds = [s["extras"].get("pred") for s in samples]
-            if any(p is not None for p in preds):
-                top, _ = Counter(str(p) for p in preds if p is not None).most_common(1)[0]
-                winner = next(s for s in samples if str(s["extras"].get("pred")) == top)
-                maj_k.append(float(_is_correct(winner["score"], winner["extras"])))
-            lengths.extend(s["response_length"] for s in samples)
-        metrics = {
-            "prompts": float(len(groups)),
-            f"mean@{k}": float(np.mean(mean_k)),
-            f"pass@{k}": float(np.mean(pass_k)),
-            "response_length/mean": float(np.mean(lengths)),
-            "response_length/max": float(np.max(lengths)),
-        }
-        if maj_k:
-            metrics[f"maj@{k}"] = float(np.mean(maj_k))
-        out[ds] = metrics
+    """Per data_source: the prompt count and the metrics validation logs (rlkit.algo.sample_metrics:
+    score/mean@k, acc/mean@k, and for k > 1 score/best@k, acc/pass@k, acc/maj@k), response lengths."""
+    out = metrics_by_source(
+        [r["data_source"] for r in rows], [r["prompt_index"] for r in rows], [r["score"] for r in rows], k,
+        acc=[r["extras"].get("acc") for r in rows], preds=[r["extras"].get("pred") for r in rows],
+        lengths=[r["response_length"] for r in rows],
+    )
+    for ds, metrics in out.items():
+        metrics["prompts"] = float(len({r["prompt_index"] for r in rows if r["data_source"] == ds}))
     return out
 
 
@@ -166,9 +145,7 @@ def fit_context(model_path: str, prompt_len: int, response_len: int, notify: Cal
 def _rows(out: Batch, scored: Batch, tokenizer: Any) -> list[dict[str, Any]]:
     scores = scored["token_level_scores"].sum(-1).tolist()
     lengths = out["response_mask"].sum(-1).tolist()
-    texts = tokenizer.batch_decode(
-        [r[: int(n)].tolist() for r, n in zip(out["responses"], lengths)], skip_special_tokens=True
-    )
+    texts = decode_responses(tokenizer, out["responses"], out["response_mask"])  # the text the scorer saw
     extra_keys = [k for k in scored.non_tensors if k.startswith("reward_extra/")]
     rows = []
     for i in range(len(out)):

@@ -16,8 +16,9 @@ test in the sandbox and scores (formulas and a worked example: docs/agents.md):
   "balanced": 1/2 (share of correct programs passed) + 1/2 (share of incorrect failed).
 
 The math is in pure functions (`coder_rewards`, `tester_rewards`, ...);
-`CoevolveReward` is the batch-level hook: a drop-in for the trainer's reward
-manager that receives the whole batch (recipes/coevolve_code.py installs it).
+`CoevolveReward` is the batch-level stage, registered as the reward manager
+`coevolve` (`reward_model.reward_manager=coevolve`, see recipes/coevolve_code.yaml):
+it receives the whole batch, so both roles of a problem are scored together.
 """
 
 from __future__ import annotations
@@ -29,15 +30,21 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from rlkit.errors import UserError
 from rlkit.protocol import METRICS_KEY, Batch
 from rlkit.registry import Registry
 from rlkit.reward.code import extract_code, load_tests
 from rlkit.reward.judge import JudgeLimits, judge
+from rlkit.reward.placement import decode_responses, on_last_token
+from rlkit.reward.registry import REWARD_MANAGERS
+
+if TYPE_CHECKING:
+    from rlkit.trainer.config_schema import RLConfig
 
 TESTER_SOURCE = "rlkit/code_tester"
 CODER_SOURCE = "rlkit/code"
@@ -188,11 +195,12 @@ def _role(data_source: str, extra_info: Any) -> str:
     return "tester" if data_source == TESTER_SOURCE else "coder"
 
 
+@REWARD_MANAGERS.register("coevolve")
 class CoevolveReward:
-    """A reward manager for co-evolution batches: `__call__(batch) -> Batch(token_level_scores, ...)`.
+    """The `coevolve` reward manager: `__call__(batch) -> Batch(token_level_scores, ...)` for co-evolution batches.
 
     Rows are grouped by problem (`extra_info.task_id`, else the ground truth); rows of other
-    data sources are scored by `fallback` (a RewardManager), when given.
+    data sources are scored by `fallback` (the rule manager, when built from a config).
     """
 
     def __init__(self, tokenizer: Any, limits: MatrixLimits | None = None, tester_mode: str = "gated",
@@ -201,20 +209,34 @@ class CoevolveReward:
         self.tokenizer, self.limits, self.tester_mode, self.fallback = tokenizer, limits or MatrixLimits(), \
             tester_mode, fallback
 
+    @classmethod
+    def from_config(cls, cfg: RLConfig, tokenizer: Any, *, tester_reward: str = "gated", tests_per_run: int = 1,
+                    per_test_s: float = 2.0, memory_mb: int = 512) -> CoevolveReward:
+        """`reward_model.reward_kwargs` set the tester reward (gated | balanced) and the sandbox limits;
+        `reward_model.num_workers` judge calls run at once; other data sources get the rule manager."""
+        from rlkit.reward.manager import RewardManager
+
+        limits = MatrixLimits(per_test_s=per_test_s, memory_mb=memory_mb, tests_per_run=tests_per_run,
+                              max_workers=cfg.reward_model.num_workers)
+        return cls(tokenizer, limits, tester_reward, fallback=RewardManager.from_config(cfg, tokenizer))
+
+    @staticmethod
+    def check_config(cfg: RLConfig, *, tester_reward: str = "gated", **_: Any) -> None:
+        """Both roles of a problem must share a batch: rows in file order, batches of an even size."""
+        if tester_reward not in TESTER_REWARDS:
+            raise UserError(f"reward_model.reward_kwargs.tester_reward='{tester_reward}' is not a tester reward; "
+                            f"choose one of {TESTER_REWARDS.names()}")
+        if cfg.data.shuffle or cfg.data.train_batch_size % 2:
+            raise UserError("reward_model.reward_manager=coevolve: set data.shuffle=false and an even "
+                            "data.train_batch_size so the coder and tester rows of a problem land in the same batch")
+
     def __call__(self, batch: Batch) -> Batch:
         return self.compute(batch)
 
-    def _texts(self, batch: Batch) -> tuple[list[str], torch.Tensor]:
-        responses, mask = batch["responses"], batch["response_mask"].long()
-        positions = torch.arange(responses.shape[1])
-        last = (mask * positions).argmax(dim=-1)
-        lengths = torch.where(mask.any(dim=-1), last + 1, 0).tolist()
-        ids = [row[:n] for row, n in zip(responses.tolist(), lengths)]
-        return self.tokenizer.batch_decode(ids, skip_special_tokens=True), last
-
     def compute(self, batch: Batch) -> Batch:
         start = time.perf_counter()
-        texts, last = self._texts(batch)
+        mask = batch["response_mask"]
+        texts = decode_responses(self.tokenizer, batch["responses"], mask)
         sources = [str(s) for s in batch["data_source"]]
         infos = batch["extra_info"] if "extra_info" in batch else [None] * len(batch)
         gts = [rm.get("ground_truth") if isinstance(rm, Mapping) else None for rm in batch["reward_model"]]
@@ -264,8 +286,7 @@ class CoevolveReward:
             stats["coevolve/correct_program/frac"] += [float(c) for c in correct[:k]]
             stats["coevolve/unpaired_problems"].append(float(not prob.coder_rows or not prob.tester_rows))
 
-        token_scores = torch.zeros(batch["responses"].shape, dtype=torch.float32)
-        token_scores[torch.arange(len(batch)), last] = torch.tensor(scores, dtype=torch.float32)
+        token_scores = on_last_token(torch.from_numpy(scores), mask)
         metrics: dict[str, list[float]] = {k: [float(np.mean(v))] if v else [0.0] for k, v in stats.items()}
         metrics["coevolve/sandbox_runs"] = [float(counts.get("processes", 0))]
         if others and self.fallback is not None:

@@ -26,7 +26,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,7 +34,11 @@ import torch
 from rlkit.errors import UserError
 from rlkit.protocol import METRICS_KEY, Batch
 from rlkit.reward.custom import CustomReward, bind_custom, load_custom_fn
-from rlkit.reward.registry import get_scorer, scorer_name_for
+from rlkit.reward.placement import decode_responses, on_last_token
+from rlkit.reward.registry import REWARD_MANAGERS, get_scorer, scorer_name_for
+
+if TYPE_CHECKING:
+    from rlkit.trainer.config_schema import RLConfig
 
 logger = logging.getLogger(__name__)
 CUSTOM = "custom"
@@ -48,8 +52,10 @@ class SampleScore:
     scorer: str = ""
 
 
+@REWARD_MANAGERS.register("rule", "naive")
 class RewardManager:
-    """Rule/function-based rewards for a rollout Batch (or for plain texts via `score_texts`).
+    """Rule/function-based rewards for a rollout Batch (or for plain texts via `score_texts`): the `rule`
+    reward manager (alias `naive`, verl's name), one scorer call per sample.
 
     scorer_overrides: data_source -> scorer name, on top of `registry.DATA_SOURCES`.
     custom_fn: a callable, or {"path": ..., "name": ...}; when given it scores every row. Its
@@ -87,6 +93,16 @@ class RewardManager:
         self._logged: set[tuple[str, str]] = set()
         self._log_lock = threading.Lock()
 
+    @classmethod
+    def from_config(cls, cfg: RLConfig, tokenizer: Any) -> RewardManager:
+        """The manager a run config describes (`reward_model.*`, `custom_reward_function.*`)."""
+        rm, custom = cfg.reward_model, cfg.custom_reward_function
+        return cls(
+            tokenizer, scorer_overrides=rm.overrides,
+            custom_fn={"path": custom.path, "name": custom.name} if custom.path else None,
+            num_workers=rm.num_workers, timeout_s=rm.timeout_s, scorer_kwargs=rm.scorer_kwargs,
+        )
+
     def __getstate__(self) -> dict[str, Any]:  # picklable for Ray: locks do not travel
         state = dict(self.__dict__)
         state.pop("_log_lock")
@@ -114,20 +130,14 @@ class RewardManager:
                 raise UserError(f"reward: the batch has no '{key}'; keys: {batch.keys()}")
         responses = batch["responses"]
         mask = batch["response_mask"] if "response_mask" in batch else (responses != self.tokenizer.pad_token_id)
-        mask = mask.to(torch.long)
-        positions = torch.arange(responses.shape[1], device=mask.device)
-        last = (mask * positions).argmax(dim=-1).cpu()  # last valid token (0 when there is none)
-        lengths = torch.where(mask.any(dim=-1).cpu(), last + 1, 0).tolist()
-        ids = [row[:n] for row, n in zip(responses.cpu().tolist(), lengths)]
-        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        texts = decode_responses(self.tokenizer, responses, mask)
         reward_model = batch["reward_model"] if "reward_model" in batch else [None] * len(batch)
         ground_truths = [rm.get("ground_truth") if isinstance(rm, Mapping) else None for rm in reward_model]
         extra_infos = batch["extra_info"] if "extra_info" in batch else [None] * len(batch)
         data_sources = [str(d) for d in batch["data_source"]]
         results = self.score_texts(texts, ground_truths, data_sources, extra_infos)
 
-        scores = torch.zeros(responses.shape, dtype=torch.float32)
-        scores[torch.arange(len(results)), last] = torch.tensor([r.score for r in results], dtype=torch.float32)
+        scores = on_last_token(torch.tensor([r.score for r in results]), mask)
         extra_names = sorted({k for r in results for k in r.extras})
         non_tensors = {f"reward_extra/{k}": [r.extras.get(k) for r in results] for k in extra_names}
         return Batch({"token_level_scores": scores}, non_tensors, {METRICS_KEY: summarize(results, data_sources)})

@@ -1,23 +1,45 @@
-"""Scorer registry and the data_source -> scorer map.
+"""The two reward registries: reward managers (the batch stage) and scorers (one sample each).
+
+A reward manager turns a whole rollout Batch into `token_level_scores` (B, R), plus
+`reward_extra/<name>` columns and `meta['metrics']`; `reward_model.reward_manager` names it
+(verl's key; `rule`, alias `naive`, is the default). Each entry is a class with
+`from_config(cfg, tokenizer, **reward_model.reward_kwargs)`, `__call__(batch) -> Batch` and,
+optionally, `check_config(cfg, **reward_kwargs)` run with the config checks (before Ray starts).
 
 A scorer is `fn(response, ground_truth, extra_info, **kwargs) -> float | dict`
 (a dict carries `score` plus extra per-sample metrics). The row's `data_source`
 picks the scorer by name; config can remap data sources without code changes.
+The `rule` manager calls one scorer per sample; other managers may see the batch whole.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlkit.errors import UserError
 from rlkit.registry import Registry
+
+if TYPE_CHECKING:
+    from rlkit.protocol import Batch
+    from rlkit.trainer.config_schema import RLConfig
 
 Scorer = Callable[..., Any]
 SCORERS: Registry[Scorer] = Registry("reward scorer")
 
 _BUILTIN_MODULES = ("gsm8k", "math_equiv", "toy_copy", "code")
+
+
+class RewardFn(Protocol):
+    def __call__(self, batch: Batch) -> Batch: ...
+
+
+#: name -> reward manager class (see the module docstring for what a class provides).
+REWARD_MANAGERS: Registry[Any] = Registry("reward manager")
+
+_MANAGER_MODULES = ("manager", "coevolve")  # modules whose import registers the built-in managers
 
 #: data_source -> scorer name; `scorer_overrides` in the config take precedence.
 DATA_SOURCES: dict[str, str] = {
@@ -60,3 +82,42 @@ def scorer_name_for(data_source: str, overrides: Mapping[str, str] | None = None
 def get_scorer(name: str) -> Scorer:
     load_builtin_scorers()
     return SCORERS.get(name)
+
+
+# ---------------------------------------------------------------------------------------------- managers
+def load_builtin_managers() -> None:
+    """Import the modules that register the built-in reward managers."""
+    for name in _MANAGER_MODULES:
+        importlib.import_module(f"rlkit.reward.{name}")
+
+
+def reward_manager_class(name: str) -> Any:
+    load_builtin_managers()
+    return REWARD_MANAGERS.get(name)
+
+
+def check_reward_manager(cfg: RLConfig) -> None:
+    """The configured manager exists, accepts `reward_model.reward_kwargs`, and its own checks pass."""
+    rm = cfg.reward_model
+    load_builtin_managers()
+    if rm.reward_manager not in REWARD_MANAGERS:
+        raise UserError(f"reward_model.reward_manager='{rm.reward_manager}' is not registered; "
+                        f"choose one of {REWARD_MANAGERS.names()}")
+    cls = REWARD_MANAGERS.get(rm.reward_manager)
+    kwargs = dict(rm.reward_kwargs or {})
+    sig = inspect.signature(cls.from_config)
+    try:
+        sig.bind(cfg, None, **kwargs)
+    except TypeError:
+        accepted = [p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        raise UserError(f"reward_model.reward_kwargs={kwargs} does not fit reward manager '{rm.reward_manager}'; "
+                        f"it accepts {accepted or 'no reward_kwargs'}") from None
+    check = getattr(cls, "check_config", None)
+    if check is not None:
+        check(cfg, **kwargs)
+
+
+def build_reward_manager(cfg: RLConfig, tokenizer: Any) -> RewardFn:
+    """The reward stage of a run: `reward_model.reward_manager` built with `reward_model.reward_kwargs`."""
+    rm = cfg.reward_model
+    return reward_manager_class(rm.reward_manager).from_config(cfg, tokenizer, **dict(rm.reward_kwargs or {}))

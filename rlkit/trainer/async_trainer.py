@@ -30,10 +30,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rlkit.algo.needs import critic_enabled, ref_needed
 from rlkit.controller import ClassWithInitArgs, Dispatch, RayWorkerGroup, ResourcePool, register
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
-from rlkit.trainer.config_checks import critic_enabled, ref_needed, world_size
+from rlkit.trainer.config_checks import world_size
 from rlkit.trainer.config_schema import RLConfig
 from rlkit.trainer.ppo_trainer import PROMPT_KEYS, RLTrainer
 from rlkit.trainer.rollout_flow import Timer, repeat_with_uids

@@ -5,32 +5,8 @@ Each failure is a UserError that says which keys disagree and what to change.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rlkit.errors import UserError
 from rlkit.trainer.config_schema import RLConfig
-
-if TYPE_CHECKING:
-    from rlkit.algo.advantages import Needs
-
-
-def _needs(cfg: RLConfig) -> Needs:
-    """What the configured advantage estimator declares it reads (rlkit.algo.advantages.Needs)."""
-    from rlkit.algo.advantages import ADV_ESTIMATORS, Needs, estimator_needs
-
-    name = cfg.algorithm.adv_estimator
-    return estimator_needs(name) if name in ADV_ESTIMATORS else Needs()
-
-
-def critic_enabled(cfg: RLConfig) -> bool:
-    if cfg.critic.enable is not None:
-        return bool(cfg.critic.enable)
-    return _needs(cfg).values
-
-
-def ref_needed(cfg: RLConfig) -> bool:
-    """The frozen reference is only loaded when some KL uses it."""
-    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
 def world_size(cfg: RLConfig) -> int:
@@ -38,29 +14,23 @@ def world_size(cfg: RLConfig) -> int:
 
 
 def check_config(cfg: RLConfig) -> None:
-    from rlkit.algo import ADV_ESTIMATORS, KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES
+    # Names are checked against their registries, and each algorithm entry's declared needs
+    # (rlkit.algo.needs) against the config, by the layers that own them.
+    from rlkit.algo.needs import check_algorithm, critic_enabled
+    from rlkit.registry import import_plugins
+    from rlkit.reward.registry import check_reward_manager
+    from rlkit.trainer.registered_names import check_registered_names
 
+    import_plugins(cfg.trainer.plugins)  # their registrations first: the names below may be theirs
     actor = cfg.actor_rollout_ref.actor
-    for key, registry, name in [
-        ("algorithm.adv_estimator", ADV_ESTIMATORS, cfg.algorithm.adv_estimator),
-        ("actor_rollout_ref.actor.policy_loss", POLICY_LOSSES, actor.policy_loss),
-        ("actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG, actor.loss_agg_mode),
-        ("actor_rollout_ref.actor.kl_loss_type", KL_ESTIMATORS, actor.kl_loss_type),
-        ("algorithm.kl_penalty", KL_ESTIMATORS, cfg.algorithm.kl_penalty),
-        ("algorithm.kl_ctrl.type", KL_CONTROLLERS, cfg.algorithm.kl_ctrl.type),
-        ("critic.loss_agg_mode", LOSS_AGG, cfg.critic.loss_agg_mode),
-    ]:
-        if name not in registry:
-            raise UserError(f"{key}='{name}' is not registered; choose one of {registry.names()}")
-    if cfg.data.truncation not in ("error", "left", "right", "filter"):
-        raise UserError(f"data.truncation='{cfg.data.truncation}' must be error | left | right | filter")
+    check_registered_names(cfg)
+    check_algorithm(cfg)
+    check_reward_manager(cfg)
     if cfg.reward_model.enable:
         raise UserError(
             "reward_model.enable=true: model-based rewards are not in this release; "
             "use rule/code scorers or custom_reward_function.path"
         )
-    if _needs(cfg).values and not critic_enabled(cfg):
-        raise UserError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs a critic: set critic.enable=true")
     if not cfg.data.train_files:
         raise UserError("data.train_files is empty: pass data.train_files=PATH.parquet (make one with `rlkit data`)")
 
@@ -70,11 +40,6 @@ def check_config(cfg: RLConfig) -> None:
     if bsz < 1 or mini < 1 or actor.ppo_micro_batch_size_per_gpu < 1:
         raise UserError(
             "data.train_batch_size, actor.ppo_mini_batch_size and actor.ppo_micro_batch_size_per_gpu must be >= 1"
-        )
-    if _needs(cfg).groups and n < 2:
-        raise UserError(
-            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares samples of the same prompt: "
-            f"set actor_rollout_ref.rollout.n >= 2 (now {n})"
         )
     if mini > bsz or bsz % mini:
         raise UserError(
@@ -112,9 +77,12 @@ def check_tensor_parallel(cfg: RLConfig) -> None:
     if tp == 1:
         return
     key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-    if rollout.name != "vllm":
-        raise UserError(f"{key}={tp} needs rollout.name=vllm (the '{rollout.name}' backend runs one full model "
-                        "per worker); set it to 1 or use vllm")
+    from rlkit.workers.rollout import ROLLOUT_BACKENDS  # each backend declares `tensor_parallel`
+
+    able = [name for name in ROLLOUT_BACKENDS.names() if ROLLOUT_BACKENDS.get(name).tensor_parallel]
+    if rollout.name not in able:
+        raise UserError(f"{key}={tp} needs rollout.name={' | '.join(able)} (the '{rollout.name}' backend runs one "
+                        f"full model per worker); set it to 1 or use {' | '.join(able)}")
     workers = world_size(cfg)
     if cfg.trainer.one_step_off_policy:  # the rollout has its own group
         workers = cfg.trainer.rollout_workers_per_node * cfg.trainer.nnodes

@@ -50,8 +50,13 @@ def render() -> str:
         "Presets (`rlkit train <preset>`) change a few of these defaults; `--dry-run` prints the resolved config.",
         "",
     ]
+    from rlkit.trainer.registered_names import registered_names  # names come from the registries themselves
+
     group = None
     for key, default, help_text in _rows(RLConfig):
+        names = registered_names(key, builtin_only=True)
+        if names is not None:
+            help_text = f"{help_text}; registered: {', '.join(names)}"
         top = key.split(".")[0] if not key.startswith("actor_rollout_ref") else ".".join(key.split(".")[:2])
         if top != group:
             group = top

@@ -30,7 +30,7 @@ class DataConfig:
     train_batch_size: int = f(64, "prompts per training step (before the n samples per prompt)")
     val_batch_size: int | None = f(None, "prompts per validation call; null = ~10 calls of >= 64 (progress bar)")
     val_max_samples: int | None = f(None, "use only the first N validation rows (a fixed subset)")
-    truncation: str = f("error", "over-long prompts: error | left | right | filter")
+    truncation: str = f("error", "what to do with over-long prompts (rlkit.data.TRUNCATION)")
     shuffle: bool = f(True, "shuffle the training set each epoch (seeded, resumable)")
     seed: int = f(1, "data order seed")
 
@@ -54,7 +54,7 @@ class OptimConfig:
     betas: list = f(factory=lambda: [0.9, 0.999], help="AdamW betas")
     lr_warmup_steps: int = f(-1, "warmup steps; -1 = use lr_warmup_steps_ratio")
     lr_warmup_steps_ratio: float = f(0.0, "warmup as a fraction of total steps")
-    lr_scheduler_type: str = f("constant", "constant | cosine (after warmup)")
+    lr_scheduler_type: str = f("constant", "schedule after warmup (rlkit.utils.lr_schedule.LR_SCHEDULES)")
     min_lr_ratio: float = f(0.0, "cosine floor as a fraction of lr")
 
 
@@ -77,18 +77,16 @@ class ActorConfig:
     ppo_max_token_len_per_gpu: int = f(16384, "token budget per micro-batch when use_dynamic_bsz")
     ppo_epochs: int = f(1, "passes over each rollout batch")
     shuffle: bool = f(False, "shuffle mini-batches across epochs")
-    policy_loss: str = f("vanilla", "registered policy loss: vanilla | gspo")
+    policy_loss: str = f("vanilla", "policy loss (rlkit.algo.POLICY_LOSSES)")
     clip_ratio: float = f(0.2, "PPO clip (used when clip_ratio_low/high are null)")
     clip_ratio_low: float | None = f(None, "lower clip; null = clip_ratio")
     clip_ratio_high: float | None = f(None, "upper clip (clip-higher); null = clip_ratio")
     clip_ratio_c: float = f(3.0, "dual-clip constant for negative advantages")
-    loss_agg_mode: str = f(
-        "token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm"
-    )
+    loss_agg_mode: str = f("token-mean", "how per-token losses become one loss (rlkit.algo.LOSS_AGG)")
     entropy_coeff: float = f(0.0, "entropy bonus weight")
     use_kl_loss: bool = f(False, "add KL(actor || ref) as a loss term (needs the reference model)")
     kl_loss_coef: float = f(0.001, "weight of the KL loss")
-    kl_loss_type: str = f("low_var_kl", "KL estimator: k1 | k2 | k3/low_var_kl | abs")
+    kl_loss_type: str = f("low_var_kl", "KL estimator of the KL loss (rlkit.algo.KL_ESTIMATORS)")
     grad_clip: float = f(1.0, "max grad norm")
     logits_chunk_size: int = f(1024, "rows of logits turned into log-probs at a time (bounds memory)")
     recompute_old_log_prob: bool = f(False, "always recompute old log-probs; off = reuse when on-policy (ppo_epochs=1)")
@@ -119,7 +117,7 @@ class CriticModelConfig:
 
 @dataclass
 class CriticConfig:
-    enable: bool | None = f(None, "null = on when the advantage estimator needs values (gae)")
+    enable: bool | None = f(None, "null = on when an algorithm entry declares it needs values (gae)")
     model: CriticModelConfig = f(factory=CriticModelConfig, help="critic model")
     optim: OptimConfig = f(factory=lambda: OptimConfig(lr=1e-5), help="critic optimizer")
     ppo_mini_batch_size: int | None = f(None, "null = the actor's")
@@ -134,6 +132,10 @@ class CriticConfig:
 @dataclass
 class RewardModelConfig:
     enable: bool = f(False, "a model-based reward (not in this release: use rule/code/custom rewards)")
+    reward_manager: str = f("rule", "the reward stage (rlkit.reward.REWARD_MANAGERS): rule (alias naive) = one "
+                            "scorer per sample by data_source; coevolve = coder/tester pass matrix (docs/agents.md)")
+    reward_kwargs: dict = f(factory=dict, help="keyword arguments of the reward manager, e.g. for coevolve "
+                            "{tester_reward: gated, tests_per_run: 1, per_test_s: 2.0, memory_mb: 512}")
     overrides: dict = f(factory=dict, help="data_source -> scorer name, overriding the built-in map")
     scorer_kwargs: dict = f(factory=dict, help="scorer name -> kwargs, e.g. {gsm8k: {method: flexible}}")
     num_workers: int = f(4, "threads scoring in parallel")
@@ -152,7 +154,7 @@ class CustomRewardConfig:
 
 @dataclass
 class KLCtrlConfig:
-    type: str = f("fixed", "fixed | adaptive")
+    type: str = f("fixed", "KL coefficient controller (rlkit.algo.KL_CONTROLLERS)")
     kl_coef: float = f(0.001, "initial/fixed coefficient")
     horizon: int = f(10000, "adaptive controller horizon")
     target_kl: float = f(0.1, "adaptive controller target")
@@ -167,12 +169,13 @@ class FilterGroupsConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = f("grpo", "gae | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax")
+    adv_estimator: str = f("grpo", "advantage estimator (rlkit.algo.ADV_ESTIMATORS); the critic, n >= 2 or "
+                           "greedy baseline it declares are provided")
     gamma: float = f(1.0, "discount")
     lam: float = f(1.0, "GAE lambda")
     norm_adv_by_std_in_grpo: bool = f(True, "false = Dr.GRPO")
     use_kl_in_reward: bool = f(False, "fold KL(actor || ref) into the token rewards")
-    kl_penalty: str = f("kl", "estimator for the in-reward KL: kl/k1 | abs | mse/k2 | low_var_kl/k3")
+    kl_penalty: str = f("kl", "KL estimator of the in-reward KL (rlkit.algo.KL_ESTIMATORS)")
     kl_ctrl: KLCtrlConfig = f(factory=KLCtrlConfig, help="in-reward KL coefficient controller")
     rollout_is: bool = f(False, "truncated importance sampling between rollout engine and trainer")
     rollout_is_threshold: float = f(2.0, "upper bound of the importance weight")
@@ -188,7 +191,7 @@ class DebugConfig:
 class TrainerConfig:
     project_name: str = f("rlkit", "tracker project")
     experiment_name: str = f("run", "tracker run name")
-    logger: list = f(factory=lambda: ["console", "file"], help="console | file | tensorboard | wandb")
+    logger: list = f(factory=lambda: ["console", "file"], help="trackers (rlkit.utils.tracking.TRACKERS)")
     nnodes: int = f(1, "nodes in the cluster")
     n_gpus_per_node: int = f(1, "workers per node (GPUs, or CPU worker processes without a GPU)")
     device: str = f("auto", "auto | cuda | cpu")
@@ -213,6 +216,8 @@ class TrainerConfig:
     )
     rollout_workers_per_node: int = f(1, "one_step_off_policy: rollout worker processes per node")
     rollout_cpus_per_worker: float = f(1.0, "one_step_off_policy: CPU cores reserved per rollout worker")
+    plugins: list = f(factory=list, help="modules imported first, by the driver and every worker: register your "
+                      "own estimators, losses, reward managers there (dotted names, found from the current dir)")
     debug: DebugConfig = f(factory=DebugConfig, help="debugging switches")
 
 

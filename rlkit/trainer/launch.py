@@ -10,7 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rlkit.trainer.config_checks import critic_enabled, ref_needed, world_size
+from rlkit.algo.needs import critic_enabled, ref_needed
+from rlkit.trainer.config_checks import world_size
 from rlkit.trainer.config_schema import RLConfig
 
 

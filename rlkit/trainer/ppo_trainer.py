@@ -16,12 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlkit.algo.advantages import estimator_needs
 from rlkit.algo.dapo import dynamic_sampling_filter
 from rlkit.algo.kl import make_kl_controller
 from rlkit.algo.metrics import compute_data_metrics
+from rlkit.algo.needs import run_needs
 from rlkit.protocol import Batch
-from rlkit.trainer.config_checks import critic_enabled, ref_needed
 from rlkit.trainer.config_schema import RLConfig
 from rlkit.trainer.rollout_flow import (
     Timer,
@@ -56,7 +55,7 @@ class RLTrainer:
 
     def __init__(self, cfg: RLConfig, workers: WorkerHandles | None = None, tracker: Any = None) -> None:
         from rlkit.data import RLDataLoader, RLDataset
-        from rlkit.reward.manager import RewardManager
+        from rlkit.reward.registry import build_reward_manager
         from rlkit.utils.model_loading import load_tokenizer, resolve_model_path
 
         self.cfg = cfg
@@ -74,11 +73,7 @@ class RLTrainer:
             raise_user(f"data.train_batch_size={d.train_batch_size} is larger than the {len(self.train_set)} "
                        f"training prompts in {d.train_files}; lower it")
         self.total_steps = cfg.trainer.total_training_steps or len(self.train_loader) * cfg.trainer.total_epochs
-        rm = cfg.reward_model
-        self.reward_fn = RewardManager(
-            self.tokenizer, scorer_overrides=rm.overrides, custom_fn=_custom_fn(cfg),
-            num_workers=rm.num_workers, timeout_s=rm.timeout_s, scorer_kwargs=rm.scorer_kwargs,
-        )
+        self.reward_fn = build_reward_manager(cfg, self.tokenizer)  # reward_model.reward_manager: the batch stage
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
         self.workers = workers or self._build_workers()
@@ -198,9 +193,9 @@ class RLTrainer:
         return batch[:usable], metrics
 
     def _launch_baseline(self, prompts: Batch, call_id: int, blocking: bool = True) -> Any:
-        """Greedy responses to the un-repeated prompts when the advantage estimator declares
-        `Needs(greedy_baseline)` (ReMax), else None. Only their rewards are kept; they are not trained on."""
-        if not estimator_needs(self.cfg.algorithm.adv_estimator).greedy_baseline:
+        """Greedy responses to the un-repeated prompts when an entry declares `@needs(greedy_baseline=True)`
+        (ReMax's estimator), else None. Only their rewards are kept; they are not trained on."""
+        if not run_needs(self.cfg).greedy_baseline:
             return None
         keys = self._rollout_keys(prompts)
         return self.workers.rollout.generate_sequences(prompts.select(keys), call_id=call_id, greedy=True,
@@ -345,15 +340,10 @@ def _mfu_meter(cfg: RLConfig, model_path: str):
         return None
 
 
-def _custom_fn(cfg: RLConfig) -> dict | None:
-    c = cfg.custom_reward_function
-    return {"path": c.path, "name": c.name} if c.path else None
-
-
 def _plain(cfg: RLConfig) -> dict:
     from rlkit.trainer.config import to_dict
 
     return to_dict(cfg)
 
 
-__all__ = ["RLTrainer", "FitSummary", "critic_enabled", "ref_needed"]
+__all__ = ["RLTrainer", "FitSummary"]

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlkit.algo.needs import critic_enabled
 from rlkit.errors import UserError
-from rlkit.trainer.config_checks import critic_enabled
 from rlkit.trainer.config_schema import RLConfig
 from rlkit.utils.fs_checks import free_bytes, human_bytes, writable_dir_problem
 

@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
-import torch
 
 from rlkit.algo import ADV_ESTIMATORS
 from rlkit.algo.dapo import overlong_reward_shaping
 from rlkit.algo.kl import apply_kl_penalty
+from rlkit.algo.sample_metrics import metrics_by_source
 from rlkit.protocol import Batch
+from rlkit.reward.placement import on_last_token
 from rlkit.trainer.config_schema import RLConfig
 
 
@@ -53,8 +54,7 @@ def shape_rewards(batch: Batch, cfg: RLConfig, kl_ctrl) -> dict[str, float]:
         penalty = overlong_reward_shaping(
             lengths, cfg.data.max_response_length, int(overlong["len"]), float(overlong["penalty_factor"])
         )
-        last = (batch["response_mask"].long() * torch.arange(scores.shape[1])).argmax(-1)
-        scores[torch.arange(len(scores)), last] += penalty
+        scores += on_last_token(penalty, batch["response_mask"])
         metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
     if cfg.algorithm.use_kl_in_reward:
         rewards, kl_metrics = apply_kl_penalty(
@@ -81,6 +81,7 @@ def compute_advantages(batch: Batch, cfg: RLConfig) -> None:
         lam=algo.lam,
         norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
         reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
+        ref_log_prob=batch["ref_log_prob"] if "ref_log_prob" in batch else None,
     )
     batch["advantages"] = advantages.float()
     batch["returns"] = returns.float()
@@ -99,37 +100,12 @@ def reduce_metrics(metrics: dict) -> dict[str, float]:
 
 
 def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
-    """mean@n, best@n and (when the scorer reports `pred`) maj@n of the score, per data_source; with
-    an `acc` extra (gsm8k, math, code) also the accuracy mean@n / pass@n, free of format bonuses."""
-    scores = batch["token_level_scores"].sum(-1).numpy()
-    sources = batch["data_source"]
-    uids = batch["uid"]
-    preds = batch["reward_extra/pred"] if "reward_extra/pred" in batch else None
-    acc = (np.array([float(a or 0.0) for a in batch["reward_extra/acc"]])
-           if "reward_extra/acc" in batch else None)  # correctness alone, without format bonuses
-    out: dict[str, float] = {}
-    for ds in sorted(set(sources)):
-        rows = [i for i in range(len(scores)) if sources[i] == ds]
-        groups: dict[str, list[int]] = defaultdict(list)
-        for i in rows:
-            groups[uids[i]].append(i)
-        prefix = f"val/{ds}"
-        out[f"{prefix}/score/mean@{n}"] = float(np.mean(scores[rows]))
-        if acc is not None:
-            out[f"{prefix}/acc/mean@{n}"] = float(np.mean(acc[rows]))
-            if n > 1:
-                out[f"{prefix}/acc/pass@{n}"] = float(np.mean([acc[g].max() for g in groups.values()]))
-        if n > 1:
-            out[f"{prefix}/score/best@{n}"] = float(np.mean([scores[g].max() for g in groups.values()]))
-            if preds is not None:
-                maj = []
-                for g in groups.values():
-                    votes: dict[str, list[float]] = defaultdict(list)
-                    for i in g:
-                        votes[str(preds[i])].append(scores[i])
-                    best = max(votes.values(), key=len)
-                    maj.append(best[0])
-                out[f"{prefix}/score/maj@{n}"] = float(np.mean(maj))
-        lengths = batch["response_mask"][rows].sum(-1).float()
-        out[f"{prefix}/response_length/mean"] = float(lengths.mean())
-    return out
+    """`val/<data_source>/...`: mean@n, best@n, pass@n, maj@n of the scored samples, as `rlkit eval`
+    computes them (rlkit.algo.sample_metrics); correctness is the scorer's `acc` extra when it has one."""
+    per_source = metrics_by_source(
+        [str(d) for d in batch["data_source"]], list(batch["uid"]), batch["token_level_scores"].sum(-1).tolist(), n,
+        acc=batch["reward_extra/acc"] if "reward_extra/acc" in batch else None,
+        preds=batch["reward_extra/pred"] if "reward_extra/pred" in batch else None,
+        lengths=batch["response_mask"].sum(-1).tolist(),
+    )
+    return {f"val/{ds}/{name}": value for ds, metrics in per_source.items() for name, value in metrics.items()}

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlkit.algo.needs import critic_enabled, ref_needed
 from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, WorkerGroupView
-from rlkit.trainer.config_checks import critic_enabled, ref_needed, world_size
+from rlkit.trainer.config_checks import world_size
 from rlkit.trainer.config_schema import RLConfig
 
 

@@ -20,6 +20,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 from rlkit.algo.utils import entropy_from_logits, logprobs_from_logits
 from rlkit.trainer.config_schema import FSDPConfig, OptimConfig
+from rlkit.utils.lr_schedule import lr_lambda
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -47,21 +48,6 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
             if isinstance(layers, torch.nn.ModuleList):
                 return list(layers)
     return []
-
-
-def lr_lambda(optim: OptimConfig, total_steps: int):
-    """Linear warmup, then constant or cosine down to min_lr_ratio."""
-    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(optim.lr_warmup_steps_ratio * total_steps)
-
-    def fn(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        if optim.lr_scheduler_type == "cosine":
-            progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-            return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-        return 1.0
-
-    return fn
 
 
 def pack_mask(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

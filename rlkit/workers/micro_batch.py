@@ -12,6 +12,7 @@ import heapq
 import torch
 import torch.distributed as dist
 
+from rlkit.algo.needs import agg_unit
 from rlkit.protocol import Batch
 
 
@@ -61,27 +62,18 @@ def balance_across_ranks(batch: Batch, world_size: int) -> torch.Tensor:
     return torch.tensor([i for b in bins for i in sorted(b)])
 
 
-# What each loss aggregation averages over, so micro-batch losses can be reweighted exactly.
-# (Modes not listed fall back to rows.)
-_AGG_UNITS = {
-    "token-mean": lambda mask: mask.sum(),
-    "seq-mean-token-sum": lambda mask: (mask.sum(-1) > 0).sum(),
-    "seq-mean-token-mean": lambda mask: (mask.sum(-1) > 0).sum(),
-    "seq-mean-token-sum-norm": lambda mask: mask.shape[0],
-}
-
-
 def loss_scales(micro_masks: list[torch.Tensor], loss_agg_mode: str) -> list[float]:
     """Weights for micro-batch losses (each aggregated by `loss_agg_mode` over its own rows) so that
     their sum, averaged over data-parallel ranks by FSDP's gradient reduction, equals the loss of
     the whole global mini-batch: weight_i = units_i * world_size / units summed over all ranks.
 
-    Units are what the mode averages over (valid tokens for token-mean, non-empty sequences for the
+    Units are what the mode averages over, as the mode declares at its registration
+    (`@needs(unit=...)` in rlkit.algo.utils: valid tokens for token-mean, non-empty sequences for the
     seq-mean modes). Normalising by the global count matters when ranks hold different numbers of
     tokens: a per-rank token-mean would overweight the tokens of the rank that has fewer. Every
     rank must call this once per mini-batch (one all_reduce).
     """
-    unit = _AGG_UNITS.get(loss_agg_mode, lambda mask: mask.shape[0])
+    unit = agg_unit(loss_agg_mode)
     counts = torch.tensor([float(unit(m)) for m in micro_masks], dtype=torch.float64)
     total = counts.sum().reshape(1)
     world = 1

@@ -16,7 +16,7 @@ from rlkit_cli.errors import UserError, friendly_errors
 def eval_command(
     model: str = typer.Argument(..., help="HF folder, alias, hub id, or a training checkpoint (global_step_N)."),
     data: Path = typer.Option(..., "--data", "-d", help="Parquet file in the RL schema (see `rlkit data`)."),
-    n: int = typer.Option(1, "--n", "-k", help="Samples per prompt (K in mean@K / maj@K / pass@K)."),
+    n: int = typer.Option(1, "--n", "-k", help="Samples per prompt (K in mean@K / best@K / pass@K / maj@K)."),
     limit: int = typer.Option(None, "--limit", help="Evaluate only the first N prompts."),
     temperature: float = typer.Option(None, "--temperature", help="Default: 0 (greedy) for n=1, else 1.0."),
     max_response_length: int = typer.Option(512, "--max-response-length", help="Max new tokens."),
@@ -24,7 +24,11 @@ def eval_command(
     backend: str = typer.Option(None, "--backend", help="vllm | hf (default: vllm when installed)."),
     out: Path = typer.Option(None, "--out", "-o", help="JSONL of generations with scores (default: next to data)."),
 ) -> None:
-    """Score a model or checkpoint on a dataset: mean@K, maj@K, pass@K per data_source.
+    """Score a model or checkpoint on a dataset: mean@K, best@K, pass@K, maj@K per data_source.
+
+    The numbers are defined as training's validation defines them (val/<data_source>/...): a sample is
+    correct when the scorer's `acc` says so (else at a full score); responses with no extracted answer
+    do not vote in maj@K.
 
     Example: rlkit eval smollm2-135m-instruct --data ~/data/gsm8k/test.parquet --n 4 --limit 50
 
@@ -50,12 +54,15 @@ def eval_command(
             notify=lambda msg: console.print(f"[yellow]note:[/yellow] {escape(msg)}", soft_wrap=True),
         )
     table = Table(title=f"eval of {model} on {data.name} (K={n})")
-    keys = sorted({k for m in result.metrics.values() for k in m})
-    table.add_column("data_source")
-    for k in keys:
-        table.add_column(k, justify="right")
-    for ds, metrics in result.metrics.items():
-        table.add_row(ds, *(f"{metrics[k]:.3f}" if k in metrics else "-" for k in keys))
+    present = {k for m in result.metrics.values() for k in m}
+    order = ["prompts", f"score/mean@{n}", f"score/best@{n}", f"acc/mean@{n}", f"acc/pass@{n}", f"acc/maj@{n}",
+             "response_length/mean", "response_length/max"]
+    table.add_column("metric")  # the names validation logs under val/<data_source>/
+    for ds in result.metrics:
+        table.add_column(ds, justify="right")
+    for k in (k for k in order if k in present):  # one row per metric: the sources fit side by side
+        fmt = "{:.0f}" if k == "prompts" else "{:.3f}"
+        table.add_row(k, *(fmt.format(m[k]) if k in m else "-" for m in result.metrics.values()))
     console.print(table)
     write_jsonl(result.rows, out)
     console.print(f"generations: {out}")

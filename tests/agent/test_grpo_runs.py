@@ -98,23 +98,20 @@ def test_grpo_code_multi_turn_calculator(code_run_dir, ray_local):
     assert max(s["num_turns/max"] for s in steps) >= 2, "some episode had a second turn (interleaved mask)"
 
 
-def test_coevolve_driver_two_steps(code_run_dir, ray_local, tmp_path):
-    """recipes/coevolve_code.py: GRPO with the batch-level co-evolution reward, on paired coder/tester rows."""
-    import importlib.util
+def test_coevolve_recipe_two_steps(code_run_dir, ray_local, tmp_path):
+    """recipes/coevolve_code.yaml through `rlkit train`: GRPO with the `coevolve` reward manager on paired
+    coder/tester rows (the recipe's reward_model.reward_manager and reward_kwargs, nothing else)."""
     from pathlib import Path
 
     result = CliRunner().invoke(app, ["data", "code", "--coevolve", "--out", str(tmp_path / "cv")])
     assert result.exit_code == 0, result.output
-    spec = importlib.util.spec_from_file_location(
-        "coevolve_code", Path(__file__).resolve().parents[2] / "recipes" / "coevolve_code.py"
-    )
-    driver = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(driver)
-    args = overrides(code_run_dir, "coevolve", "data.shuffle=false", "data.val_batch_size=4",
-                     f"trainer.log_dir={tmp_path / 'logs'}", "trainer.logger=[file]")
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "coevolve_code.yaml"
+    args = overrides(code_run_dir, "coevolve", "data.val_batch_size=4", "reward_model.reward_kwargs.per_test_s=1",
+                     f"trainer.log_dir={tmp_path / 'logs'}", "trainer.logger=[file]", "trainer.cpus_per_worker=1")
     args = [a.replace(f"{code_run_dir}/train.parquet", f"{tmp_path}/cv/train.parquet")
             .replace(f"{code_run_dir}/test.parquet", f"{tmp_path}/cv/test.parquet") for a in args]
-    assert driver.main(["--per-test-s", "1", *args]) == 0
+    result = CliRunner().invoke(app, ["train", "grpo", "--config", str(recipe), *args])
+    assert result.exit_code == 0, result.output
     rows = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "coevolve/coder_reward/mean" in json.dumps(r)]
     assert len(steps) == 2

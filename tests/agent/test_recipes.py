@@ -19,8 +19,10 @@ def test_recipe_config_loads(name):
     if name == "gsm8k_calculator_multiturn":
         assert cfg.actor_rollout_ref.rollout.multi_turn.enable
         assert cfg.actor_rollout_ref.rollout.multi_turn.tools == ["calculator"]
-    if name == "coevolve_code":
+    if name == "coevolve_code":  # run by `rlkit train` itself: the recipe only names the reward manager
         assert not cfg.data.shuffle and cfg.data.train_batch_size % 2 == 0
+        assert cfg.reward_model.reward_manager == "coevolve"
+        assert cfg.reward_model.reward_kwargs["tester_reward"] == "gated"
 
 
 @pytest.mark.parametrize("script", ["gsm8k_calculator_multiturn.sh", "code_rl.sh", "coevolve_code.sh"])

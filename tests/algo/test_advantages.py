@@ -6,7 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlkit.algo.advantages import ADV_ESTIMATORS, Needs, discounted_returns, estimator_needs, gae_unwhitened
+from rlkit.algo.advantages import ADV_ESTIMATORS, discounted_returns, gae_unwhitened
+from rlkit.algo.needs import Needs, needs_of
 from rlkit.errors import UserError
 
 T = torch.tensor
@@ -165,13 +166,13 @@ def test_remax_per_sample_baseline_rows():
 
 def test_estimators_declare_their_needs():
     """The trainer and the config checks act on these declarations, never on estimator names."""
-    assert estimator_needs("gae") == Needs(values=True)
+    assert needs_of(ADV_ESTIMATORS, "gae") == Needs(values=True)
     for name in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
-        assert estimator_needs(name) == Needs(groups=True), name
-    assert estimator_needs("reinforce_plus_plus") == Needs()
-    assert estimator_needs("remax") == Needs(greedy_baseline=True)
+        assert needs_of(ADV_ESTIMATORS, name) == Needs(groups=True), name
+    assert needs_of(ADV_ESTIMATORS, "reinforce_plus_plus") == Needs()
+    assert needs_of(ADV_ESTIMATORS, "remax") == Needs(greedy_baseline=True)
     with pytest.raises(UserError, match="remax"):
-        estimator_needs("remaxx")
+        needs_of(ADV_ESTIMATORS, "remaxx")
 
 
 # ------------------------------------------------------------ property tests

@@ -29,9 +29,9 @@ def test_aggregate_by_hand():
     ]
     m = aggregate(rows, 3)["openai/gsm8k"]
     assert m["prompts"] == 3
-    assert m["mean@3"] == pytest.approx((1 / 3 + 2 / 3 + 0) / 3)
-    assert m["maj@3"] == pytest.approx(1 / 3)
-    assert m["pass@3"] == pytest.approx(2 / 3)
+    assert m["score/mean@3"] == m["acc/mean@3"] == pytest.approx((1 / 3 + 2 / 3 + 0) / 3)
+    assert m["acc/maj@3"] == pytest.approx(1 / 3)
+    assert m["acc/pass@3"] == m["score/best@3"] == pytest.approx(2 / 3)
     assert m["response_length/mean"] == pytest.approx((10 * 8 + 20) / 9)
     assert m["response_length/max"] == 20
 
@@ -39,7 +39,7 @@ def test_aggregate_by_hand():
 def test_aggregate_partial_credit_without_pred():
     rows = [row(0, 0.5, None, ds="rlkit/toy_copy"), row(0, 1.0, None, ds="rlkit/toy_copy")]
     m = aggregate(rows, 2)["rlkit/toy_copy"]
-    assert m["mean@2"] == 0.75 and m["pass@2"] == 1.0 and "maj@2" not in m
+    assert m["score/mean@2"] == 0.75 and m["acc/pass@2"] == 1.0 and "acc/maj@2" not in m
 
 
 def test_eval_cli_on_tiny_model(tmp_path):
@@ -58,7 +58,7 @@ def test_eval_cli_on_tiny_model(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 8 and {r["prompt_index"] for r in rows} == {0, 1, 2, 3}
     expected = aggregate(rows, 2)["rlkit/toy_copy"]
-    assert "rlkit/toy_copy" in res.output and f"{expected['mean@2']:.3f}" in res.output
+    assert "rlkit/toy_copy" in res.output and f"{expected['score/mean@2']:.3f}" in res.output
     # scores are the toy_copy scorer's, recomputed from the saved text
     from rlkit.reward.toy_copy import toy_copy_score
 

@@ -47,6 +47,8 @@ class RolloutBackend(ABC):
 
     #: whether the backend holds its own copy of the weights that needs `update_weights`
     needs_weight_sync: bool = True
+    #: whether consecutive workers may form one engine (rollout.tensor_model_parallel_size > 1)
+    tensor_parallel: bool = False
 
     @abstractmethod
     def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:

@@ -21,7 +21,6 @@ from rlkit.errors import UserError
 from rlkit.workers.rollout.base import SamplingConfig
 
 DTYPES = ("bfloat16", "float32", "float16")
-BACKEND_NAMES = ("vllm", "hf")
 
 
 @dataclass
@@ -39,7 +38,7 @@ class ValKwargs:
 class RolloutConfig:
     """Rollout engine + sampling settings. See the module docstring for the CPU defaults."""
 
-    name: str | None = None  # "vllm" | "hf"; None -> default_backend_name()
+    name: str | None = None  # rollout backend (ROLLOUT_BACKENDS); None -> default_backend_name()
     n: int = 1  # samples per prompt; the driver repeats rows, backends see one row per sample
     prompt_length: int = 512  # longest prompt in tokens (set from data.max_prompt_length)
     response_length: int = 512  # max new tokens (set from data.max_response_length)
@@ -73,8 +72,6 @@ class RolloutConfig:
     def validate(self) -> None:
         """Raise UserError naming the key for values no backend can use."""
         p = "actor_rollout_ref.rollout."
-        if self.name is not None and self.name not in BACKEND_NAMES:
-            raise UserError(f"{p}name='{self.name}' is not a rollout backend; use one of {list(BACKEND_NAMES)}")
         if self.dtype not in DTYPES:
             raise UserError(f"{p}dtype='{self.dtype}' is not supported; use one of {list(DTYPES)}")
         for key in ("n", "prompt_length", "response_length", "max_num_seqs", "tensor_model_parallel_size",

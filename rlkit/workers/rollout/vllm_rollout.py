@@ -151,6 +151,8 @@ def _trim_host_memory() -> None:
 class VLLMRollout(RolloutBackend):
     """An in-process vLLM engine, created once; generate / update_weights / sleep / wake_up many times."""
 
+    tensor_parallel = True
+
     def __init__(
         self,
         model_path: str | Path,
