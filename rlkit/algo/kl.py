@@ -40,9 +40,12 @@ def k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 @KL_ESTIMATORS.register("k3", "low_var_kl")
 def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Unbiased and non-negative: r - log r - 1 with r = p_ref / p. Clamped to [-10, 10] for stability."""
+    """Unbiased and non-negative: r - log r - 1 with r = p_ref / p. Clamped to [-10, 10] for stability.
+
+    Written as expm1(log r) - log r: the same value, but never below 0 in floating point (exp(x) - x - 1
+    rounds to -6e-8 at x = 1e-6 in float32)."""
     log_r = torch.clamp(ref_logp - logp, -20.0, 20.0)
-    return torch.clamp(torch.exp(log_r) - log_r - 1.0, -10.0, 10.0)
+    return torch.clamp(torch.expm1(log_r) - log_r, -10.0, 10.0)
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, name: str = "k1") -> torch.Tensor:
