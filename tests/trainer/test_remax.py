@@ -147,8 +147,8 @@ def test_remax_one_step_off_policy_baseline_uses_the_samples_weights(toy_data, h
 
 
 def test_remax_preset_needs_no_critic_and_allows_one_sample(toy_data, tiny_model, tmp_path):
-    from rlkit.trainer.config import load_config
     from rlkit.algo.needs import critic_enabled
+    from rlkit.trainer.config import load_config
 
     cfg = load_config("remax", toy_overrides(toy_data, tiny_model, tmp_path, actor_rollout_ref__rollout__n=1))
     assert cfg.algorithm.adv_estimator == "remax" and not critic_enabled(cfg)
