@@ -16,16 +16,11 @@ def world_size(cfg: RLConfig) -> int:
 def check_config(cfg: RLConfig) -> None:
     # Names are checked against their registries, and each algorithm entry's declared needs
     # (rlkit.algo.needs) against the config, by the layers that own them.
-    from rlkit.algo.needs import check_algorithm, critic_enabled
-    from rlkit.registry import import_plugins
-    from rlkit.reward.registry import check_reward_manager
-    from rlkit.trainer.registered_names import check_registered_names
+    from rlkit.algo.needs import critic_enabled
+    from rlkit.trainer.registered_names import check_named_entries
 
-    import_plugins(cfg.trainer.plugins)  # their registrations first: the names below may be theirs
+    check_named_entries(cfg)
     actor = cfg.actor_rollout_ref.actor
-    check_registered_names(cfg)
-    check_algorithm(cfg)
-    check_reward_manager(cfg)
     if cfg.reward_model.enable:
         raise UserError(
             "reward_model.enable=true: model-based rewards are not in this release; "

@@ -2,7 +2,7 @@
 
 The config layer imports no registry owner, so this table sits above all of them: the
 algorithm entries (rlkit.algo.needs), the data truncation modes, the rollout backends,
-the reward managers, the trackers and the lr schedules. `check_registered_names` runs with the config
+the reward managers, the trackers and the lr schedules. `check_named_entries` runs with the config
 checks; `docs/config.md` lists each key's registered names from the same table.
 """
 
@@ -86,3 +86,16 @@ def check_registered_names(cfg: RLConfig) -> None:
         for name in value if isinstance(value, (list, tuple)) else [value]:
             if name not in registry:
                 raise UserError(f"{key}='{name}' is not registered; choose one of {registry.names()}")
+
+
+def check_named_entries(cfg: RLConfig) -> None:
+    """Everything the config checks ask of the registries, in one call (the config layer's one hook upward):
+    plugins imported, every name registered, each algorithm entry's needs met, the reward manager's options."""
+    from rlkit.algo.needs import check_algorithm
+    from rlkit.registry import import_plugins
+    from rlkit.reward.registry import check_reward_manager
+
+    import_plugins(cfg.trainer.plugins)  # their registrations first: the names below may be theirs
+    check_registered_names(cfg)
+    check_algorithm(cfg)
+    check_reward_manager(cfg)
