@@ -110,8 +110,9 @@ def check_reward_manager(cfg: RLConfig) -> None:
         sig.bind(cfg, None, **kwargs)
     except TypeError:
         accepted = [p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-        raise UserError(f"reward_model.reward_kwargs={kwargs} does not fit reward manager '{rm.reward_manager}'; "
-                        f"it accepts {accepted or 'no reward_kwargs'}") from None
+        unknown = ", ".join(f"reward_model.reward_kwargs.{k}" for k in kwargs if k not in accepted)
+        raise UserError(f"{unknown or 'reward_model.reward_kwargs'}: not an option of reward manager "
+                        f"'{rm.reward_manager}'; it accepts {accepted or 'no reward_kwargs'}") from None
     check = getattr(cls, "check_config", None)
     if check is not None:
         check(cfg, **kwargs)

@@ -60,8 +60,9 @@ def test_coevolve_from_the_config():
 
 @pytest.mark.parametrize("overrides, expect", [
     (["reward_model.reward_manager=rulez"], "reward_model.reward_manager='rulez' is not registered"),
-    ([*COEVOLVE, "reward_model.reward_kwargs={per_test: 1}"], "it accepts ['tester_reward', 'tests_per_run'"),
-    (["reward_model.reward_kwargs={per_test_s: 1}"], "does not fit reward manager 'rule'; it accepts no reward_kwargs"),
+    ([*COEVOLVE, "reward_model.reward_kwargs={per_test: 1}"],
+     "reward_model.reward_kwargs.per_test: not an option of reward manager 'coevolve'; it accepts ['tester_reward'"),
+    (["reward_model.reward_kwargs={per_test_s: 1}"], "of reward manager 'rule'; it accepts no reward_kwargs"),
     ([*COEVOLVE, "reward_model.reward_kwargs={tester_reward: strict}"], "tester_reward='strict' is not a tester"),
     ([*COEVOLVE, "data.shuffle=true"], "set data.shuffle=false and an even data.train_batch_size"),
 ])
