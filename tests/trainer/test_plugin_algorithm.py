@@ -12,7 +12,6 @@ import pytest
 
 from tests.trainer.conftest import fit, toy_overrides, train_rows
 
-pytestmark = pytest.mark.slow
 PLUGIN = "tests.trainer.algo_plugin"
 
 
@@ -26,6 +25,7 @@ def plugin():
     sys.modules.pop(PLUGIN, None)
 
 
+@pytest.mark.slow
 def test_plugin_entries_train(plugin, toy_data, tiny_model, tmp_path):
     from rlkit.registry import extension_modules
 
