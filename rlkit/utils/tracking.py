@@ -207,7 +207,8 @@ class WandbTracker:
 
 # What the per-step table shows (fnmatch patterns, in display order); everything goes to the other backends.
 CONSOLE_KEYS = [
-    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/vf_loss",
+    "critic/score/mean", "critic/reward_baseline/mean", "critic/rewards/mean", "critic/advantages/mean",
+    "critic/vf_loss",
     "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/lr",
     "response_length/mean", "response_length/clip_ratio", "prompt_length/mean",
     "timing_s/step", "timing_s/gen", "timing_s/update_actor", "timing_s/ref", "timing_s/update_critic",
