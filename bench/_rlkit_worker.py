@@ -163,9 +163,10 @@ def main() -> None:
     import ray
     from rich.console import Console
 
+    from rlkit.config.load import to_dict
     from rlkit.trainer.async_trainer import build_trainer
-    from rlkit.trainer.config import load_config, to_dict
     from rlkit.trainer.launch import LaunchOptions, init_ray
+    from rlkit.trainer.run_config import load_config
 
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:
         overrides = workload_overrides(args.model, args.data, args.steps, args.rollout, args.kl_coef, tmp) + extra

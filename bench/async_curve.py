@@ -60,7 +60,7 @@ def run(overrides: list[str], log_dir: Path) -> tuple[list[dict], dict, dict]:
     import ray
 
     from rlkit.trainer.async_trainer import build_trainer
-    from rlkit.trainer.config import load_config
+    from rlkit.trainer.run_config import load_config
     from rlkit.utils.tracking import Tracking
 
     if not ray.is_initialized():

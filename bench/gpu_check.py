@@ -83,8 +83,8 @@ def check_numerics(model_path: Path, device: str, dtype: str) -> dict:
     import torch
     import torch.distributed as dist
 
+    from rlkit.config.schema import FSDPConfig
     from rlkit.controller.worker import free_port
-    from rlkit.trainer.config_schema import FSDPConfig
     from rlkit.workers.fsdp_model import FSDPModel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")

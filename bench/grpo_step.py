@@ -127,8 +127,9 @@ def overrides(args: argparse.Namespace, model: str, data: Path, scratch: Path) -
 def run(args: argparse.Namespace) -> dict:
     import ray
 
-    from rlkit.trainer.config import load_config, to_dict
+    from rlkit.config.load import to_dict
     from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.trainer.run_config import load_config
 
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:
         scratch = Path(tmp)

@@ -9,10 +9,10 @@ The loop itself (`rlkit.agent.loop.AgentLoop`) and the batching server
 so the config can import `MultiTurnConfig` cheaply. Guide: docs/agents.md.
 """
 
-from rlkit.agent.config import MultiTurnConfig
 from rlkit.agent.interaction import INTERACTIONS, Interaction, UserTurn
 from rlkit.agent.parser import TOOL_PARSERS, ParsedTurn, ToolCall, ToolParser
 from rlkit.agent.tools import TOOLS, Tool, ToolResult, build_tools, load_builtin_tools, run_tool
+from rlkit.config.agent import MultiTurnConfig
 
 __all__ = [
     "INTERACTIONS",

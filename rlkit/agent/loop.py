@@ -32,11 +32,11 @@ import numpy as np
 import torch
 
 from rlkit.agent.chat import ChatRenderer
-from rlkit.agent.config import MultiTurnConfig
 from rlkit.agent.engine import AsyncEngine, TurnRequest, run_coroutine
 from rlkit.agent.interaction import Interaction
 from rlkit.agent.parser import ToolCall, ToolParser
 from rlkit.agent.tools import Tool, ToolResult, run_tool
+from rlkit.config.agent import MultiTurnConfig
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.workers.rollout.base import assemble_output

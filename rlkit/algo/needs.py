@@ -26,7 +26,7 @@ from rlkit.errors import UserError
 from rlkit.registry import Registry
 
 if TYPE_CHECKING:
-    from rlkit.trainer.config_schema import RLConfig
+    from rlkit.config.schema import RLConfig
 
 T = TypeVar("T")
 Unit = Callable[[torch.Tensor], torch.Tensor]  # (B, R) mask -> how many things a loss averages over

@@ -44,7 +44,7 @@ from rlkit.reward.placement import decode_responses, on_last_token
 from rlkit.reward.registry import REWARD_MANAGERS
 
 if TYPE_CHECKING:
-    from rlkit.trainer.config_schema import RLConfig
+    from rlkit.config.schema import RLConfig
 
 TESTER_SOURCE = "rlkit/code_tester"
 CODER_SOURCE = "rlkit/code"

@@ -38,7 +38,7 @@ from rlkit.reward.placement import decode_responses, on_last_token
 from rlkit.reward.registry import REWARD_MANAGERS, get_scorer, scorer_name_for
 
 if TYPE_CHECKING:
-    from rlkit.trainer.config_schema import RLConfig
+    from rlkit.config.schema import RLConfig
 
 logger = logging.getLogger(__name__)
 CUSTOM = "custom"

@@ -23,8 +23,8 @@ from rlkit.errors import UserError
 from rlkit.registry import Registry
 
 if TYPE_CHECKING:
+    from rlkit.config.schema import RLConfig
     from rlkit.protocol import Batch
-    from rlkit.trainer.config_schema import RLConfig
 
 Scorer = Callable[..., Any]
 SCORERS: Registry[Scorer] = Registry("reward scorer")

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlkit.algo.needs import critic_enabled, ref_needed
+from rlkit.config.checks import world_size
+from rlkit.config.schema import RLConfig
 from rlkit.controller import ClassWithInitArgs, Dispatch, RayWorkerGroup, ResourcePool, register
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
-from rlkit.trainer.config_checks import world_size
-from rlkit.trainer.config_schema import RLConfig
 from rlkit.trainer.ppo_trainer import PROMPT_KEYS, RLTrainer
 from rlkit.trainer.rollout_flow import Timer, repeat_with_uids
 from rlkit.trainer.workers_setup import WorkerHandles, use_gpu

@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rlkit.algo.needs import critic_enabled, ref_needed
-from rlkit.trainer.config_checks import world_size
-from rlkit.trainer.config_schema import RLConfig
+from rlkit.config.checks import world_size
+from rlkit.config.schema import RLConfig
 
 
 @dataclass

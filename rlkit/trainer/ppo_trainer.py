@@ -20,8 +20,8 @@ from rlkit.algo.dapo import dynamic_sampling_filter
 from rlkit.algo.kl import make_kl_controller
 from rlkit.algo.metrics import compute_data_metrics
 from rlkit.algo.needs import run_needs
+from rlkit.config.schema import RLConfig
 from rlkit.protocol import Batch
-from rlkit.trainer.config_schema import RLConfig
 from rlkit.trainer.rollout_flow import (
     Timer,
     compute_advantages,
@@ -341,7 +341,7 @@ def _mfu_meter(cfg: RLConfig, model_path: str):
 
 
 def _plain(cfg: RLConfig) -> dict:
-    from rlkit.trainer.config import to_dict
+    from rlkit.config.load import to_dict
 
     return to_dict(cfg)
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlkit.algo.needs import critic_enabled
+from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
-from rlkit.trainer.config_schema import RLConfig
 from rlkit.utils.fs_checks import free_bytes, human_bytes, writable_dir_problem
 
 BYTES_PER_PARAM_IN_CHECKPOINT = 4 + 8  # fp32 weights + AdamW's two fp32 moments (what FSDPModel.save writes)

@@ -15,7 +15,7 @@ from rlkit.errors import UserError
 from rlkit.registry import Registry
 
 if TYPE_CHECKING:
-    from rlkit.trainer.config_schema import RLConfig
+    from rlkit.config.schema import RLConfig
 
 
 def _truncation() -> Registry[Any]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from rlkit.config.schema import ModelConfig, RLConfig
 from rlkit.controller import ClassWithInitArgs
-from rlkit.trainer.config_schema import ModelConfig, RLConfig
 
 
 def policy_model(cfg: RLConfig, model_path: str) -> ModelConfig:

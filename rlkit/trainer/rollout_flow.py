@@ -18,9 +18,9 @@ from rlkit.algo import ADV_ESTIMATORS
 from rlkit.algo.dapo import overlong_reward_shaping
 from rlkit.algo.kl import apply_kl_penalty
 from rlkit.algo.sample_metrics import metrics_by_source
+from rlkit.config.schema import RLConfig
 from rlkit.protocol import Batch
 from rlkit.reward.placement import on_last_token
-from rlkit.trainer.config_schema import RLConfig
 
 
 class Timer:

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlkit.algo.needs import critic_enabled, ref_needed
+from rlkit.config.checks import world_size
+from rlkit.config.schema import RLConfig
 from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, WorkerGroupView
-from rlkit.trainer.config_checks import world_size
-from rlkit.trainer.config_schema import RLConfig
 
 
 @dataclass

@@ -12,10 +12,10 @@ import torch
 
 from rlkit.algo import KL_ESTIMATORS, POLICY_LOSSES
 from rlkit.algo.utils import agg_loss, masked_mean
+from rlkit.config.schema import ActorConfig, ModelConfig, RefConfig
 from rlkit.controller import Dispatch, Worker, register
 from rlkit.debug import maybe_break
 from rlkit.protocol import Batch
-from rlkit.trainer.config_schema import ActorConfig, ModelConfig, RefConfig
 from rlkit.workers.fsdp_model import ForwardOut, FSDPModel
 from rlkit.workers.micro_batch import split_by_count
 from rlkit.workers.trainable import MicroLoss, TrainableModelRole, UpdatePlan

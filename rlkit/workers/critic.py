@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 
 from rlkit.algo.value_loss import compute_value_loss
+from rlkit.config.schema import CriticConfig
 from rlkit.controller import Dispatch, Worker, register
 from rlkit.debug import maybe_break
 from rlkit.protocol import Batch
-from rlkit.trainer.config_schema import CriticConfig
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.micro_batch import split_by_count
 from rlkit.workers.trainable import TrainableModelRole, UpdatePlan

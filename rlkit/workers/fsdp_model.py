@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from rlkit.algo.utils import entropy_from_logits, logprobs_from_logits
-from rlkit.trainer.config_schema import FSDPConfig, OptimConfig
+from rlkit.config.schema import FSDPConfig, OptimConfig
 from rlkit.utils.lr_schedule import lr_lambda
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}

@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 import time
 
+from rlkit.config.schema import RLConfig
 from rlkit.controller import Dispatch, Worker, local_role, register
 from rlkit.debug import maybe_break, set_step
 from rlkit.protocol import Batch
-from rlkit.trainer.config_schema import RLConfig
 from rlkit.workers.rollout.base import ROLLOUT_BACKENDS
 
 
@@ -56,9 +56,10 @@ class RolloutWorker(Worker):
         """Place this rank in its TP group; returns the backend's extra constructor arguments."""
         if tp == 1:
             return {}
-        from rlkit.trainer.config_checks import check_tensor_parallel
+        from rlkit.config.checks import check_tensor_parallel
+        from rlkit.workers.rollout import tensor_parallel_backends
 
-        check_tensor_parallel(self.cfg)
+        check_tensor_parallel(self.cfg, tensor_parallel_backends())
         self.init_distributed()  # vLLM builds its TP groups on this world
         self.set_dispatch_info(self.rank // tp, self.world_size // tp, self.rank % tp == 0)
         return {"engine_kwargs": {"distributed_executor_backend": "external_launcher"}}

@@ -36,8 +36,9 @@ def train(
     Exit status: 0 when training finished, 1 on a config/input error or a worker failure,
     130 when stopped with Ctrl-C (the last line then says how to resume).
     """
-    from rlkit.trainer.config import load_config, to_yaml
+    from rlkit.config.load import to_yaml
     from rlkit.trainer.launch import LaunchOptions, resource_plan, run_training
+    from rlkit.trainer.run_config import load_config
 
     overrides = list(overrides or [])
     mode = None

@@ -51,8 +51,8 @@ def overrides(root, name, *extra):
 
 
 def run(root, name, *extra):
-    from rlkit.trainer.config import load_config
     from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.trainer.run_config import load_config
 
     cfg = load_config("grpo", overrides(root, name, *extra))
     trainer = RLTrainer(cfg)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from rlkit.agent.config import MultiTurnConfig
 from rlkit.agent.interaction import GSM8KRetry
 from rlkit.agent.loop import AgentLoop
 from rlkit.agent.parser import HermesParser
 from rlkit.agent.tools import build_tools
+from rlkit.config.agent import MultiTurnConfig
 from rlkit.data.collation import collate
 from rlkit.protocol import Batch
 from tests.agent.scripted import BrokenTool, ScriptedEngine, SlowTool, StuckTool, call, tiny_tokenizer

@@ -7,9 +7,10 @@ import asyncio
 import pytest
 
 from rlkit.agent.builtin_tools import CalculatorError, PythonTool, calculate
-from rlkit.agent.config import MultiTurnConfig
+from rlkit.agent.check import check_multi_turn
 from rlkit.agent.parser import TOOL_PARSERS, HermesParser
 from rlkit.agent.tools import TOOLS, build_tools, run_tool
+from rlkit.config.agent import MultiTurnConfig
 from rlkit.errors import UserError
 
 
@@ -74,9 +75,9 @@ def test_registry_and_config_names():
     assert {"calculator", "python"} <= set(TOOLS.names())
     assert "hermes" in TOOL_PARSERS
     with pytest.raises(UserError, match="calculater"):
-        MultiTurnConfig(tools=["calculater"]).validate()
+        check_multi_turn(MultiTurnConfig(tools=["calculater"]))
     with pytest.raises(UserError, match="format"):
-        MultiTurnConfig(format="xml").validate()
+        check_multi_turn(MultiTurnConfig(format="xml"))
     with pytest.raises(UserError, match="max_turns"):
         MultiTurnConfig(max_turns=0)
 

@@ -10,7 +10,7 @@ import torch
 from rlkit.algo import ADV_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, agg_loss, masked_sum
 from rlkit.algo.needs import Needs, agg_unit, critic_enabled, needs, needs_of, ref_needed, rows, run_needs, sequences
 from rlkit.errors import UserError
-from rlkit.trainer.config import load_config
+from rlkit.trainer.run_config import load_config
 from rlkit.workers.micro_batch import loss_scales
 
 HF = ["actor_rollout_ref.rollout.name=hf"]

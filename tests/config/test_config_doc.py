@@ -1,17 +1,17 @@
 from pathlib import Path
 
-from rlkit.trainer.config import preset_names, schema_keys
-from rlkit.trainer.config_doc import render
+from rlkit.config.load import preset_names, schema_keys
+from rlkit.trainer.run_config import reference
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 
 def test_config_reference_is_current():
-    assert DOC.read_text() == render(), "run: python -m rlkit.trainer.config_doc > docs/config.md"
+    assert DOC.read_text() == reference(), "run: python -m rlkit.trainer.run_config > docs/config.md"
 
 
 def test_every_key_is_documented():
-    text = render()
+    text = reference()
     for key in schema_keys():
         assert f"`{key}`" in text
 

@@ -37,7 +37,7 @@ def make_toy_and_model(tmp_path):
 
 
 def toy_config(toy, model, tmp_path, steps, extra=()):
-    from rlkit.trainer.config import load_config
+    from rlkit.trainer.run_config import load_config
 
     return load_config("grpo", [
         f"data.train_files={toy}/train.parquet", f"data.val_files={toy}/test.parquet", "data.val_max_samples=32",

@@ -14,7 +14,7 @@ import statistics
 import pytest
 
 from rlkit.trainer.async_trainer import OneStepOffPolicyTrainer, build_trainer
-from rlkit.trainer.config import load_config
+from rlkit.trainer.run_config import load_config
 from rlkit.utils.tracking import Tracking
 from tests.trainer.conftest import read_metrics, toy_overrides, train_rows
 

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from rlkit.algo.utils import agg_loss
+from rlkit.config.schema import FSDPConfig
 from rlkit.testing import build_tiny_tokenizer, save_tiny_model
-from rlkit.trainer.config_schema import FSDPConfig
 from rlkit.workers.fsdp_model import FSDPModel
 
 PROMPT, RESPONSE = 12, 7

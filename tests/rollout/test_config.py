@@ -34,7 +34,6 @@ def test_defaults_are_cpu_friendly():
         ({"temperature": -1.0}, "temperature"),
         ({"n": 0}, "n="),
         ({"sleep_level": 3}, "sleep_level"),
-        ({"name": "vlm"}, "name"),
         ({"max_model_len": 8}, "max_model_len"),
         ({"val_kwargs": {"top_p": 2.0}}, "val_kwargs.top_p"),
     ],

@@ -107,8 +107,8 @@ def ensure_ray():
 
 def fit(algo: str, overrides: list[str], log_dir: Path, keep_state: bool = False):
     """Run a trainer in this process (on the shared local Ray); returns (summary, metrics rows, actor weights)."""
-    from rlkit.trainer.config import load_config
     from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.trainer.run_config import load_config
     from rlkit.utils.tracking import Tracking
 
     ensure_ray()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from rlkit.config.bounds import BOUNDS, lookup
+from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
-from rlkit.trainer.config import load_config
-from rlkit.trainer.config_bounds import BOUNDS, lookup
-from rlkit.trainer.config_schema import RLConfig
+from rlkit.trainer.run_config import load_config
 from tests.trainer.conftest import run_cli
 
 HF = ["actor_rollout_ref.rollout.name=hf"]

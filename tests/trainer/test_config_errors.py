@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlkit.errors import UserError
-from rlkit.trainer.config import load_config
+from rlkit.trainer.run_config import load_config
 from rlkit_cli.main import app
 from tests.trainer.conftest import run_cli, toy_overrides
 
@@ -55,6 +55,7 @@ def test_unknown_key_in_a_config_file(tmp_path):
         (["data.train_batch_size=abc"], "bad value for 'data.train_batch_size'"),
         (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"], "must be >= 1"),
         (["algorithm.adv_estimator=grpoo"], "algorithm.adv_estimator='grpoo' is not registered"),
+        (["actor_rollout_ref.rollout.name=vlm"], "actor_rollout_ref.rollout.name='vlm' is not registered"),
         (["data.train_files=null"], "data.train_files is empty"),
         (["trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
          "tensor_model_parallel_size=2 needs rollout.name=vllm"),

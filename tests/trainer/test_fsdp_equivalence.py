@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from rlkit.protocol import Batch
 from rlkit.testing import build_tiny_tokenizer
-from rlkit.trainer.config import load_config
+from rlkit.trainer.run_config import load_config
 from rlkit.trainer.workers_setup import build_workers
 from tests.trainer.conftest import toy_overrides
 

@@ -48,8 +48,8 @@ def compute_score(response, ground_truth, extra_info=None, **kwargs):
 
 
 def _trainer(backend, toy_data, model, out, steps=2):
-    from rlkit.trainer.config import load_config
     from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.trainer.run_config import load_config
     from rlkit.utils.tracking import Tracking
 
     ensure_ray()
@@ -121,7 +121,7 @@ def test_remax_one_step_off_policy_baseline_uses_the_samples_weights(toy_data, h
     its baseline response, so the advantages must be exactly 0 on every step: a baseline from another
     prompt or another weight version would not be."""
     from rlkit.trainer.async_trainer import OneStepOffPolicyTrainer, build_trainer
-    from rlkit.trainer.config import load_config
+    from rlkit.trainer.run_config import load_config
     from rlkit.utils.tracking import Tracking
     ensure_ray()
     reward = tmp_path / "spread_reward.py"
@@ -148,7 +148,7 @@ def test_remax_one_step_off_policy_baseline_uses_the_samples_weights(toy_data, h
 
 def test_remax_preset_needs_no_critic_and_allows_one_sample(toy_data, tiny_model, tmp_path):
     from rlkit.algo.needs import critic_enabled
-    from rlkit.trainer.config import load_config
+    from rlkit.trainer.run_config import load_config
 
     cfg = load_config("remax", toy_overrides(toy_data, tiny_model, tmp_path, actor_rollout_ref__rollout__n=1))
     assert cfg.algorithm.adv_estimator == "remax" and not critic_enabled(cfg)

@@ -46,8 +46,8 @@ def test_a_worker_timing_under_a_phase_name_warns_and_the_driver_wins(caplog):
 def test_train_step_returns_a_step_result(ray_local, toy_data, tiny_model, tmp_path):
     """One real PPO step (critic, reference, recomputed old log-probs): every phase timed once by the driver,
     the engine's own time under its own name, FLOPs counted from the phases."""
-    from rlkit.trainer.config import load_config
     from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.trainer.run_config import load_config
 
     overrides = toy_overrides(
         toy_data, tiny_model, tmp_path, data__train_batch_size=4, actor_rollout_ref__rollout__n=2,

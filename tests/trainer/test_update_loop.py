@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from rlkit.algo.utils import agg_loss
+from rlkit.config.schema import FSDPConfig, OptimConfig
 from rlkit.protocol import Batch
 from rlkit.testing import save_tiny_model
-from rlkit.trainer.config_schema import FSDPConfig, OptimConfig
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.trainable import TrainableModelRole, UpdatePlan
 from tests.perf.test_forward_equivalence import RESPONSE, handmade_batch

@@ -4,10 +4,16 @@ Importing this package registers every backend in `ROLLOUT_BACKENDS`; none of
 them imports vLLM until an engine is built.
 """
 
+from rlkit.config.rollout import RolloutConfig, ValKwargs
 from rlkit.workers.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
-from rlkit.workers.rollout.config import RolloutConfig, ValKwargs
 from rlkit.workers.rollout.hf_rollout import HFRollout
 from rlkit.workers.rollout.vllm_rollout import VLLMRollout, default_backend_name, prepare_vllm_env
+
+
+def tensor_parallel_backends() -> list[str]:
+    """The registered backends that can split one engine over several workers (`tensor_parallel`)."""
+    return [name for name in ROLLOUT_BACKENDS.names() if ROLLOUT_BACKENDS.get(name).tensor_parallel]
+
 
 __all__ = [
     "ROLLOUT_BACKENDS",
@@ -20,4 +26,5 @@ __all__ = [
     "assemble_output",
     "default_backend_name",
     "prepare_vllm_env",
+    "tensor_parallel_backends",
 ]

@@ -19,14 +19,15 @@ from typing import Any
 import torch
 
 from rlkit.agent.chat import ChatRenderer
+from rlkit.agent.check import check_multi_turn
 from rlkit.agent.engine import BatchingServer
 from rlkit.agent.interaction import INTERACTIONS
 from rlkit.agent.loop import AgentLoop
 from rlkit.agent.parser import TOOL_PARSERS
 from rlkit.agent.tools import build_tools
+from rlkit.config.rollout import RolloutConfig
 from rlkit.protocol import Batch
 from rlkit.workers.rollout.base import RolloutBackend, SamplingConfig
-from rlkit.workers.rollout.config import RolloutConfig
 
 AGENT_INPUT_KEYS = ("raw_prompt", "tools_kwargs", "interaction_kwargs", "reward_model")
 
@@ -39,7 +40,7 @@ def agent_input_keys(batch: Batch) -> list[str]:
 class AgentRollout(RolloutBackend):
     def __init__(self, backend: RolloutBackend, tokenizer: Any, config: RolloutConfig) -> None:
         mt = config.multi_turn
-        mt.validate()
+        check_multi_turn(mt)
         self.backend, self.tokenizer, self.config, self.mt = backend, tokenizer, config, mt
         self.needs_weight_sync = backend.needs_weight_sync
         self.tools = build_tools(list(mt.tools), mt.tool_config)

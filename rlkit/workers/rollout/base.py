@@ -20,26 +20,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import torch
 
+from rlkit.config.rollout import SamplingConfig
 from rlkit.protocol import Batch
 from rlkit.registry import Registry
-
-
-@dataclass
-class SamplingConfig:
-    """What to sample. `greedy=True` (validation) ignores temperature/top-p/top-k."""
-
-    response_length: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    greedy: bool = False
-    stop_token_ids: list[int] = field(default_factory=list)
-    calculate_log_probs: bool = False
-    seed: int | None = None
 
 
 class RolloutBackend(ABC):

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+from rlkit.config.rollout import RolloutConfig
 from rlkit.protocol import Batch
 from rlkit.workers.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
-from rlkit.workers.rollout.config import RolloutConfig
 from rlkit.workers.rollout.model_info import WeightNames, merge_stop_ids, special_token_ids, torch_dtype
 
 GREEDY_EPS = 1e-5  # temperatures below this decode greedily (as vLLM does)

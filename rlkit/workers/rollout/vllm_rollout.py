@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
+from rlkit.config.rollout import RolloutConfig
 from rlkit.protocol import Batch
 from rlkit.workers.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
-from rlkit.workers.rollout.config import RolloutConfig
 from rlkit.workers.rollout.model_info import WeightNames, merge_stop_ids, special_token_ids
 
 GREEDY_EPS = 1e-5  # vLLM decodes greedily below this temperature

@@ -1,7 +1,8 @@
 """`MultiTurnConfig`: the `actor_rollout_ref.rollout.multi_turn` config section (agent rollouts).
 
-Kept free of heavy imports: the rollout config imports it at start-up. Tool,
-parser and interaction names are checked against their registries by `validate`.
+Kept free of heavy imports: the rollout config imports it at start-up. Tool, parser and
+interaction names are checked against their registries by the agent package
+(`rlkit.agent.check.check_multi_turn`), which the config layer does not import.
 """
 
 from __future__ import annotations
@@ -38,20 +39,3 @@ class MultiTurnConfig:
             raise UserError(f"{PREFIX}tool_timeout_s={self.tool_timeout_s} must be > 0")
         if self.batch_wait_ms < 0:
             raise UserError(f"{PREFIX}batch_wait_ms={self.batch_wait_ms} must be >= 0")
-
-    def validate(self) -> None:
-        """Check the names against the registries (imports the agent package; no torch)."""
-        from rlkit.agent.interaction import INTERACTIONS
-        from rlkit.agent.parser import TOOL_PARSERS
-        from rlkit.agent.tools import TOOLS, load_builtin_tools
-
-        load_builtin_tools()
-        checks = [("format", TOOL_PARSERS, [self.format])]
-        checks.append(("tools", TOOLS, list(self.tools)))
-        checks.append(("tool_config", TOOLS, list(self.tool_config)))
-        if self.interaction is not None:
-            checks.append(("interaction", INTERACTIONS, [self.interaction]))
-        for key, registry, names in checks:
-            for name in names:
-                if name not in registry:
-                    raise UserError(f"{PREFIX}{key}: '{name}' is not registered; choose from {registry.names()}")

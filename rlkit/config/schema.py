@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlkit.workers.rollout.config import RolloutConfig
+from rlkit.config.rollout import RolloutConfig
 
 
 def f(default: Any = None, help: str = "", factory: Any = None) -> Any:  # noqa: A002 - "help" reads best in the schema

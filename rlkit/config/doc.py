@@ -1,13 +1,16 @@
 """Generate the config reference (docs/config.md) from the schema, so it cannot drift.
 
-Run: `python -m rlkit.trainer.config_doc > docs/config.md` (a test checks the file is current).
+`render(names_of)` takes the registered names of registry-valued keys from the caller (the
+config layer imports no registry). Run: `python -m rlkit.trainer.run_config > docs/config.md`
+(a test checks the file is current).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
-from rlkit.trainer.config_schema import RLConfig
+from rlkit.config.schema import RLConfig
 
 
 def _rows(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
@@ -41,20 +44,19 @@ def _inline_help(cls: type, name: str) -> str:
     return ""
 
 
-def render() -> str:
+def render(names_of: Callable[[str], list[str] | None] = lambda key: None) -> str:
+    """The reference page; `names_of(key)` lists the names a registry-valued key accepts (None: not one)."""
     out = [
         "# Config reference",
         "",
-        "Generated from `rlkit/trainer/config_schema.py` by `python -m rlkit.trainer.config_doc`; do not edit.",
+        "Generated from `rlkit/config/schema.py` by `python -m rlkit.trainer.run_config`; do not edit.",
         "Set any key on the command line: `rlkit train grpo data.train_batch_size=32 actor_rollout_ref.rollout.n=8`.",
         "Presets (`rlkit train <preset>`) change a few of these defaults; `--dry-run` prints the resolved config.",
         "",
     ]
-    from rlkit.trainer.registered_names import registered_names  # names come from the registries themselves
-
     group = None
     for key, default, help_text in _rows(RLConfig):
-        names = registered_names(key, builtin_only=True)
+        names = names_of(key)
         if names is not None:
             help_text = f"{help_text}; registered: {', '.join(names)}"
         top = key.split(".")[0] if not key.startswith("actor_rollout_ref") else ".".join(key.split(".")[:2])
@@ -64,6 +66,3 @@ def render() -> str:
         out.append(f"| `{key}` | `{default}` | {help_text.replace('|', '/')} |")
     return "\n".join(out) + "\n"
 
-
-if __name__ == "__main__":
-    print(render(), end="")

@@ -16,11 +16,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlkit.agent.config import MultiTurnConfig
+from rlkit.config.agent import MultiTurnConfig
 from rlkit.errors import UserError
-from rlkit.workers.rollout.base import SamplingConfig
 
 DTYPES = ("bfloat16", "float32", "float16")
+
+
+@dataclass
+class SamplingConfig:
+    """What one `generate` call samples (built by `RolloutConfig.to_sampling`); `greedy=True` ignores
+    temperature/top-p/top-k."""
+
+    response_length: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    greedy: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+    calculate_log_probs: bool = False
+    seed: int | None = None
 
 
 @dataclass
@@ -97,8 +111,6 @@ class RolloutConfig:
                 f"{p}max_model_len={self.max_model_len} is shorter than prompt_length + response_length "
                 f"({self.prompt_length + self.response_length}); raise it or leave it unset"
             )
-        if self.multi_turn.enable:
-            self.multi_turn.validate()  # tool / format / interaction names exist
 
     @property
     def model_len(self) -> int:

@@ -1,4 +1,4 @@
-"""Load and validate a run config: schema defaults <- algorithm preset <- --config file <- key=value overrides.
+"""Compose and validate a run config: schema defaults <- algorithm preset <- --config file <- key=value overrides.
 
 Configs are OmegaConf (the YAML/interpolation engine under Hydra) over the typed
 schema in `config_schema.py`. Every problem is a UserError that names the key,
@@ -16,10 +16,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
-from rlkit.trainer.config_schema import RLConfig
 
-PRESET_PACKAGE = "rlkit.trainer.presets"
+PRESET_PACKAGE = "rlkit.config.presets"
 
 
 def preset_names() -> list[str]:
@@ -84,8 +84,8 @@ def _parse_overrides(overrides: list[str]) -> dict:
     return out
 
 
-def load_config(algo: str = "grpo", overrides: list[str] | None = None, config_file: str | None = None) -> RLConfig:
-    """Build the validated RLConfig for `rlkit train ALGO [--config FILE] [key=value ...]`."""
+def compose_config(algo: str = "grpo", overrides: list[str] | None = None, config_file: str | None = None) -> RLConfig:
+    """The validated RLConfig of `rlkit train ALGO [--config FILE] [key=value ...]`, not finalized (see finalize)."""
     if algo not in preset_names():
         close = difflib.get_close_matches(algo, preset_names(), n=2)
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
@@ -119,7 +119,6 @@ def load_config(algo: str = "grpo", overrides: list[str] | None = None, config_f
         cfg: RLConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
         raise UserError(f"config: {exc}") from None
-    finalize(cfg)
     return cfg
 
 
@@ -130,33 +129,3 @@ def to_yaml(cfg: RLConfig) -> str:
 def to_dict(cfg: RLConfig) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg))  # type: ignore[return-value]
 
-
-def finalize(cfg: RLConfig) -> None:
-    """Fill derived values and check that the sizes fit together; raise UserError saying what to change."""
-    from rlkit.debug.breakpoints import break_at_list
-    from rlkit.trainer.config_bounds import check_bounds
-    from rlkit.trainer.config_checks import check_config
-
-    check_bounds(cfg)  # single values first: their messages name the key the user wrote
-    rollout = cfg.actor_rollout_ref.rollout
-    rollout.prompt_length = cfg.data.max_prompt_length
-    rollout.response_length = cfg.data.max_response_length
-    actor = cfg.actor_rollout_ref.actor
-    if actor.clip_ratio_low is None:
-        actor.clip_ratio_low = actor.clip_ratio
-    if actor.clip_ratio_high is None:
-        actor.clip_ratio_high = actor.clip_ratio
-    critic = cfg.critic
-    if critic.ppo_mini_batch_size is None:
-        critic.ppo_mini_batch_size = actor.ppo_mini_batch_size
-    if critic.ppo_epochs is None:
-        critic.ppo_epochs = actor.ppo_epochs
-    if critic.model.path is None:
-        critic.model.path = cfg.actor_rollout_ref.model.path
-    if rollout.name is None:
-        from rlkit.workers.rollout import default_backend_name
-
-        rollout.name = default_backend_name()
-    rollout.validate()
-    cfg.trainer.debug.break_at = break_at_list(cfg.trainer.debug.break_at)  # a scalar or a list; phases checked
-    check_config(cfg)

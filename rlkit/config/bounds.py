@@ -2,7 +2,8 @@
 zero batch size stops the run at start-up with the key and the value, before anything runs
 (a negative lr would otherwise train "backwards" without a word).
 
-Cross-field checks (sizes that must divide, registry names) live in config_checks.py.
+Cross-field checks (sizes that must divide) live in checks.py; registry names in the layers
+that own the registries (finalize hooks, rlkit.trainer.run_config).
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""Cross-field checks of a run config: names exist in their registries, sizes divide.
+"""Cross-field checks of a run config: sizes divide, switches agree.
 
-Each failure is a UserError that says which keys disagree and what to change.
+Each failure is a UserError that says which keys disagree and what to change. Checks that need
+a registry (names, what an algorithm entry needs, which backends run tensor-parallel) belong to
+the layers that own the registries; they reach `finalize` as hooks (rlkit.trainer.run_config).
 """
 
 from __future__ import annotations
 
+from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
-from rlkit.trainer.config_schema import RLConfig
 
 
 def world_size(cfg: RLConfig) -> int:
@@ -14,12 +16,7 @@ def world_size(cfg: RLConfig) -> int:
 
 
 def check_config(cfg: RLConfig) -> None:
-    # Names are checked against their registries, and each algorithm entry's declared needs
-    # (rlkit.algo.needs) against the config, by the layers that own them.
-    from rlkit.algo.needs import critic_enabled
-    from rlkit.trainer.registered_names import check_named_entries
-
-    check_named_entries(cfg)
+    """Sizes and switches; `critic.enable` is already resolved (null -> what the estimator needs) by a hook."""
     actor = cfg.actor_rollout_ref.actor
     if cfg.reward_model.enable:
         raise UserError(
@@ -46,14 +43,14 @@ def check_config(cfg: RLConfig) -> None:
             f"ppo_mini_batch_size * rollout.n = {mini * n} sequences must split evenly over "
             f"{ws} workers (trainer.nnodes * trainer.n_gpus_per_node); change ppo_mini_batch_size or the worker count"
         )
-    if critic_enabled(cfg):
+    if cfg.critic.enable:
         cmini = cfg.critic.ppo_mini_batch_size or mini
         if cmini > bsz or bsz % cmini or (cmini * n) % ws:
             raise UserError(
                 f"critic.ppo_mini_batch_size={cmini} must divide data.train_batch_size={bsz} and "
                 f"critic.ppo_mini_batch_size * rollout.n must split over {ws} workers"
             )
-    check_tensor_parallel(cfg)
+    check_tensor_parallel(cfg, tp_backends=None)
     if cfg.trainer.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"trainer.device='{cfg.trainer.device}' must be auto | cpu | cuda")
     if cfg.algorithm.filter_groups.enable and n < 2:
@@ -64,18 +61,17 @@ def _largest_divisor_at_most(total: int, cap: int) -> int:
     return max(d for d in range(1, min(total, cap) + 1) if total % d == 0)
 
 
-def check_tensor_parallel(cfg: RLConfig) -> None:
-    """TP splits the rollout workers into groups of `tp` ranks, each group one engine (vLLM only).
-    Also called by the rollout worker itself, for configs that did not come through `load_config`."""
+def check_tensor_parallel(cfg: RLConfig, tp_backends: list[str] | None) -> None:
+    """TP splits the rollout workers into groups of `tp` ranks, each group one engine. `tp_backends`: the
+    backends that declare `tensor_parallel` (the rollout package knows them; None skips that part).
+    Also called when the workers are built, for configs that did not come through `load_config`."""
     rollout = cfg.actor_rollout_ref.rollout
     tp = rollout.tensor_model_parallel_size
     if tp == 1:
         return
     key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-    from rlkit.workers.rollout import ROLLOUT_BACKENDS  # each backend declares `tensor_parallel`
-
-    able = [name for name in ROLLOUT_BACKENDS.names() if ROLLOUT_BACKENDS.get(name).tensor_parallel]
-    if rollout.name not in able:
+    able = tp_backends or []
+    if tp_backends is not None and rollout.name not in able:
         raise UserError(f"{key}={tp} needs rollout.name={' | '.join(able)} (the '{rollout.name}' backend runs one "
                         f"full model per worker); set it to 1 or use {' | '.join(able)}")
     workers = world_size(cfg)

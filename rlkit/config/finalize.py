@@ -1,0 +1,47 @@
+"""Finalize a composed config: derived values, mode fix-ups, then every check, so what `--dry-run` prints is what runs.
+
+`rlkit.config` imports no other rlkit layer. What only a layer above knows (is vLLM installed,
+which names a registry holds, what an advantage estimator needs, which debug phases exist)
+comes in as hooks: functions that fill in or check a config, passed by the caller
+(`rlkit.trainer.run_config.HOOKS` for `rlkit train`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from rlkit.config.bounds import check_bounds
+from rlkit.config.checks import check_config
+from rlkit.config.schema import RLConfig
+
+ConfigHook = Callable[[RLConfig], None]
+
+
+def derive(cfg: RLConfig) -> None:
+    """Values that follow from others: engine lengths from the data, clip bounds, the critic's defaults."""
+    rollout = cfg.actor_rollout_ref.rollout
+    rollout.prompt_length = cfg.data.max_prompt_length
+    rollout.response_length = cfg.data.max_response_length
+    actor = cfg.actor_rollout_ref.actor
+    if actor.clip_ratio_low is None:
+        actor.clip_ratio_low = actor.clip_ratio
+    if actor.clip_ratio_high is None:
+        actor.clip_ratio_high = actor.clip_ratio
+    critic = cfg.critic
+    if critic.ppo_mini_batch_size is None:
+        critic.ppo_mini_batch_size = actor.ppo_mini_batch_size
+    if critic.ppo_epochs is None:
+        critic.ppo_epochs = actor.ppo_epochs
+    if critic.model.path is None:
+        critic.model.path = cfg.actor_rollout_ref.model.path
+
+
+def finalize(cfg: RLConfig, hooks: Sequence[ConfigHook]) -> RLConfig:
+    """Fill derived values, run the hooks, check that the sizes fit together; UserError saying what to change."""
+    check_bounds(cfg)  # single values first: their messages name the key the user wrote
+    derive(cfg)
+    cfg.actor_rollout_ref.rollout.validate()
+    for hook in hooks:
+        hook(cfg)
+    check_config(cfg)
+    return cfg

@@ -1,0 +1,85 @@
+"""The run config of `rlkit train`: rlkit.config's composition, finalized with what only the layers above it know.
+
+`rlkit.config` imports no other rlkit layer, so its `finalize` takes the facts and checks it
+cannot make itself as hooks, and this module (the launcher's layer, which sees them all)
+passes them: the default rollout backend (is vLLM installed?), the break-at phases, the
+registries' names (the user's plugins first), the algorithm entries' needs (critic on, n >= 2),
+the reward manager, which backends can run tensor-parallel and the agent's tool names.
+
+    cfg = load_config("grpo", ["actor_rollout_ref.rollout.n=8"])
+
+`python -m rlkit.trainer.run_config > docs/config.md` regenerates the config reference.
+"""
+
+from __future__ import annotations
+
+from rlkit.config.doc import render
+from rlkit.config.finalize import ConfigHook, finalize
+from rlkit.config.load import compose_config
+from rlkit.config.schema import RLConfig
+
+
+def default_rollout_backend(cfg: RLConfig) -> None:
+    """`rollout.name: null` -> vllm where installed, else hf."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name is None:
+        from rlkit.workers.rollout import default_backend_name
+
+        rollout.name = default_backend_name()
+
+
+def break_at_rules(cfg: RLConfig) -> None:
+    """`trainer.debug.break_at` as a list of rules whose phases exist (rlkit.debug.breakpoints.PHASES)."""
+    from rlkit.debug.breakpoints import break_at_list
+
+    cfg.trainer.debug.break_at = break_at_list(cfg.trainer.debug.break_at)
+
+
+def named_entries(cfg: RLConfig) -> None:
+    """The user's plugins imported, every registry-valued key's name registered, the algorithm entries'
+    declared needs met (then `critic.enable: null` becomes what they need), the reward manager's options."""
+    from rlkit.algo.needs import critic_enabled
+    from rlkit.trainer.registered_names import check_named_entries
+
+    check_named_entries(cfg)
+    cfg.critic.enable = critic_enabled(cfg)
+
+
+def tensor_parallel_backend(cfg: RLConfig) -> None:
+    from rlkit.config.checks import check_tensor_parallel
+    from rlkit.workers.rollout import tensor_parallel_backends
+
+    check_tensor_parallel(cfg, tensor_parallel_backends())
+
+
+def agent_names(cfg: RLConfig) -> None:
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    if multi_turn.enable:
+        from rlkit.agent.check import check_multi_turn
+
+        check_multi_turn(multi_turn)
+
+
+#: in order: the backend default before the tensor-parallel check; all run before the config's own
+#: checks, which read the resolved `critic.enable`
+HOOKS: tuple[ConfigHook, ...] = (
+    default_rollout_backend, break_at_rules, named_entries, tensor_parallel_backend, agent_names,
+)
+
+
+def load_config(algo: str = "grpo", overrides: list[str] | None = None, config_file: str | None = None) -> RLConfig:
+    """The validated, finalized RLConfig of `rlkit train ALGO [--config FILE]
+    [override ...]` (see rlkit.config.load.compose_config for the grammar)."""
+    cfg = compose_config(algo, overrides, config_file)
+    return finalize(cfg, HOOKS)
+
+
+def reference() -> str:
+    """docs/config.md: the schema reference, each registry-named key listing its registered names."""
+    from rlkit.trainer.registered_names import registered_names
+
+    return render(lambda key: registered_names(key, builtin_only=True))  # a user's plugins stay out of the docs
+
+
+if __name__ == "__main__":
+    print(reference(), end="")
