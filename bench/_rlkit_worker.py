@@ -178,8 +178,7 @@ def main() -> None:
             sampler = RssSampler(os.getpid())
             sampler.start()
             trainer = build_trainer(cfg)
-            groups = [trainer.workers.group, getattr(trainer.workers, "rollout_group", None)]
-            sampler.workers += ray.get([a.pid.remote() for g in groups if g is not None for a in g.actors])
+            sampler.workers += ray.get([a.pid.remote() for g in trainer.workers.groups for a in g.actors])
             init_s = time.perf_counter() - start
             capture = Capture(sampler.pids)
             trainer.tracker = capture

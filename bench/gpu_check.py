@@ -1,9 +1,9 @@
 """The prepared device check: the CUDA paths that CPU CI cannot run, in one short script.
 
-    python bench/gpu_check.py                      # on a GPU machine: NCCL + bf16 + GRPO step timing
+    python bench/gpu_check.py                      # on a GPU machine: NCCL + bf16 + GRPO step + vLLM sync
     python bench/gpu_check.py --device cpu         # the same checks on CPU/gloo (what CI can prove)
 
-Three checks, each printed as a row of one table and written to JSON (`--out`):
+Four checks, each printed as a row of one table and written to JSON (`--out`):
 
 1. `env`: torch/CUDA versions, device name, the imports rlkit needs.
 2. `numerics`: FSDP2 (NCCL on CUDA, gloo on CPU; world of 1) in the trainer's compute dtype
@@ -13,6 +13,11 @@ Three checks, each printed as a row of one table and written to JSON (`--out`):
 3. `grpo_step`: `bench/grpo_step.py` (the real trainer on Ray, HF rollout, one worker per GPU)
    on a random ~100M Llama (hidden 768, 12 layers: no weights can be downloaded there), 3 steps;
    reports step time, phases and `perf/mfu` against the device's spec peak.
+4. `vllm_sync`: the hybrid engine's weight sync into vLLM (trainer and engine in one process, as in a
+   colocated worker), at sleep levels 1 and 2: sleep, the trainer's weights change, then
+   `EngineLifecycle` wakes the weights, loads, wakes the KV cache and generates; the engine's log-probs
+   must equal the trainer's (the dtype's tolerance) and differ from the previous weights'; the call
+   order is checked, and on GPU that sleeping frees device memory (vLLM sleep mode).
 
 The model is random (nothing to download); the tokenizer is rlkit's tiny word-level one, so the
 vocabulary is small and the LM head cheap: MFU here measures the decoder, not a 150k-vocab head.
@@ -128,7 +133,151 @@ def check_grpo_step(model_path: Path, device: str, steps: int, out_dir: Path) ->
             "tokens_per_s": res["tokens_per_s"], "gen_tokens_per_s": res["gen_tokens_per_s"]}
 
 
-CHECKS = ("env", "numerics", "grpo_step")
+SYNC_PROMPT, SYNC_RESPONSE, SYNC_ROWS = 16, 32, 8
+
+
+def _prompt_batch(vocab: int):
+    """Left-padded random prompts as the dataset hands them to the rollout."""
+    import torch
+
+    from rlkit.protocol import Batch
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, vocab, (SYNC_ROWS, SYNC_PROMPT), generator=g)
+    mask = torch.ones_like(ids)
+    for r in range(SYNC_ROWS):
+        mask[r, : r % 4] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": pos})
+
+
+def _perturb(trainer, seed: int, scale: float = 0.5) -> None:
+    """A new policy: every trainer parameter moved by `scale` relative noise (stands in for an update)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in trainer.module.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            noise = torch.randn(local.shape, generator=g).to(local.device, local.dtype)
+            local.add_(noise * (scale * local.float().abs().mean()).to(local.dtype))
+
+
+def _trainer_gap(trainer, out):
+    """|engine log-prob - trainer log-prob| over the generated tokens of `out`."""
+    import torch
+
+    dev = trainer.device
+    with torch.no_grad():
+        lp = trainer.forward(out["input_ids"].to(dev), out["attention_mask"].to(dev), out["position_ids"].to(dev),
+                             out["responses"].shape[1]).log_probs.float().cpu()
+    return (lp - out["rollout_log_probs"]).abs()[out["response_mask"].bool()]
+
+
+def _record(engine, device: str) -> tuple[list, list]:
+    """Record the lifecycle's calls into the engine (and free device memory while it generates)."""
+    import torch
+
+    calls: list = []
+    awake_free: list = []
+    for name in ("sleep", "wake_up", "update_weights", "generate"):
+        real = getattr(engine, name)
+
+        def wrapper(*args, _name=name, _real=real, **kwargs):
+            calls.append([_name, *[a for a in args if isinstance(a, int | list)]])
+            if _name == "generate" and device == "cuda":
+                awake_free.append(torch.cuda.mem_get_info()[0])
+            return _real(*args, **kwargs)
+
+        setattr(engine, name, wrapper)
+    return calls, awake_free
+
+
+def check_vllm_sync(model_path: Path, device: str, dtype: str, cycles: int) -> dict:
+    """The hybrid engine's sync on vLLM: trainer (FSDP2) and engine in one process, as in a colocated worker.
+
+    For sleep levels 1 and 2, `cycles` times: the trainer's weights change, the sleeping engine gets them
+    through `EngineLifecycle` (wake weights -> load -> wake KV cache -> generate -> sleep), and the engine's
+    log-probs of what it generated must equal the trainer's (dtype tolerance) and differ from the previous
+    weights' (the sync did something). Then one generation without a sync (validation): after a level-2 sleep
+    on GPU the lifecycle reloads the discarded weights from the trainer first. Checks the call order, and on
+    GPU that sleeping frees device memory."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    from rlkit.config.schema import FSDPConfig
+    from rlkit.controller.worker import free_port
+    from rlkit.workers.fsdp_model import FSDPModel
+    from rlkit.workers.rollout import RolloutConfig, SamplingConfig, VLLMRollout
+    from rlkit.workers.rollout.lifecycle import ActorWeights, EngineLifecycle
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
+    mean_tol, max_tol = TOLERANCE[dtype]
+    report: dict = {"dtype": dtype, "tolerance": [mean_tol, max_tol], "levels": {}}
+    try:
+        trainer = FSDPModel(str(model_path), FSDPConfig(param_dtype=dtype),
+                            torch.device("cuda", 0) if device == "cuda" else torch.device("cpu"))
+        trainer.module.eval()
+        rollout = RolloutConfig(name="vllm", prompt_length=SYNC_PROMPT, response_length=SYNC_RESPONSE, dtype=dtype,
+                                calculate_log_probs=True, kv_cache_memory_mb=64, gpu_memory_utilization=0.3,
+                                max_num_seqs=SYNC_ROWS)
+        start = time.perf_counter()
+        engine = VLLMRollout(model_path, rollout)
+        report["engine_start_s"] = round(time.perf_counter() - start, 1)
+        calls, awake_free = _record(engine, device)
+        source = ActorWeights(SimpleNamespace(model=trainer))  # the colocated actor's weights
+        prompts = _prompt_batch(trainer.config.vocab_size)
+        ok = True
+        try:
+            for level in (1, 2):
+                life = EngineLifecycle(engine, free_cache_engine=True, sleep_level=level, source=source)
+                calls.clear()
+                life.start()
+                row: dict = {"fresh_mean": [], "fresh_max": [], "stale_mean": [], "asleep_free_gb": [],
+                             "order_ok": calls == [["sleep", level]]}
+                previous = None
+                for cycle in range(cycles + 1):
+                    calls.clear()
+                    sync = cycle < cycles  # the last round generates without a sync (validation)
+                    if sync:
+                        _perturb(trainer, seed=100 * level + cycle)
+                        life.load()
+                    sampling = SamplingConfig(response_length=SYNC_RESPONSE, calculate_log_probs=True, seed=cycle)
+                    out, _ = life.generate(prompts, sampling)
+                    if device == "cuda":
+                        row["asleep_free_gb"].append(torch.cuda.mem_get_info()[0] / 2**30)
+                    load = ["wake_up", ["weights"]], ["update_weights"]
+                    reload = sync or engine.discards_weights(level)
+                    expected = [*(load if reload else load[:1]), ["wake_up", ["kv_cache"]], ["generate"],
+                                ["sleep", level]]
+                    row["order_ok"] = row["order_ok"] and calls == expected
+                    fresh = _trainer_gap(trainer, out)
+                    row["fresh_mean"].append(float(fresh.mean()))
+                    row["fresh_max"].append(float(fresh.max()))
+                    if previous is not None and sync:  # the last weights' samples, scored by the new trainer
+                        row["stale_mean"].append(float(_trainer_gap(trainer, previous).mean()))
+                    previous = out
+                engine.wake_up()  # awake for the next level's start()
+                fresh_ok = max(row["fresh_mean"]) < mean_tol and max(row["fresh_max"]) < max_tol
+                stale_ok = min(row["stale_mean"]) > 5 * max(row["fresh_mean"])
+                freed = (min(row["asleep_free_gb"]) - max(awake_free) / 2**30) if device == "cuda" else None
+                row.update(fresh_ok=fresh_ok, stale_ok=stale_ok, sleep_frees_gb=freed)
+                ok = ok and fresh_ok and stale_ok and row["order_ok"] and (freed is None or freed > 0)
+                awake_free.clear()
+                report["levels"][level] = row
+        finally:
+            engine.close()
+    finally:
+        dist.destroy_process_group()
+    return {"ok": ok, **report}
+
+
+CHECKS = ("env", "numerics", "grpo_step", "vllm_sync")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=list(TOLERANCE), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated subset of {CHECKS}")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--cycles", type=int, default=3, help="vllm_sync: weight updates per sleep level")
     ap.add_argument("--hidden", type=int, default=768, help="random model width (heads = hidden / 64)")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "bench/results"), "gpu_check.json"))
@@ -158,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             "env": lambda: check_env(args.device),
             "numerics": lambda: check_numerics(model, args.device, dtype),
             "grpo_step": lambda: check_grpo_step(model, args.device, args.steps, Path(tmp)),
+            "vllm_sync": lambda: check_vllm_sync(model, args.device, dtype, args.cycles),
         }
         for name in checks:
             start = time.perf_counter()

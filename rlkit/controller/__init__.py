@@ -4,7 +4,7 @@ from rlkit.controller.decorator import DISPATCH_MODES, Dispatch, DispatchInfo, D
 from rlkit.controller.futures import DataFuture, WorkerError
 from rlkit.controller.resource_pool import ResourcePool
 from rlkit.controller.worker import Worker
-from rlkit.controller.worker_group import ClassWithInitArgs, RayWorkerGroup, WorkerGroupView, local_role
+from rlkit.controller.worker_group import ClassWithInitArgs, RayWorkerGroup, Sibling, WorkerGroupView
 
 __all__ = [
     "DISPATCH_MODES",
@@ -16,9 +16,9 @@ __all__ = [
     "Execute",
     "RayWorkerGroup",
     "ResourcePool",
+    "Sibling",
     "Worker",
     "WorkerError",
     "WorkerGroupView",
-    "local_role",
     "register",
 ]

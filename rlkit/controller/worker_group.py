@@ -5,6 +5,12 @@ the same process. One role = a plain worker group; several roles = colocation
 (actor + rollout + reference in one process, handing weights over in memory).
 `group.role("actor")` is a view whose attributes are the role's `@register`ed
 methods, callable from the driver.
+
+A role receives a colocated sibling explicitly: a `Sibling("actor")` constructor argument
+is replaced by the actor role built before it in the same process (how the colocated
+rollout gets the actor whose weights it loads). Every call carries the group's `step`
+(the trainer's global step), which the worker sets before running the method, so
+`break_at=...:step=N` matches in every role and every layout.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from rlkit.controller.decorator import DISPATCH_MODES, Dispatch, DispatchInfo, E
 from rlkit.controller.futures import DataFuture, get_with_rank
 from rlkit.controller.resource_pool import ResourcePool
 from rlkit.controller.worker import free_port, node_ip
+from rlkit.debug.breakpoints import set_step
 from rlkit.registry import extension_modules, import_plugins
 
 
@@ -38,15 +45,11 @@ class ClassWithInitArgs:
         self.cls, self.args, self.kwargs = cls, args, kwargs
 
 
-_LOCAL_ROLES: dict[str, Any] = {}
+@dataclass(frozen=True)
+class Sibling:
+    """A constructor argument standing for the role `name` built earlier in the same worker process."""
 
-
-def local_role(name: str) -> Any:
-    """A colocated sibling role in this process (e.g. the rollout reading the actor's weights)."""
-    try:
-        return _LOCAL_ROLES[name]
-    except KeyError:
-        raise KeyError(f"no role '{name}' in this process; colocated roles: {sorted(_LOCAL_ROLES)}") from None
+    name: str
 
 
 class _WorkerHost:
@@ -58,9 +61,21 @@ class _WorkerHost:
         import_plugins(plugins, strict=False)
         self._roles = {}
         for name, spec in roles.items():
-            self._roles[name] = _LOCAL_ROLES[name] = spec.cls(*spec.args, **spec.kwargs)
+            args = [self._sibling(name, a) for a in spec.args]
+            kwargs = {k: self._sibling(name, v) for k, v in spec.kwargs.items()}
+            self._roles[name] = spec.cls(*args, **kwargs)
 
-    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+    def _sibling(self, role: str, value: Any) -> Any:
+        if not isinstance(value, Sibling):
+            return value
+        if value.name not in self._roles:
+            raise ValueError(f"role '{role}' needs the role '{value.name}' built before it in the same process; "
+                             f"built so far: {sorted(self._roles)} (list '{value.name}' first in the group's roles)")
+        return self._roles[value.name]
+
+    def call(self, role: str, method: str, step: int | None, /, *args: Any, **kwargs: Any) -> Any:
+        if step is not None:
+            set_step(step)  # the driver's global step, for break_at's `step=` in whichever role runs
         return getattr(self._roles[role], method)(*args, **kwargs)
 
     def master_address(self) -> tuple[str, int]:
@@ -74,7 +89,10 @@ class _WorkerHost:
 
 
 class RayWorkerGroup:
-    """Spawn `roles` (one ClassWithInitArgs or a dict of them) on `pool`, one actor per bundle."""
+    """Spawn `roles` (one ClassWithInitArgs or a dict of them) on `pool`, one actor per bundle.
+
+    `env`: extra environment variables of this group's processes, set before the roles are built.
+    `step`: the trainer step every call carries from now on (None: the workers keep theirs)."""
 
     def __init__(
         self,
@@ -84,8 +102,11 @@ class RayWorkerGroup:
         runtime_env: dict | None = None,
         max_restarts: int = 0,
         get_timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.pool = pool
+        self.env = dict(env or {})
+        self.step: int | None = None
         self.roles: dict[str, ClassWithInitArgs] = (
             {"": roles} if isinstance(roles, ClassWithInitArgs) else dict(roles)
         )
@@ -108,6 +129,7 @@ class RayWorkerGroup:
                     "LOCAL_RANK": str(local_rank),
                     "LOCAL_WORLD_SIZE": str(nprocs),
                     "RLKIT_WORKER_NAME": f"{self.name_prefix}:{rank}",
+                    **self.env,
                 }
                 strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=local_rank)
                 opts: dict[str, Any] = {
@@ -161,7 +183,7 @@ class WorkerGroupView:
     def dispatch_info(self) -> list[DispatchInfo]:
         """Each worker's data-parallel coordinates (cached; `refresh_dispatch_info` after re-sharding)."""
         if self._dispatch_info is None:
-            refs = [a.call.remote(self.role_name, "dispatch_info") for a in self.group.actors]
+            refs = [a.call.remote(self.role_name, "dispatch_info", None) for a in self.group.actors]
             self._dispatch_info = get_with_rank(refs, list(range(len(refs))), self.name, "dispatch_info")
         return self._dispatch_info
 
@@ -178,7 +200,7 @@ class WorkerGroupView:
             if call is None:
                 continue
             a, kw = call
-            refs.append(actor.call.remote(self.role_name, method, *a, **kw))
+            refs.append(actor.call.remote(self.role_name, method, self.group.step, *a, **kw))
             ranks.append(rank)
         blocking = spec.blocking if blocking is None else blocking
         side_refs, side_ranks = [], []

@@ -33,6 +33,7 @@ from rlkit.trainer.rollout_flow import (
 from rlkit.trainer.step_result import StepResult
 from rlkit.trainer.workers_setup import WorkerHandles, build_workers
 from rlkit.workers.micro_batch import balance_across_ranks
+from rlkit.workers.rollout.lifecycle import call_seed
 
 log = logging.getLogger("rlkit.trainer")
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -93,6 +94,7 @@ class RLTrainer:
         while self.global_step < self.total_steps:
             prompts = next(data_iter)
             self.global_step += 1
+            self.workers.set_step(self.global_step)  # every later worker call carries it (break_at `step=`)
             start = time.perf_counter()
             result = self.train_step(prompts)
             step_s = time.perf_counter() - start
@@ -144,7 +146,7 @@ class RLTrainer:
         with timer("update_actor"):
             batch.union(w.actor.update_actor(batch))
         with timer("update_weights"):
-            sync = w.rollout.sync_weights()
+            sync = w.sync_weights()
         worker_metrics = batch.meta.get("metrics", {})
         metrics = {
             **reduce_metrics(worker_metrics), **reduce_metrics({k: [s[k] for s in sync] for k in sync[0]}),
@@ -167,12 +169,12 @@ class RLTrainer:
             if attempt > 0:
                 prompts = next(self._data_iter)
             gen = repeat_with_uids(prompts, n)
-            call_id = self.global_step * 1000 + attempt
-            out = self.workers.rollout.generate_sequences(gen.select(self._rollout_keys(gen)), call_id=call_id)
+            step, seed = self.global_step, call_seed(self.global_step, attempt)
+            out = self.workers.rollout.generate_sequences(gen.select(self._rollout_keys(gen)), step=step, seed=seed)
             out.non_tensors.update(gen.non_tensors)
             with timer("reward"):
                 out.union(self.reward_fn(out))
-            baseline = self._launch_baseline(prompts, call_id)
+            baseline = self._launch_baseline(prompts, step, seed)
             if baseline is not None:
                 with timer("gen_baseline"):
                     out["reward_baselines"] = self._baseline_rewards(baseline, prompts, n)
@@ -192,13 +194,13 @@ class RLTrainer:
         usable = min(usable or len(batch), target)
         return batch[:usable], metrics
 
-    def _launch_baseline(self, prompts: Batch, call_id: int, blocking: bool = True) -> Any:
+    def _launch_baseline(self, prompts: Batch, step: int, seed: int, blocking: bool = True) -> Any:
         """Greedy responses to the un-repeated prompts when an entry declares `@needs(greedy_baseline=True)`
         (ReMax's estimator), else None. Only their rewards are kept; they are not trained on."""
         if not run_needs(self.cfg).greedy_baseline:
             return None
         keys = self._rollout_keys(prompts)
-        return self.workers.rollout.generate_sequences(prompts.select(keys), call_id=call_id, greedy=True,
+        return self.workers.rollout.generate_sequences(prompts.select(keys), step=step, seed=seed, greedy=True,
                                                        blocking=blocking)
 
     def _baseline_rewards(self, greedy: Batch, prompts: Batch, n: int) -> torch.Tensor:
@@ -219,7 +221,7 @@ class RLTrainer:
             yield from self.train_loader
 
     def _build_workers(self) -> WorkerHandles:
-        """The worker groups of this trainer (a subclass may lay them out differently)."""
+        """The worker groups of the layout the config asks for (colocated, or a separate rollout group)."""
         return build_workers(self.cfg, self.model_path, self.total_steps)
 
     # ----------------------------------------------------------- validation
@@ -275,7 +277,7 @@ class RLTrainer:
         path = load_with_fallback(self.ckpt_root, self.cfg.trainer.resume_mode, self._load_checkpoint, log.warning)
         if path is None:
             return
-        self.workers.rollout.sync_weights()
+        self.workers.sync_weights(wait=True)  # the resumed weights are in the engines before step 1
         self.resumed_from = path
         if self.tracker is not None and hasattr(self.tracker, "rewind"):
             self.tracker.rewind(self.global_step)  # the steps after the checkpoint run again: drop their old rows

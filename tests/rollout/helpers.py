@@ -9,6 +9,7 @@ import torch
 from rlkit.protocol import Batch
 from rlkit.testing import build_tiny_tokenizer, save_tiny_model
 
+VLLM_RESPONSE_LENGTH = 16  # the shared vLLM engine's response length (conftest `vllm_config`)
 PROMPTS = [
     "copy the digits : 1 2 3",
     "reverse 4 5",

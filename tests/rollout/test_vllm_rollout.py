@@ -12,34 +12,30 @@ pytest.importorskip("vllm")
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from rlkit.workers.rollout import HFRollout, RolloutConfig, VLLMRollout  # noqa: E402
-from tests.rollout.helpers import check_layout, perturbed_state, reference_log_probs  # noqa: E402
+from rlkit.workers.rollout import HFRollout, VLLMRollout  # noqa: E402
+from tests.rollout.helpers import (  # noqa: E402
+    VLLM_RESPONSE_LENGTH,
+    check_layout,
+    perturbed_state,
+    reference_log_probs,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning")]
 
-R = 16
+R = VLLM_RESPONSE_LENGTH
 # vLLM's CPU attention/GEMM kernels vs one transformers forward, float32: observed ~1e-6.
 LOGPROB_TOL = 1e-4
 RSS_GROWTH_LIMIT = 64 << 20  # 10 sleep/wake/generate cycles
 
 
 @pytest.fixture(scope="module")
-def config():
-    return RolloutConfig(prompt_length=32, response_length=R, calculate_log_probs=True, kv_cache_memory_mb=32)
+def config(vllm_config):
+    return vllm_config
 
 
 @pytest.fixture(scope="module")
-def engine(model_path, config):
-    """One engine for the module. Teardown also undoes what an in-process vLLM leaves in the pytest
-    process: its torch.distributed group and its no-op `torch.set_num_threads`."""
-    set_num_threads = torch.set_num_threads
-    rollout = VLLMRollout(model_path, config)
-    yield rollout
-    rollout.close()
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-    cleanup_dist_env_and_memory()
-    torch.set_num_threads = set_num_threads
+def engine(vllm_engine):
+    return vllm_engine
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +138,25 @@ def test_sleep_wake_cycles_do_not_grow_memory(engine, config, prompts):
         engine.wake_up()
         out = engine.generate(prompts, sampling)
         assert len(out) == len(prompts)
-    engine.sleep()
-    engine.generate(prompts, sampling)  # generate wakes a sleeping engine itself
-    assert not engine.sleeping
     growth = engine.memory_report()["rss_bytes"] - start
     assert growth < RSS_GROWTH_LIMIT, f"RSS grew by {growth / 2**20:.1f} MiB over 10 cycles"
+
+
+def test_a_sleeping_engine_refuses_to_generate_or_load(engine, config, prompts, ref_model):
+    """Only EngineLifecycle wakes the engine: a generate on a sleeping engine would wait on vLLM's paused
+    scheduler forever, and (on GPU) a load into sleeping weights would be lost."""
+    greedy = config.to_sampling(greedy=True)
+    before = engine.generate(prompts, greedy)["responses"]
+    engine.sleep()
+    try:
+        with pytest.raises(RuntimeError, match=r"generate on a sleeping engine \(kv_cache, weights asleep\)"):
+            engine.generate(prompts, greedy)
+        with pytest.raises(RuntimeError, match="whose weights sleep would be lost"):
+            engine.update_weights(ref_model.state_dict().items())
+        engine.wake_up(["weights"])
+        with pytest.raises(RuntimeError, match=r"sleeping engine \(kv_cache asleep\)"):
+            engine.generate(prompts, greedy)
+    finally:
+        engine.wake_up()
+    assert not engine.sleeping
+    assert torch.equal(engine.generate(prompts, greedy)["responses"], before)

@@ -74,18 +74,18 @@ def test_remax_baseline_is_the_greedy_reward_of_each_prompt(backend, toy_data, h
     try:
         prompts = trainer.train_set.get_batch(np.arange(16))
         # the baseline responses are greedy: the same whatever the seed, and the same as greedy validation
-        g1 = trainer._launch_baseline(prompts, call_id=1)
-        g2 = trainer._launch_baseline(prompts, call_id=2)
+        g1 = trainer._launch_baseline(prompts, step=1, seed=1)
+        g2 = trainer._launch_baseline(prompts, step=1, seed=2)
         val = rollout.generate_sequences(prompts.select(PROMPT_KEYS), validate=True)
-        s1 = rollout.generate_sequences(prompts.select(PROMPT_KEYS), call_id=1)
-        s2 = rollout.generate_sequences(prompts.select(PROMPT_KEYS), call_id=2)
+        s1 = rollout.generate_sequences(prompts.select(PROMPT_KEYS), seed=1)
+        s2 = rollout.generate_sequences(prompts.select(PROMPT_KEYS), seed=2)
         assert len(g1) == len(prompts)
         assert torch.equal(g1["responses"], g2["responses"]) and torch.equal(g1["responses"], val["responses"])
         assert not torch.equal(s1["responses"], s2["responses"]), "sampling calls should differ (control)"
 
         # one rollout phase: n samples per prompt, each row carrying its prompt's greedy reward
         batch, _ = trainer._rollout(prompts, Timer())
-        greedy = trainer._launch_baseline(prompts, call_id=3)
+        greedy = trainer._launch_baseline(prompts, step=1, seed=3)
         greedy.non_tensors.update(prompts.non_tensors)
         greedy_scores = trainer.reward_fn(greedy)["token_level_scores"].sum(-1)
         assert len(batch) == len(prompts) * N and "reward_baselines" in batch

@@ -73,8 +73,11 @@ class AgentRollout(RolloutBackend):
     def sleep(self, level: int = 1) -> None:
         self.backend.sleep(level)
 
-    def wake_up(self) -> None:
-        self.backend.wake_up()
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.backend.wake_up(tags)
+
+    def discards_weights(self, level: int) -> bool:
+        return self.backend.discards_weights(level)
 
     def __getattr__(self, name: str) -> Any:  # memory_report, close, last_update, ... of the wrapped engine
         if name == "backend":

@@ -47,8 +47,13 @@ class RolloutBackend(ABC):
     def sleep(self, level: int = 1) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Free what the engine can between rollouts (KV cache; level 2 also weights)."""
 
-    def wake_up(self) -> None:  # noqa: B027 - optional hook, a no-op by default
-        """Undo `sleep` before the next generate."""
+    def wake_up(self, tags: list[str] | None = None) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Undo `sleep` before the next generate; `tags` ("weights", "kv_cache") wakes one part, None all.
+        The order (weights, load, KV cache) is `EngineLifecycle`'s (rlkit/workers/rollout/lifecycle.py)."""
+
+    def discards_weights(self, level: int) -> bool:
+        """Whether `sleep(level)` forgets the weights, so they must be loaded again before generating."""
+        return False
 
 
 ROLLOUT_BACKENDS: Registry[type[RolloutBackend]] = Registry("rollout backend")

@@ -94,14 +94,21 @@ def _unique_cpu_shm_names() -> None:
     shm._rlkit_unique = True
 
 
-class _DropChatWarmupWarning(logging.Filter):
-    """With skip_tokenizer_init vLLM logs a traceback for its chat-template warmup; it is expected here."""
+class _DropExpected(logging.Filter):
+    """vLLM lines that are expected here (shown even with RLKIT_VERBOSE=1 they only mislead)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Chat template warmup failed" not in record.getMessage()
+        return self.text not in record.getMessage()
 
 
-_CHAT_WARMUP_FILTER = _DropChatWarmupWarning()
+# with skip_tokenizer_init vLLM logs a traceback for its chat-template warmup
+_CHAT_WARMUP_FILTER = _DropExpected("Chat template warmup failed")
+# the CPU worker says so at every sleep/wake; the calls still pause/resume the scheduler (see `sleep`)
+_CPU_SLEEP_FILTER = _DropExpected("sleep mode is not supported on CPU")
 
 
 @contextlib.contextmanager
@@ -193,13 +200,14 @@ class VLLMRollout(RolloutBackend):
         if self.on_cpu and config.tensor_model_parallel_size > 1:
             _unique_cpu_shm_names()
         logging.getLogger("vllm.renderers.base").addFilter(_CHAT_WARMUP_FILTER)  # added once
+        logging.getLogger("vllm.v1.worker.cpu_worker").addFilter(_CPU_SLEEP_FILTER)
         with _keep_global_rng():
             self.llm = vllm.LLM(**kwargs)
         client = self.llm.llm_engine.engine_core
         if isinstance(getattr(client, "_finalizer", None), weakref.finalize):  # in-process engine
             client._finalizer.detach()
             client._finalizer = weakref.finalize(client, _release_engine_core, client.engine_core)
-        self.sleeping = False
+        self.asleep: set[str] = set()  # the parts vLLM holds asleep: "weights", "kv_cache"
         self.last_update: dict[str, float] = {}
 
     # ----------------------------------------------------------------- generate
@@ -222,8 +230,9 @@ class VLLMRollout(RolloutBackend):
     def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:
         from vllm import TokensPrompt
 
-        if self.sleeping:
-            self.wake_up()
+        if self.asleep:  # vLLM's scheduler is paused until every part is awake: this would never finish
+            raise RuntimeError(f"generate on a sleeping engine ({', '.join(sorted(self.asleep))} asleep); "
+                               "EngineLifecycle wakes it (weights, load, KV cache) before generating")
         ids, attn = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
         requests = [TokensPrompt(prompt_token_ids=row[keep].tolist()) for row, keep in zip(ids, attn)]
         if sampling.seed is None:
@@ -272,6 +281,9 @@ class VLLMRollout(RolloutBackend):
         and shapes are checked against the model folder and any mismatch raises after the load.
         """
         self._check_in_process()
+        if "weights" in self.asleep:  # level 1: the weights sit in host memory; level 2: discarded
+            raise RuntimeError("update_weights on an engine whose weights sleep would be lost; "
+                               "wake_up(['weights']) first (EngineLifecycle.load does)")
         stream = self.weight_names.stream(named_tensors)
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
@@ -281,33 +293,40 @@ class VLLMRollout(RolloutBackend):
         return int(self.last_update["bytes"])
 
     # ------------------------------------------------------------ sleep / wake
-    def sleep(self, level: int | None = None) -> None:
-        """GPU: vLLM sleep mode (1: offload weights, drop KV cache; 2: drop both).
+    @property
+    def sleeping(self) -> bool:
+        """Whether any part (weights, KV cache) is asleep."""
+        return bool(self.asleep)
 
-        CPU: vLLM has no sleep mode; the KV cache (`kv_cache_memory_mb`) and the weights stay
-        allocated. We drop the prefix cache and return freed heap to the OS, nothing more.
-        """
-        if self.sleeping:
+    def sleep(self, level: int | None = None) -> None:
+        """vLLM sleep mode: the scheduler pauses and the prefix cache is dropped; on GPU level 1 moves the
+        weights to host memory and frees the KV cache, level 2 frees both.
+
+        CPU: vLLM's CPU worker keeps its memory (it logs that sleep mode is unsupported), so only the
+        scheduler pause and the prefix-cache reset happen, plus returning freed heap to the OS; the
+        call sequence is the GPU one, so CPU runs check the order."""
+        if self.asleep == {"weights", "kv_cache"}:
             return
-        level = self.config.sleep_level if level is None else level
+        self.llm.sleep(level=self.config.sleep_level if level is None else level)
+        self.asleep = {"weights", "kv_cache"}
         if self.on_cpu:
-            self.llm.reset_prefix_cache()
             _trim_host_memory()
         else:
-            self.llm.sleep(level=level)
             gc.collect()
             torch.cuda.empty_cache()
-        self.sleeping = True
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        """Undo `sleep`. `tags=["weights"]` then `["kv_cache"]` wakes in two steps (GPU), so a weight
-        sync can run before the KV cache is allocated; after a level-2 sleep a sync is required."""
-        if not self.sleeping:
+        """Undo `sleep` for `tags` (None: everything asleep). `["weights"]`, a load, then `["kv_cache"]`
+        is the order `EngineLifecycle` uses; the scheduler resumes once every part is awake."""
+        wake = [t for t in (tags or ("weights", "kv_cache")) if t in self.asleep]
+        if not wake:
             return
-        if not self.on_cpu:
-            self.llm.wake_up(tags)
-        if tags is None or "kv_cache" in tags:
-            self.sleeping = False
+        self.llm.wake_up(wake)
+        self.asleep -= set(wake)
+
+    def discards_weights(self, level: int) -> bool:
+        """Level 2 frees the weights on GPU (their content is gone); vLLM on CPU keeps them."""
+        return level >= 2 and not self.on_cpu
 
     def memory_report(self) -> dict[str, int]:
         """Process RSS (and CUDA allocated bytes on GPU), for before/after comparisons."""
