@@ -10,7 +10,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rlkit.algo.needs import critic_enabled, ref_needed
 from rlkit.config.checks import world_size
 from rlkit.config.schema import RLConfig
 
@@ -24,14 +23,19 @@ class LaunchOptions:
 
 def resource_plan(cfg: RLConfig) -> Table:
     """What will run where (printed by --dry-run and at start-up)."""
+    from rlkit.trainer.workers_setup import plan_layout
+
     t = cfg.trainer
-    roles = ["actor", f"rollout ({cfg.actor_rollout_ref.rollout.name})"]
-    roles += ["ref"] if ref_needed(cfg) else []
-    roles += ["critic"] if critic_enabled(cfg) else []
+    name = {"rollout": f"rollout ({cfg.actor_rollout_ref.rollout.name})"}
+    trainer, *separate = plan_layout(cfg).groups  # the layout build_workers spawns
     n = cfg.actor_rollout_ref.rollout.n
     table = Table(title="resource plan", show_header=False)
     table.add_row("workers", f"{t.nnodes} node(s) x {t.n_gpus_per_node} = {world_size(cfg)} (device: {t.device})")
-    table.add_row("colocated roles per worker", ", ".join(roles))
+    table.add_row("colocated roles per worker", ", ".join(name.get(r, r) for r in trainer.roles))
+    for group in separate:  # one-step-off: the engines in processes of their own
+        table.add_row(f"separate {', '.join(name.get(r, r) for r in group.roles)} workers",
+                      f"{group.nnodes} node(s) x {group.per_node} = {group.nnodes * group.per_node}, "
+                      f"each a GPU (or {group.cpus_per_process:g} CPU without one)")
     actor = cfg.actor_rollout_ref.actor
     bsz = cfg.data.train_batch_size
     table.add_row("sequences per step", f"{bsz} prompts x n={n} = {bsz * n}")

