@@ -50,8 +50,10 @@ def render(names_of: Callable[[str], list[str] | None] = lambda key: None) -> st
         "# Config reference",
         "",
         "Generated from `rlkit/config/schema.py` by `python -m rlkit.trainer.run_config`; do not edit.",
-        "Set any key on the command line: `rlkit train grpo data.train_batch_size=32 actor_rollout_ref.rollout.n=8`.",
-        "Presets (`rlkit train <preset>`) change a few of these defaults; `--dry-run` prints the resolved config.",
+        "Set any key on the command line: `rlkit train grpo data.train_batch_size=32 actor_rollout_ref.rollout.n=8`",
+        "(Hydra's override grammar: `+key=v`, `++key=v`, `~key`, `[a,b]`, `${interpolation}`; README.md, Config).",
+        "Presets (`rlkit train <preset>`, the Hydra group `algorithm`) change a few of these defaults;",
+        "`--dry-run` prints the resolved config.",
         "",
     ]
     group = None

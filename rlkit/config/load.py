@@ -1,15 +1,31 @@
-"""Compose and validate a run config: schema defaults <- algorithm preset <- --config file <- key=value overrides.
+"""Compose a run config with Hydra's compose API, then validate it against the typed schema.
 
-Configs are OmegaConf (the YAML/interpolation engine under Hydra) over the typed
-schema in `config_schema.py`. Every problem is a UserError that names the key,
-and for unknown keys the closest valid ones.
+Layers, later ones win:
+
+1. the schema defaults (`schema.py`; stored in Hydra's ConfigStore as `rlkit_schema`);
+2. the algorithm preset, the Hydra config group `algorithm` (`conf/algorithm/<name>.yaml`,
+   each `# @package _global_` because a preset sets keys of several sections);
+3. the user's config: `--config FILE` (one YAML file), or a YAML tree as verl's main_ppo
+   loads one, `--config-path DIR --config-name NAME` (NAME.yaml may use its own groups in DIR;
+   rlkit's `conf/` is on the search path, so its defaults list may name `rlkit`);
+4. the overrides, in Hydra's grammar: `key=v`, `+key=v` (add), `++key=v` (add or set),
+   `~key` (delete: the key falls back to its schema default), lists `[a,b]`, dicts `{k: v}`,
+   `${interpolation}`. Two conveniences keep run scripts that worked before working: a plain
+   `key=v` under a free-form mapping (e.g. `reward_model.scorer_kwargs.gsm8k.method=flexible`)
+   is applied as `++key=v`, and a value Hydra's grammar cannot read (`~/data/x.parquet`,
+   `http://host:8000/v1?x=1`, or items of a flat list: `[actor.update_policy:step=2,critic.update]`)
+   is read as the string(s) it spells.
+
+Hydra is used as a library: no `@hydra.main`, no working-directory change, no log files.
+Validation keeps rlkit's error quality: an unknown key names the closest valid ones, a bad
+value names the key and where it came from, each as one `UserError` line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from importlib import resources
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +35,17 @@ from omegaconf.errors import OmegaConfBaseException
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
 
-PRESET_PACKAGE = "rlkit.config.presets"
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+BASE = "rlkit"  # conf/rlkit.yaml: schema defaults + the algorithm group
+SCHEMA_NODE = "rlkit_schema"
+RUN_NODE = "_rlkit_run"  # generated primary config when a user config sits over the base
+FILE_NODE = "_rlkit_config_file"  # the content of --config FILE
+CLI = "command line"
 
 
+# ----------------------------------------------------------------------------------------- schema
 def preset_names() -> list[str]:
-    files = resources.files(PRESET_PACKAGE).iterdir()
-    return sorted(p.name[:-5] for p in files if p.name.endswith(".yaml") and not p.name.startswith("_"))
+    return sorted(p.stem for p in (CONF_DIR / "algorithm").glob("*.yaml"))
 
 
 def schema_keys(cls: type = RLConfig, prefix: str = "") -> list[str]:
@@ -40,6 +61,18 @@ def schema_keys(cls: type = RLConfig, prefix: str = "") -> list[str]:
     return keys
 
 
+def mapping_keys(cls: type = RLConfig, prefix: str = "") -> list[str]:
+    """Schema keys whose value is a free-form mapping (anything may be set below them)."""
+    out = []
+    for fld in dataclasses.fields(cls):
+        default = _field_default(fld)
+        if dataclasses.is_dataclass(default):
+            out.extend(mapping_keys(type(default), prefix + fld.name + "."))
+        elif isinstance(default, dict):
+            out.append(prefix + fld.name)
+    return out
+
+
 def _field_default(fld: dataclasses.Field) -> Any:
     if fld.default is not dataclasses.MISSING:
         return fld.default
@@ -48,9 +81,22 @@ def _field_default(fld: dataclasses.Field) -> Any:
     return None
 
 
-def _check_known(cfg: dict, source: str, known: set[str], prefix: str = "") -> None:
-    """Raise for the first key that the schema does not know, suggesting the closest ones."""
+def unknown_key_error(dotted: str, source: str, known: Iterable[str]) -> UserError:
+    """'unknown config key X (from SOURCE). Closest valid keys: ...' (by spelling, then by the last name)."""
     all_keys = sorted(known)
+    close = difflib.get_close_matches(dotted, all_keys, n=3, cutoff=0.5)
+    leaf = dotted.rsplit(".", 1)[-1]
+    close += [k for k in all_keys if k.endswith("." + leaf) and k not in close][:3]
+    hint = f" Closest valid keys: {', '.join(close)}." if close else ""
+    return UserError(f"unknown config key '{dotted}' (from {source}).{hint}")
+
+
+def _is_known(dotted: str, known: set[str], mappings: list[str]) -> bool:
+    return dotted in known or any(dotted.startswith(m + ".") for m in mappings)
+
+
+def _check_known(cfg: dict, source: Any, known: set[str], prefix: str = "") -> None:
+    """Raise for the first key the schema does not know; `source` is a name or a key -> name function."""
     for key, value in cfg.items():
         dotted = f"{prefix}{key}"
         if dotted in known:
@@ -58,68 +104,206 @@ def _check_known(cfg: dict, source: str, known: set[str], prefix: str = "") -> N
         if isinstance(value, dict) and any(k.startswith(dotted + ".") for k in known):
             _check_known(value, source, known, dotted + ".")
             continue
-        close = difflib.get_close_matches(dotted, all_keys, n=3, cutoff=0.5)
-        leaf = dotted.rsplit(".", 1)[-1]
-        close += [k for k in all_keys if k.endswith("." + leaf) and k not in close][:3]
-        hint = f" Closest valid keys: {', '.join(close)}." if close else ""
-        raise UserError(f"unknown config key '{dotted}' (from {source}).{hint}")
+        raise unknown_key_error(dotted, source(dotted) if callable(source) else source, known)
 
 
-def _parse_overrides(overrides: list[str]) -> dict:
-    out: dict = {}
+# ----------------------------------------------------------------------------------------- overrides
+def _parse_overrides(overrides: list[str]) -> list[Any]:
+    """Hydra `Override` objects; a plain value Hydra's grammar cannot read is read as a string."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    parsed = []
     for item in overrides:
-        if "=" not in item:
-            raise UserError(f"override '{item}' is not key=value (example: actor_rollout_ref.rollout.n=4)")
-        key, value = item.split("=", 1)
-        key = key.lstrip("+")
         try:
-            parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={value}"]))["v"]  # type: ignore[index]
-        except OmegaConfBaseException as exc:
-            raise UserError(f"override '{item}': cannot parse the value ({exc})") from None
+            parsed.append(parser.parse_override(item))
+            continue
+        except HydraException as exc:
+            reason = str(exc).splitlines()[0]
+        key, eq, value = item.partition("=")
+        quoted = _as_strings(value) if eq and not key.startswith("~") else None
+        if quoted is not None:
+            try:
+                parsed.append(parser.parse_override(f"{key}={quoted}"))
+                continue
+            except HydraException:
+                pass
+        example = " (example: actor_rollout_ref.rollout.n=4)" if not eq and not item.startswith("~") else ""
+        raise UserError(f"override '{item}' is not in Hydra's override grammar ({reason}){example}")
+    return parsed
+
+
+def _as_strings(value: str) -> str | None:
+    """`value` quoted as a string, or a flat list `[a,b]` with each item quoted (None: not that simple).
+    For what Hydra's grammar cannot read unquoted: `~/x.parquet`, `[actor.update_policy:step=2,critic.update]`."""
+    if any(c in value for c in "'\"{}"):
+        return None
+    if value.startswith("[") and value.endswith("]"):
+        items = value[1:-1].split(",")
+        if any(c in "".join(items) for c in "[]"):
+            return None
+        return "[" + ",".join(f"'{item.strip()}'" for item in items if item.strip()) + "]"
+    return None if any(c in value for c in "[]") else f"'{value}'"
+
+
+def _cli_layer(parsed: list[Any]) -> dict:
+    """The key=value overrides as a nested dict (to say where a bad value came from)."""
+    out: dict = {}
+    for o in parsed:
+        if o.is_delete() or not o.key_or_group or o.key_or_group == "algorithm":
+            continue
         node = out
-        parts = key.split(".")
+        parts = o.key_or_group.split(".")
         for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = parsed
+            node = node.setdefault(p, {}) if isinstance(node.get(p, {}), dict) else {}
+        node[parts[-1]] = o.value()
     return out
 
 
-def compose_config(algo: str = "grpo", overrides: list[str] | None = None, config_file: str | None = None) -> RLConfig:
-    """The validated RLConfig of `rlkit train ALGO [--config FILE] [key=value ...]`, not finalized (see finalize)."""
+def _hydra_overrides(algo: str, parsed: list[Any], known: set[str]) -> list[str]:
+    """Check each override's key against the schema, then write the list Hydra composes with."""
+    mappings = mapping_keys()
+    out = [f"algorithm={algo}"]
+    for o in parsed:
+        key = o.key_or_group
+        if key == "algorithm" or key.startswith("hydra."):
+            if key == "algorithm" and not o.is_delete():
+                raise UserError(f"override '{o.input_line}': the algorithm is the first argument "
+                                f"(`rlkit train {o.value()} ...`), not an override")
+            raise UserError(f"override '{o.input_line}' is not supported: rlkit composes the config itself")
+        plain = not o.is_add() and not o.is_force_add()
+        if plain and not _is_known(key, known, mappings):  # +key / ++key may add; the result is checked below
+            raise unknown_key_error(key, f"{CLI} '{o.input_line}'", known)
+        text = o.input_line
+        if plain and not o.is_delete() and any(key == m or key.startswith(m + ".") for m in mappings):
+            text = "++" + text  # a free-form mapping: set or add below it, merged as before
+        out.append(text)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- compose
+def _user_yaml(path: Path) -> dict:
+    """A user YAML file as a plain dict (its `defaults` and `hydra` keys left to Hydra)."""
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path)) or {}
+    except OmegaConfBaseException as exc:
+        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the top level must be a mapping of config groups")
+    return data
+
+
+def _config_file(config_file: str) -> dict:
+    path = Path(config_file).expanduser()
+    if not path.is_file():
+        what = "is a directory; pass a YAML file" if path.is_dir() else "does not exist"
+        raise UserError(f"config file {path} {what}")
+    return _user_yaml(path)
+
+
+def _lists_base(defaults: Any) -> bool:
+    """Whether a user defaults list already pulls in rlkit's base (verl style: `defaults: [rlkit, _self_]`)."""
+    names = [d if isinstance(d, str) else next(iter(d), "") for d in defaults or [] if isinstance(d, str | dict)]
+    return any(str(n).lstrip("/").split("@")[0] == BASE for n in names)
+
+
+def _store_nodes(file_layer: dict | None, user_name: str | None, base_listed: bool) -> str:
+    """Put the schema (and a generated primary config) in Hydra's ConfigStore; returns the primary's name."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NODE, node=OmegaConf.to_container(OmegaConf.structured(RLConfig)))
+    if file_layer is not None:
+        store.store(name=FILE_NODE, node=file_layer)
+        store.store(name=RUN_NODE, node={"defaults": [BASE, FILE_NODE, "_self_"]})
+        return RUN_NODE
+    if user_name is None:
+        return BASE
+    if base_listed:
+        return user_name
+    store.store(name=RUN_NODE, node={"defaults": [BASE, user_name, "_self_"]})
+    return RUN_NODE
+
+
+def _compose(primary: str, config_dir: Path, overrides: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    if config_dir != CONF_DIR:
+        overrides = [f"hydra.searchpath=[file://{CONF_DIR}]", *overrides]
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name="rlkit"):
+            return compose(config_name=primary, overrides=overrides)
+    except HydraException as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip() and "provider=" not in line]
+        lines = [line for line in lines if not line.startswith("Config search path")]
+        raise UserError(f"config: {' '.join(lines)}") from None
+
+
+def compose_config(algo: str = "grpo", overrides: list[str] | None = None, config_file: str | None = None, *,
+                   config_path: str | None = None, config_name: str | None = None) -> RLConfig:
+    """Compose and validate the RLConfig of `rlkit train ALGO [...]`; not finalized (see `finalize`)."""
     if algo not in preset_names():
         close = difflib.get_close_matches(algo, preset_names(), n=2)
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
         raise UserError(f"unknown algorithm preset '{algo}'. Known: {', '.join(preset_names())}.{hint}")
+    if config_file and (config_path or config_name):
+        raise UserError("pass either --config FILE or --config-path DIR --config-name NAME, not both")
+    if bool(config_path) != bool(config_name):
+        raise UserError("--config-path and --config-name go together (a folder and the name of a YAML file in it)")
     known = set(schema_keys())
-    layers: list[tuple[str, dict]] = []
-    preset_text = resources.files(PRESET_PACKAGE).joinpath(f"{algo}.yaml").read_text()
-    layers.append((f"preset {algo}.yaml", OmegaConf.to_container(OmegaConf.create(preset_text)) or {}))
+    parsed = _parse_overrides(list(overrides or []))
+    layers: list[tuple[str, dict]] = [(f"preset {algo}.yaml", _user_yaml(CONF_DIR / "algorithm" / f"{algo}.yaml"))]
+    file_layer, config_dir, base_listed = None, CONF_DIR, False
     if config_file:
-        path = Path(config_file).expanduser()
-        if not path.is_file():
-            what = "is a directory; pass a YAML file" if path.is_dir() else "does not exist"
-            raise UserError(f"config file {path} {what}")
-        try:
-            layers.append((str(path), OmegaConf.to_container(OmegaConf.load(path)) or {}))
-        except OmegaConfBaseException as exc:
-            raise UserError(f"{path}: not valid YAML ({exc})") from None
-    layers.append(("command line", _parse_overrides(overrides or [])))
-    merged: DictConfig = OmegaConf.structured(RLConfig)
-    for source, layer in layers:
-        if not isinstance(layer, dict):
-            raise UserError(f"{source}: the top level must be a mapping of config groups")
-        _check_known(layer, source, known)
-        try:
-            merged = OmegaConf.merge(merged, layer)  # type: ignore[assignment]
-        except OmegaConfBaseException as exc:
-            key = getattr(exc, "full_key", "") or "?"
-            detail = str(exc).splitlines()[0]
-            raise UserError(f"bad value for '{key}' (from {source}): {detail}") from None
+        file_layer = _config_file(config_file)
+        _check_known({k: v for k, v in file_layer.items() if k not in ("defaults", "hydra")}, config_file, known)
+        layers.append((config_file, file_layer))
+    if config_path and config_name:
+        config_dir = Path(config_path).expanduser().resolve()
+        primary_file = config_dir / f"{config_name.removesuffix('.yaml')}.yaml"
+        if not primary_file.is_file():
+            raise UserError(f"--config-name {config_name}: {primary_file} does not exist")
+        user = _user_yaml(primary_file)
+        base_listed = _lists_base(user.get("defaults"))
+        _check_known({k: v for k, v in user.items() if k not in ("defaults", "hydra")}, str(primary_file), known)
+        layers.append((f"the config tree {config_dir}", user))
+        config_name = primary_file.stem
+    layers.append((CLI, _cli_layer(parsed)))
+    primary = _store_nodes(file_layer, config_name, base_listed)
+    composed = _compose(primary, config_dir, _hydra_overrides(algo, parsed, known))
+    return validate(OmegaConf.to_container(composed), layers, known)
+
+
+def _source_of(dotted: str, layers: list[tuple[str, dict]]) -> str:
+    """The last layer that sets `dotted` (or a parent of it); the user's config tree when none does."""
+    for source, layer in reversed(layers):
+        node: Any = layer
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            return source
+    return next((s for s, _ in reversed(layers) if s.startswith("the config tree")), "config")
+
+
+def validate(data: dict, layers: list[tuple[str, dict]], known: set[str] | None = None) -> RLConfig:
+    """The composed dict as a typed RLConfig: unknown keys and bad values name the key and their source."""
+    known = known or set(schema_keys())
+    _check_known(data, lambda key: _source_of(key, layers), known)
     try:
-        cfg: RLConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+        merged = OmegaConf.merge(OmegaConf.structured(RLConfig), data)
     except OmegaConfBaseException as exc:
-        raise UserError(f"config: {exc}") from None
-    return cfg
+        key = getattr(exc, "full_key", "") or "?"
+        detail = str(exc).splitlines()[0]
+        raise UserError(f"bad value for '{key}' (from {_source_of(key, layers)}): {detail}") from None
+    try:
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", "") or "?"
+        raise UserError(f"config: '{key}': {str(exc).splitlines()[0]}") from None
 
 
 def to_yaml(cfg: RLConfig) -> str:
@@ -128,4 +312,3 @@ def to_yaml(cfg: RLConfig) -> str:
 
 def to_dict(cfg: RLConfig) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg))  # type: ignore[return-value]
-

@@ -15,8 +15,18 @@ DEBUG_MODES = {"on": "on", "post-mortem": "post-mortem", "postmortem": "post-mor
 
 def train(
     algo: str = typer.Argument(..., help="Algorithm preset: grpo | ppo | rloo | reinforce_pp | remax | dapo | gspo."),
-    overrides: list[str] = typer.Argument(None, help="Config overrides key=value, e.g. actor_rollout_ref.rollout.n=8"),
+    overrides: list[str] = typer.Argument(
+        None, help="Config overrides in Hydra's grammar: key=v, +key=v (add), ++key=v (add or set), ~key (back to "
+        "the default), lists [a,b], ${interpolation}; e.g. actor_rollout_ref.rollout.n=8"
+    ),
     config: Path = typer.Option(None, "--config", "-c", help="YAML file merged over the preset."),
+    config_path: Path = typer.Option(
+        None, "--config-path", help="Folder of a YAML config tree (as verl's main_ppo); with --config-name."
+    ),
+    config_name: str = typer.Option(
+        None, "--config-name", help="Primary YAML of --config-path (it may use its own groups there; `rlkit` in "
+        "its defaults list is rlkit's base)."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and resource plan; run nothing."),
     address: str = typer.Option(None, "--address", help="Join a running Ray cluster (e.g. from `rlkit cluster up`)."),
     debug: bool = typer.Option(
@@ -29,6 +39,10 @@ def train(
 
     Example:
       rlkit train grpo data.train_files=~/data/toy/train.parquet actor_rollout_ref.model.path=./tiny
+      rlkit train ppo --config-path ./conf --config-name my_run +reward_model.scorer_kwargs.gsm8k.method=flexible
+
+    The preset is the Hydra config group `algorithm` (rlkit/config/conf/algorithm/<ALGO>.yaml); the
+    config is composed with Hydra's compose API (no output folder, no working-directory change).
 
     Before Ray starts, a pre-flight check (also run by --dry-run) verifies the data files, the model,
     that the checkpoint and log folders are writable and that the disk can hold a checkpoint.
@@ -48,7 +62,8 @@ def train(
             mode = DEBUG_MODES[word]
             overrides.remove(word)
     console = Console()
-    cfg = load_config(algo, overrides, str(config) if config else None)
+    cfg = load_config(algo, overrides, str(config) if config else None,
+                      config_path=str(config_path) if config_path else None, config_name=config_name)
     if dry_run:
         from rlkit.trainer.preflight import preflight
 

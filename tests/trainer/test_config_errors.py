@@ -92,6 +92,24 @@ def test_cli_dry_run_prints_the_plan(toy_data, tiny_model, tmp_path):
     assert "resource plan" in res.output and "16 prompts x n=8 = 128" in _flat(res.output)
 
 
+def test_cli_dry_run_composes_a_user_config_tree(toy_data, tiny_model, tmp_path):
+    """--config-path/--config-name (verl's way) and Hydra's override grammar go through the CLI."""
+    conf = tmp_path / "conf"
+    (conf / "trainer").mkdir(parents=True)
+    (conf / "trainer" / "short.yaml").write_text(
+        "total_training_steps: 3\nexperiment_name: from_tree\nproject_name: mine\n"
+    )
+    (conf / "run.yaml").write_text("defaults:\n  - trainer: short\n  - _self_\ndata:\n  val_max_samples: 5\n")
+    res = runner.invoke(app, ["train", "rloo", "--dry-run", "--config-path", str(conf), "--config-name", "run",
+                              *toy_overrides(toy_data, tiny_model, tmp_path), "~trainer.project_name",
+                              "+reward_model.scorer_kwargs.gsm8k.method=flexible"])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "adv_estimator: rloo" in out and "total_training_steps: 3" in out and "experiment_name: from_tree" in out
+    assert "val_max_samples: 5" in out and "method: flexible" in out
+    assert "project_name: rlkit" in out and "project_name: mine" not in out  # ~key: back to the schema default
+
+
 @pytest.mark.slow
 def test_cli_missing_train_file_is_one_line_exit_1(toy_data, tiny_model, tmp_path):
     """A real `rlkit train` process (its pre-flight check finds it before Ray starts): exit 1, the path named."""
