@@ -13,7 +13,8 @@ shell wildcards (`actor.*`). The default rank is 0.
 
 Phases the workers announce (rlkit/workers): rollout.generate, rollout.validate,
 actor.compute_log_prob, actor.update_policy, ref.compute_log_prob, critic.compute_values,
-critic.update. The step is the trainer's global step (set by the rollout at each step).
+critic.update. The step is the trainer's global step: every worker call carries it from the driver
+(rlkit.controller.worker_group), so it is set in every role, in both worker layouts.
 
 Test hooks (for the debug tests; comma separated phase patterns, every rank):
 `RLKIT_TEST_RAISE_IN=actor.update_policy` raises there (a worker-side failure),

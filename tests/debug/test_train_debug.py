@@ -76,7 +76,7 @@ def test_train_debug_break_at_phase_list_attach_detach(toy):
             assert local_vars["batch"].value.startswith("Batch(len=32")  # 8 prompts x n=4
             assert session.evaluate("len(batch) * 10 + self.rank", top.id).value == "320"
             step = session.evaluate("__import__('rlkit.debug', fromlist=['x']).current_step()", top.id).value
-            assert step == "2"  # set by the rollout from the driver's call_id
+            assert step == "2"  # the step the driver's call carried
         finally:
             session.detach()
         rc = run.wait(timeout=180)
