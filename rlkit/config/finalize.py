@@ -1,5 +1,9 @@
 """Finalize a composed config: derived values, mode fix-ups, then every check, so what `--dry-run` prints is what runs.
 
+Nothing downstream patches the config at run time: the layout builder, the trainer and the
+workers read the finalized values (e.g. one-step-off-policy's rollout log-probs are on in the
+printed config, not switched on later by the trainer).
+
 `rlkit.config` imports no other rlkit layer. What only a layer above knows (is vLLM installed,
 which names a registry holds, what an advantage estimator needs, which debug phases exist)
 comes in as hooks: functions that fill in or check a config, passed by the caller
@@ -13,6 +17,7 @@ from collections.abc import Callable, Sequence
 from rlkit.config.bounds import check_bounds
 from rlkit.config.checks import check_config
 from rlkit.config.schema import RLConfig
+from rlkit.errors import UserError
 
 ConfigHook = Callable[[RLConfig], None]
 
@@ -36,10 +41,30 @@ def derive(cfg: RLConfig) -> None:
         critic.model.path = cfg.actor_rollout_ref.model.path
 
 
+def apply_modes(cfg: RLConfig) -> None:
+    """What a run mode implies for other keys.
+
+    `trainer.one_step_off_policy` (the rollout runs one batch ahead on a worker group of its own):
+    the engine returns its log-probs and the loss corrects for the one-step lag with truncated
+    importance sampling (`algorithm.rollout_is`); the engine never sleeps (its processes hold
+    nothing else, so there is nothing to hand back); dynamic sampling is not supported.
+    """
+    if not cfg.trainer.one_step_off_policy:
+        return
+    if cfg.algorithm.filter_groups.enable:
+        raise UserError("trainer.one_step_off_policy does not support algorithm.filter_groups (dynamic sampling); "
+                        "turn one of them off")
+    rollout = cfg.actor_rollout_ref.rollout
+    rollout.calculate_log_probs = True
+    cfg.algorithm.rollout_is = True
+    rollout.free_cache_engine = False
+
+
 def finalize(cfg: RLConfig, hooks: Sequence[ConfigHook]) -> RLConfig:
     """Fill derived values, run the hooks, check that the sizes fit together; UserError saying what to change."""
     check_bounds(cfg)  # single values first: their messages name the key the user wrote
     derive(cfg)
+    apply_modes(cfg)
     cfg.actor_rollout_ref.rollout.validate()
     for hook in hooks:
         hook(cfg)

@@ -11,7 +11,8 @@ sharing the actor's process. Each step:
 so batch k+1 is sampled by the weights from before update k: one step behind the policy that
 trains on it. The correction is truncated importance sampling with the engine's own log-probs
 (`rollout_log_probs`): the policy loss weighs each token by min(pi_old / pi_rollout,
-`algorithm.rollout_is_threshold`); both switches are turned on by this mode. Step 1 has
+`algorithm.rollout_is_threshold`); `finalize` turns both switches on for this mode
+(rlkit.config.finalize.apply_modes), so --dry-run shows them. Step 1 has
 nothing to overlap with and runs synchronously.
 
 The layout (actor group + rollout group) is `build_workers`'s separate-rollout layout
@@ -25,7 +26,6 @@ this mode resumes without the batch that was in flight (one batch of prompts is 
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from rlkit.config.schema import RLConfig
@@ -36,27 +36,14 @@ from rlkit.trainer.rollout_flow import Timer, repeat_with_uids
 from rlkit.trainer.workers_setup import WorkerHandles
 from rlkit.workers.rollout.lifecycle import call_seed
 
-log = logging.getLogger("rlkit.trainer")
-
-
-def prepare_config(cfg: RLConfig) -> None:
-    """What this mode needs: the engine's log-probs and the importance-sampling correction."""
-    if cfg.algorithm.filter_groups.enable:
-        raise UserError("trainer.one_step_off_policy does not support algorithm.filter_groups (dynamic sampling); "
-                        "turn one of them off")
-    rollout, algo = cfg.actor_rollout_ref.rollout, cfg.algorithm
-    if not rollout.calculate_log_probs or not algo.rollout_is:
-        log.warning("one_step_off_policy: turning on actor_rollout_ref.rollout.calculate_log_probs and "
-                    "algorithm.rollout_is (off-policy correction with the engine's log-probs)")
-    rollout.calculate_log_probs = True
-    algo.rollout_is = True
-
 
 class OneStepOffPolicyTrainer(RLTrainer):
     """`RLTrainer` whose rollout runs one batch ahead on a separate worker group (see the module docstring)."""
 
     def __init__(self, cfg: RLConfig, workers: WorkerHandles | None = None, tracker: Any = None) -> None:
-        prepare_config(cfg)
+        if not (cfg.actor_rollout_ref.rollout.calculate_log_probs and cfg.algorithm.rollout_is):
+            raise UserError("trainer.one_step_off_policy: this config was not finalized (rollout log-probs and "
+                            "algorithm.rollout_is are off); build it with rlkit.trainer.run_config.load_config")
         self._pending: tuple[Any, Batch, int, Any, Batch] | None = None
         self._lookahead: list[Batch] = []
         super().__init__(cfg, workers=workers, tracker=tracker)

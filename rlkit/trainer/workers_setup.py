@@ -14,7 +14,6 @@ plan reads it); `build_workers` spawns it and returns `WorkerHandles`, whose `we
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,13 +69,13 @@ def plan_layout(cfg: RLConfig) -> Layout:
 
 def rollout_role(cfg: RLConfig, model_path: str, colocated: bool) -> ClassWithInitArgs:
     """The rollout worker: its own config section; colocated, the actor of its process as weight source.
-    A separate engine never sleeps (it has its device or cores to itself: nothing to hand back)."""
+    (A separate engine never sleeps: finalize turns rollout.free_cache_engine off in that mode.)"""
     from rlkit.workers.rollout_worker import RolloutWorker
 
     rollout = cfg.actor_rollout_ref.rollout
     if colocated:
         return ClassWithInitArgs(RolloutWorker, rollout, str(model_path), actor=Sibling("actor"))
-    return ClassWithInitArgs(RolloutWorker, dataclasses.replace(rollout, free_cache_engine=False), str(model_path))
+    return ClassWithInitArgs(RolloutWorker, rollout, str(model_path))
 
 
 def role_specs(cfg: RLConfig, layout: Layout, model_path: str, total_steps: int) -> list[dict[str, ClassWithInitArgs]]:

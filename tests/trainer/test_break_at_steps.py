@@ -56,10 +56,6 @@ def test_break_at_step_matches_every_role_in_both_layouts(one_step_off, toy_data
     model = str(resolve_model_path(cfg.actor_rollout_ref.model.path))
     trainer = None
     try:
-        if one_step_off:
-            from rlkit.trainer.async_trainer import prepare_config
-
-            prepare_config(cfg)  # what OneStepOffPolicyTrainer does first
         workers = build_workers(cfg, model, 3, runtime_env={"env_vars": env})
         trainer = build_trainer(cfg, workers=workers)
         assert len(workers.groups) == (2 if one_step_off else 1)

@@ -110,6 +110,17 @@ def test_cli_dry_run_composes_a_user_config_tree(toy_data, tiny_model, tmp_path)
     assert "project_name: rlkit" in out and "project_name: mine" not in out  # ~key: back to the schema default
 
 
+def test_cli_dry_run_prints_the_separate_rollout_layout(toy_data, tiny_model, tmp_path):
+    """One-step-off-policy's fix-ups are made by finalize: the printed config and plan are what runs."""
+    res = runner.invoke(app, ["train", "grpo", "--dry-run", *toy_overrides(toy_data, tiny_model, tmp_path),
+                              "trainer.one_step_off_policy=true", "trainer.rollout_workers_per_node=1"])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "calculate_log_probs: true" in out and "rollout_is: true" in out and "free_cache_engine: false" in out
+    assert "separate rollout (hf) workers" in out
+    colocated = next(line for line in res.output.splitlines() if "colocated roles per worker" in line)
+    assert "actor" in colocated and "rollout" not in colocated
+
 @pytest.mark.slow
 def test_cli_missing_train_file_is_one_line_exit_1(toy_data, tiny_model, tmp_path):
     """A real `rlkit train` process (its pre-flight check finds it before Ray starts): exit 1, the path named."""

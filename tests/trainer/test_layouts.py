@@ -53,7 +53,7 @@ def test_separate_rollout_layout_has_a_group_of_its_own(toy_data, tiny_model, tm
     assert rollout_group.env["VLLM_CPU_OMP_THREADS_BIND"]  # the engine's threads are not pinned to the actor's cores
     trainer_specs, rollout_specs = role_specs(cfg, layout, str(tiny_model), total_steps=3)
     spec = rollout_specs["rollout"]
-    assert spec.kwargs == {} and not spec.args[0].free_cache_engine  # weights by the object store; never sleeps
-    assert cfg.actor_rollout_ref.rollout.free_cache_engine  # a copy: the run's section is unchanged
+    assert spec.kwargs == {} and spec.args[0] is cfg.actor_rollout_ref.rollout  # weights by the object store
+    assert not cfg.actor_rollout_ref.rollout.free_cache_engine  # never sleeps: finalize set it, --dry-run shows it
     text = _plan_text(cfg)
     assert "actor, ref, critic" in text and "separate rollout (hf) workers" in text and "1 node(s) x 2 = 2" in text

@@ -1,0 +1,53 @@
+"""finalize: mode fix-ups happen there (so --dry-run shows them); the config layer imports no other rlkit
+layer (what it cannot know arrives as hooks)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlkit.config import compose_config, finalize
+from rlkit.errors import UserError
+from rlkit.trainer.run_config import load_config
+
+HF = ["actor_rollout_ref.rollout.name=hf"]
+OFF = ["trainer.one_step_off_policy=true"]
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "rlkit" / "config"
+
+
+def test_one_step_off_policy_is_settled_by_finalize():
+    cfg = load_config("grpo", HF + OFF)
+    rollout = cfg.actor_rollout_ref.rollout
+    assert rollout.calculate_log_probs and cfg.algorithm.rollout_is  # the off-policy correction
+    assert rollout.free_cache_engine is False  # the engine has its processes to itself
+    colocated = load_config("grpo", HF)
+    assert colocated.actor_rollout_ref.rollout.free_cache_engine and not colocated.algorithm.rollout_is
+    with pytest.raises(UserError, match="does not support algorithm.filter_groups"):
+        load_config("dapo", HF + OFF)
+
+
+def test_hooks_fill_what_the_config_layer_cannot_know():
+    """Without hooks nothing outside rlkit.config runs; with them the launcher's facts land in the config."""
+    seen = []
+    cfg = finalize(compose_config("ppo", HF), [lambda c: seen.append(c.critic.enable)])
+    assert seen == [True] and cfg.actor_rollout_ref.rollout.prompt_length == cfg.data.max_prompt_length
+    cfg = load_config("grpo", ["trainer.debug.break_at=actor.update_policy"])
+    assert cfg.actor_rollout_ref.rollout.name in ("hf", "vllm")  # the rollout package's default backend
+    assert cfg.trainer.debug.break_at == ["actor.update_policy"] and cfg.critic.enable is False
+
+
+def test_config_layer_imports_only_errors_and_registry():
+    for path in CONFIG_DIR.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                if name.startswith("rlkit"):
+                    assert name.startswith(("rlkit.config", "rlkit.errors", "rlkit.registry")), (path, name)
+    code = "import sys, rlkit.config; print(sorted(m for m in sys.modules if m.startswith('rlkit')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert all(m == "rlkit" or m.startswith(("rlkit.config", "rlkit.errors")) for m in eval(loaded)), loaded
