@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from rlkit.config.schema import RLConfig
+from rlkit.config.schema import REMOVED_KEYS, RLConfig
 
 
 def _rows(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
@@ -66,5 +66,8 @@ def render(names_of: Callable[[str], list[str] | None] = lambda key: None) -> st
             group = top
             out += ["", f"## `{group}`", "", "| key | default | meaning |", "|---|---|---|"]
         out.append(f"| `{key}` | `{default}` | {help_text.replace('|', '/')} |")
+    out += ["", "## Removed keys", "", "Naming one of these is an error that says what to do instead.", "",
+            "| key | why |", "|---|---|"]
+    out += [f"| `{key}` | {why} |" for key, why in sorted(REMOVED_KEYS.items())]
     return "\n".join(out) + "\n"
 

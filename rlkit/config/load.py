@@ -32,7 +32,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlkit.config.schema import RLConfig
+from rlkit.config.schema import REMOVED_KEYS, RLConfig
 from rlkit.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -82,7 +82,10 @@ def _field_default(fld: dataclasses.Field) -> Any:
 
 
 def unknown_key_error(dotted: str, source: str, known: Iterable[str]) -> UserError:
-    """'unknown config key X (from SOURCE). Closest valid keys: ...' (by spelling, then by the last name)."""
+    """'unknown config key X (from SOURCE). Closest valid keys: ...' (by spelling, then by the last name);
+    a removed key says so and what to do instead."""
+    if dotted in REMOVED_KEYS:
+        return UserError(f"config key '{dotted}' (from {source}) was removed: {REMOVED_KEYS[dotted]}; delete it")
     all_keys = sorted(known)
     close = difflib.get_close_matches(dotted, all_keys, n=3, cutoff=0.5)
     leaf = dotted.rsplit(".", 1)[-1]

@@ -71,7 +71,6 @@ class RolloutConfig:
     free_cache_engine: bool = True  # sleep the engine between rollouts
     sleep_level: int = 1  # 1: drop KV cache, keep weights; 2: drop both
     calculate_log_probs: bool = False  # also return rollout_log_probs
-    update_weights_bucket_mb: int = 128  # weight sync streams buckets of this size
     seed: int = 0  # engine seed (vLLM) / seed of the HF backend's private sampling stream
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # agent loop with tools (docs/agents.md)
@@ -89,7 +88,7 @@ class RolloutConfig:
         if self.dtype not in DTYPES:
             raise UserError(f"{p}dtype='{self.dtype}' is not supported; use one of {list(DTYPES)}")
         for key in ("n", "prompt_length", "response_length", "max_num_seqs", "tensor_model_parallel_size",
-                    "kv_cache_memory_mb", "update_weights_bucket_mb"):
+                    "kv_cache_memory_mb"):
             if getattr(self, key) < 1:
                 raise UserError(f"{p}{key}={getattr(self, key)} must be >= 1")
         for prefix, temp, top_p, top_k in (

@@ -70,7 +70,6 @@ class FSDPConfig:
 
 @dataclass
 class ActorConfig:
-    strategy: str = f("fsdp2", "training backend (fsdp2)")
     ppo_mini_batch_size: int = f(16, "prompts per optimizer step (multiplied by rollout.n)")
     ppo_micro_batch_size_per_gpu: int = f(4, "sequences per forward/backward on each worker")
     use_dynamic_bsz: bool = f(False, "micro-batches bounded by a token budget instead of a count")
@@ -102,7 +101,6 @@ class RefConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
-    hybrid_engine: bool = f(True, "actor, rollout and reference share one process per device")
     model: ModelConfig = f(factory=ModelConfig, help="the policy model")
     actor: ActorConfig = f(factory=ActorConfig, help="policy training")
     ref: RefConfig = f(factory=RefConfig, help="reference policy (only built when a KL is used)")
@@ -162,8 +160,7 @@ class KLCtrlConfig:
 
 @dataclass
 class FilterGroupsConfig:
-    enable: bool = f(False, "DAPO dynamic sampling: drop groups whose metric is identical")
-    metric: str = f("score", "per-sample metric used to judge groups")
+    enable: bool = f(False, "DAPO dynamic sampling: drop groups whose scores are all equal, refill")
     max_num_gen_batches: int = f(10, "give up refilling after this many generation batches")
 
 
@@ -230,3 +227,13 @@ class RLConfig:
     custom_reward_function: CustomRewardConfig = f(factory=CustomRewardConfig, help="your own reward")
     algorithm: AlgorithmConfig = f(factory=AlgorithmConfig, help="advantages, KL, DAPO")
     trainer: TrainerConfig = f(factory=TrainerConfig, help="loop, resources, checkpoints, logging")
+
+
+#: keys that did nothing and were removed; naming one is an error that says what to do instead
+REMOVED_KEYS: dict[str, str] = {
+    "actor_rollout_ref.hybrid_engine": "the actor, rollout and reference always share one process per device; "
+    "for a rollout group of its own set trainer.one_step_off_policy=true",
+    "actor_rollout_ref.actor.strategy": "the actor always trains with FSDP2",
+    "algorithm.filter_groups.metric": "dynamic sampling always compares the samples' scores (token_level_scores)",
+    "actor_rollout_ref.rollout.update_weights_bucket_mb": "the weight sync has no bucket size to set",
+}

@@ -1,5 +1,5 @@
-"""finalize: mode fix-ups happen there (so --dry-run shows them); the config layer imports no other rlkit
-layer (what it cannot know arrives as hooks)."""
+"""finalize: mode fix-ups happen there (so --dry-run shows them), removed keys say so, the config layer imports
+no other rlkit layer (what it cannot know arrives as hooks)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.config import compose_config, finalize
+from rlkit.config.schema import REMOVED_KEYS
 from rlkit.errors import UserError
 from rlkit.trainer.run_config import load_config
 
@@ -28,6 +29,20 @@ def test_one_step_off_policy_is_settled_by_finalize():
     assert colocated.actor_rollout_ref.rollout.free_cache_engine and not colocated.algorithm.rollout_is
     with pytest.raises(UserError, match="does not support algorithm.filter_groups"):
         load_config("dapo", HF + OFF)
+
+
+@pytest.mark.parametrize("key", sorted(REMOVED_KEYS))
+def test_removed_keys_say_what_to_do(key, tmp_path):
+    with pytest.raises(UserError) as info:
+        compose_config("grpo", HF + [f"{key}=1"])
+    msg = str(info.value)
+    assert f"config key '{key}' (from command line" in msg and "was removed" in msg and "delete it" in msg
+    top, *rest = key.split(".")
+    path = tmp_path / "run.yaml"
+    path.write_text(f"{top}:\n" + "".join("  " * (i + 1) + f"{p}:" + ("\n" if i < len(rest) - 1 else " 1\n")
+                                         for i, p in enumerate(rest)))
+    with pytest.raises(UserError, match=f"config key '{key}' \\(from {path}\\) was removed"):
+        compose_config("grpo", HF, str(path))
 
 
 def test_hooks_fill_what_the_config_layer_cannot_know():
