@@ -170,6 +170,8 @@ def _hydra_overrides(algo: str, parsed: list[Any], known: set[str]) -> list[str]
     out = [f"algorithm={algo}"]
     for o in parsed:
         key = o.key_or_group
+        if not key:
+            raise UserError(f"override '{o.input_line}' names no key (example: actor_rollout_ref.rollout.n=4)")
         if key == "algorithm" or key.startswith("hydra."):
             if key == "algorithm" and not o.is_delete():
                 raise UserError(f"override '{o.input_line}': the algorithm is the first argument "
@@ -230,6 +232,8 @@ def _store_nodes(file_layer: dict | None, user_name: str | None, base_listed: bo
 
 
 def _compose(primary: str, config_dir: Path, overrides: list[str]) -> DictConfig:
+    """Hydra's compose; its errors (and a YAML file of the user's tree that does not parse) as one line."""
+    import yaml
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
@@ -238,10 +242,11 @@ def _compose(primary: str, config_dir: Path, overrides: list[str]) -> DictConfig
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name="rlkit"):
             return compose(config_name=primary, overrides=overrides)
-    except HydraException as exc:
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip() and "provider=" not in line]
         lines = [line for line in lines if not line.startswith("Config search path")]
-        raise UserError(f"config: {' '.join(lines)}") from None
+        what = "not valid YAML: " if isinstance(exc, yaml.YAMLError) else ""
+        raise UserError(f"config: {what}{' '.join(lines)}") from None
 
 
 def compose_config(algo: str = "grpo", overrides: list[str] | None = None, config_file: str | None = None, *,

@@ -68,6 +68,7 @@ def test_presets_are_the_algorithm_group():
         ("+data.train_batch_size=4", "item is already at 'data.train_batch_size'"),
         ("data.train_batch_size=4,8", "Ambiguous value"),
         ("data.train_batch_size", "is not in Hydra's override grammar"),
+        ("+=3", "names no key"),
         ("++data.train_batch_size=abc", "bad value for 'data.train_batch_size' (from command line)"),
         ("algorithm=ppo", "the algorithm is the first argument"),
         ("data.val_batch_size=${data.nope}", "data.nope"),
@@ -109,6 +110,10 @@ def test_user_tree_errors_name_the_file(tmp_path):
     (tmp_path / "two.yaml").write_text("defaults:\n  - grp@_global_: x\n  - _self_\n")
     with pytest.raises(UserError, match=f"bad value for 'trainer.total_epochs' \\(from the config tree {tmp_path}"):
         compose_config("grpo", HF, config_path=str(tmp_path), config_name="two")
+    (tmp_path / "grp" / "broken.yaml").write_text("trainer: [unclosed\n")
+    (tmp_path / "three.yaml").write_text("defaults:\n  - grp@_global_: broken\n")
+    with pytest.raises(UserError, match=f"not valid YAML: .*{tmp_path / 'grp' / 'broken.yaml'}"):
+        compose_config("grpo", HF, config_path=str(tmp_path), config_name="three")
     with pytest.raises(UserError, match="does not exist"):
         compose_config("grpo", HF, config_path=str(tmp_path), config_name="missing")
     with pytest.raises(UserError, match="go together"):
