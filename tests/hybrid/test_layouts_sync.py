@@ -55,7 +55,8 @@ def test_engine_equals_trainer_after_every_sync(one_step_off, tmp_path, ray_loca
         f"trainer.one_step_off_policy={one_step_off}", "trainer.rollout_cpus_per_worker=1",
         "data.val_files=null", "trainer.save_freq=-1",
     ])
-    assert cfg.actor_rollout_ref.rollout.free_cache_engine  # colocated: the engine sleeps between generations
+    # colocated, the engine sleeps between generations; a separate engine never does (finalize)
+    assert cfg.actor_rollout_ref.rollout.free_cache_engine == (not one_step_off)
     check = CheckAfterEachStep(None)
     trainer = build_trainer(cfg, tracker=check)
     check.trainer = trainer
