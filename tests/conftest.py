@@ -41,3 +41,18 @@ def _own_cluster_records(tmp_path_factory: pytest.TempPathFactory):
     mp.setenv(STATE_ENV, str(tmp_path_factory.mktemp("rlkit-records") / "cluster.json"))
     yield
     mp.undo()
+
+
+@pytest.fixture(scope="module")
+def process_group(tmp_path_factory):
+    """A 1-rank gloo group in this process (FSDP2 needs one); reuses one that already exists."""
+    import torch.distributed as dist
+
+    created = False
+    if not dist.is_initialized():
+        store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        created = True
+    yield
+    if created:
+        dist.destroy_process_group()

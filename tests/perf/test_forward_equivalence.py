@@ -19,7 +19,6 @@ import itertools
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlkit.algo.utils import agg_loss
 from rlkit.config.schema import FSDPConfig
@@ -27,19 +26,6 @@ from rlkit.testing import build_tiny_tokenizer, save_tiny_model
 from rlkit.workers.fsdp_model import FSDPModel
 
 PROMPT, RESPONSE = 12, 7
-
-
-@pytest.fixture(scope="module")
-def process_group(tmp_path_factory):
-    """A 1-rank gloo group in this process (FSDP2 needs one); reuses one that already exists."""
-    created = False
-    if not dist.is_initialized():
-        store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        created = True
-    yield
-    if created:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

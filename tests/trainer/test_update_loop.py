@@ -14,7 +14,6 @@ import copy
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlkit.algo.utils import agg_loss
 from rlkit.config.schema import FSDPConfig, OptimConfig
@@ -23,19 +22,6 @@ from rlkit.testing import save_tiny_model
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.trainable import TrainableModelRole, UpdatePlan
 from tests.perf.test_forward_equivalence import RESPONSE, handmade_batch
-
-
-@pytest.fixture(scope="module")
-def process_group(tmp_path_factory):
-    """A 1-rank gloo group in this process; reuses one that already exists."""
-    created = False
-    if not dist.is_initialized():
-        store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        created = True
-    yield
-    if created:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
