@@ -1,0 +1,246 @@
+"""Where the generative judge's model runs (`reward_model.judge.backend`, registry `JUDGE_BACKENDS`).
+
+A backend turns filled judge prompts into completions, one `Completion` per prompt, and never raises
+for a failed request: the failure is the completion's `error` (the judge scores that sample 0 and
+counts it). Only a bad configuration raises, at construction, as a UserError naming the key.
+
+* `http`: an OpenAI-compatible `/chat/completions` endpoint (vLLM/SGLang servers, hosted APIs).
+  Requests run concurrently on an asyncio loop with httpx, at most `concurrency` in flight; each
+  attempt is bounded by `timeout_s` as a whole (not per socket read); timeouts, connection errors,
+  5xx, 408 and 429 are retried `retries` times with exponential backoff; other 4xx are not (a wrong
+  model name or key does not get better). httpx rather than the `openai` SDK: the SDK's own retry
+  loop hides how many attempts a request took and which failure it saw, which the judge reports.
+* `vllm`: an in-process `vllm.LLM` with the judge's own model (separate from the policy's engine).
+  The prompt goes through the judge tokenizer's chat template (raw text when it has none); a prompt
+  that does not fit `max_model_len` scores 0 with an error instead of failing the batch.
+  Engine construction is a factory argument: the reward layer sits below the rollout layer, so the
+  caller may pass one that prepares vLLM's environment the way the rollout engine does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from rlkit.config.judge import PREFIX, JudgeConfig
+from rlkit.errors import UserError
+from rlkit.registry import Registry
+
+T = TypeVar("T")
+
+
+@dataclass
+class Completion:
+    """One judge reply: its text, or an error ("timeout", "http 500", ...); attempts = requests sent."""
+
+    text: str = ""
+    error: str | None = None
+    attempts: int = 1
+
+
+class JudgeBackend(Protocol):
+    def complete(self, prompts: list[str]) -> list[Completion]: ...
+
+    def close(self) -> None: ...
+
+
+JUDGE_BACKENDS: Registry[Any] = Registry(f"judge backend ({PREFIX}backend)")
+
+#: builds a vllm.LLM from engine keyword arguments
+EngineFactory = Callable[[dict[str, Any]], Any]
+
+
+def run_coroutine(make: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine to completion from sync code, also when this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())  # type: ignore[arg-type]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlkit-judge-loop") as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ http
+RETRY_STATUS = (408, 429)
+
+
+@JUDGE_BACKENDS.register("http", "openai")
+class HTTPJudgeBackend:
+    """An OpenAI-compatible chat-completions endpoint."""
+
+    @staticmethod
+    def check_config(cfg: JudgeConfig) -> None:
+        if not cfg.base_url:
+            raise UserError(
+                f"{PREFIX}base_url is empty; the http judge needs the endpoint, "
+                f"e.g. {PREFIX}base_url=http://127.0.0.1:8000/v1"
+            )
+        if not cfg.base_url.startswith(("http://", "https://")):
+            raise UserError(f"{PREFIX}base_url='{cfg.base_url}' must start with http:// or https://")
+        if not cfg.model:
+            raise UserError(
+                f"{PREFIX}model is empty; name the model the endpoint serves (GET <base_url>/models lists them)"
+            )
+
+    def __init__(self, cfg: JudgeConfig) -> None:
+        self.check_config(cfg)
+        try:
+            import httpx
+        except ImportError:
+            raise UserError(f"{PREFIX}backend=http needs httpx: pip install httpx") from None
+        self.httpx = httpx
+        self.cfg = cfg
+        base = cfg.base_url.rstrip("/")
+        self.url = base if base.endswith("/chat/completions") else base + "/chat/completions"
+        key = os.environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+    def complete(self, prompts: list[str]) -> list[Completion]:
+        return run_coroutine(lambda: self._complete_all(prompts))
+
+    async def _complete_all(self, prompts: list[str]) -> list[Completion]:
+        httpx = self.httpx
+        limits = httpx.Limits(max_connections=self.cfg.concurrency, max_keepalive_connections=self.cfg.concurrency)
+        gate = asyncio.Semaphore(self.cfg.concurrency)
+        async with httpx.AsyncClient(headers=self.headers, limits=limits, timeout=None) as client:
+            return list(await asyncio.gather(*(self._complete_one(client, gate, p) for p in prompts)))
+
+    async def _complete_one(self, client: Any, gate: asyncio.Semaphore, prompt: str) -> Completion:
+        cfg = self.cfg
+        payload = {
+            "model": cfg.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": cfg.max_tokens,
+            "temperature": cfg.temperature,
+        }
+        error = "no attempt"
+        for attempt in range(cfg.retries + 1):
+            if attempt:
+                await asyncio.sleep(cfg.retry_backoff_s * 2 ** (attempt - 1))
+            async with gate:
+                try:
+                    reply = await asyncio.wait_for(client.post(self.url, json=payload), cfg.timeout_s)
+                except (asyncio.TimeoutError, self.httpx.TimeoutException):
+                    error = "timeout"
+                    continue
+                except self.httpx.HTTPError as exc:
+                    error = f"connection: {type(exc).__name__}: {exc}"
+                    continue
+            status = reply.status_code
+            if status >= 500 or status in RETRY_STATUS:
+                error = f"http {status}"
+                continue
+            if status >= 400:
+                return Completion(error=f"http {status}: {_short(reply.text)}", attempts=attempt + 1)
+            return _parse_reply(reply, attempt + 1)
+        return Completion(error=error, attempts=cfg.retries + 1)
+
+    def close(self) -> None:
+        pass  # one client per `complete` call; nothing stays open
+
+
+def _parse_reply(reply: Any, attempts: int) -> Completion:
+    try:
+        content = reply.json()["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return Completion(error=f"bad reply: {_short(reply.text)}", attempts=attempts)
+    return Completion(text=content or "", attempts=attempts)
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+# ------------------------------------------------------------------ vllm
+def default_engine_factory(engine_kwargs: dict[str, Any]) -> Any:
+    """A vllm.LLM in this process. Callers in the rollout layer or above may pass their own factory
+    (rlkit's vLLM environment set-up: cache dirs in a temp dir, quiet logs)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import vllm
+
+    return vllm.LLM(**engine_kwargs)
+
+
+@JUDGE_BACKENDS.register("vllm")
+class VLLMJudgeBackend:
+    """The judge's own in-process vLLM engine."""
+
+    @staticmethod
+    def check_config(cfg: JudgeConfig) -> None:
+        if not cfg.model:
+            raise UserError(
+                f"{PREFIX}model is empty; the vllm judge needs a local model folder, "
+                f"e.g. {PREFIX}model=/models/Qwen2.5-0.5B-Instruct"
+            )
+
+    def __init__(self, cfg: JudgeConfig, engine_factory: EngineFactory | None = None) -> None:
+        self.check_config(cfg)
+        self.cfg = cfg
+        self.llm = (engine_factory or default_engine_factory)(self.engine_kwargs(cfg))
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+
+    @staticmethod
+    def engine_kwargs(cfg: JudgeConfig) -> dict[str, Any]:
+        return dict(
+            model=cfg.model,
+            dtype=cfg.dtype,
+            seed=cfg.seed,
+            max_model_len=cfg.max_model_len,
+            max_num_seqs=cfg.concurrency,
+            enforce_eager=True,
+            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+        )
+
+    def encode(self, prompt: str) -> list[int]:
+        """Token ids of a judge prompt as one user turn (the chat template's), or of the raw text."""
+        if getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def complete(self, prompts: list[str]) -> list[Completion]:
+        from vllm import SamplingParams, TokensPrompt
+
+        out = [Completion() for _ in prompts]
+        requests, params, rows = [], [], []
+        for i, prompt in enumerate(prompts):
+            try:
+                ids = self.encode(prompt)
+            except Exception as exc:  # a tokenizer/template failure costs this sample only
+                out[i] = Completion(error=f"encode: {type(exc).__name__}: {exc}")
+                continue
+            room = self.max_model_len - len(ids)
+            if room < 1:
+                out[i] = Completion(error=f"too long: {len(ids)} prompt tokens >= max_model_len {self.max_model_len}")
+                continue
+            requests.append(TokensPrompt(prompt_token_ids=ids))
+            params.append(
+                SamplingParams(
+                    max_tokens=min(self.cfg.max_tokens, room), temperature=self.cfg.temperature, seed=self.cfg.seed
+                )
+            )
+            rows.append(i)
+        if not requests:
+            return out
+        try:
+            results = self.llm.generate(requests, params, use_tqdm=False)
+        except Exception as exc:  # the engine failed for the whole batch: every sample scores 0, counted
+            for i in rows:
+                out[i] = Completion(error=f"engine: {type(exc).__name__}: {exc}")
+            return out
+        for i, result in zip(rows, results):
+            out[i] = Completion(text=result.outputs[0].text)
+        return out
+
+    def close(self) -> None:
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
