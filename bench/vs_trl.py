@@ -109,7 +109,7 @@ def ensure_data(rows: int = 20) -> Path:
 
 
 def model_dir(name: str) -> str:
-    from rlkit.utils.model_loading import resolve_model_path
+    from rlkit.models.resolve import resolve_model_path
 
     return str(resolve_model_path(name))
 

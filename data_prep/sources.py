@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from rlkit.errors import UserError
+from rlkit.models.hub import hub_endpoint, hub_offline, hub_reachable
 from rlkit.registry import Registry
-from rlkit.utils.hub import hub_endpoint, hub_offline, hub_reachable
 
 Located = list[tuple[int, dict[str, Any]]]  # (line or row number, record)
 READERS: Registry = Registry("source file format")

@@ -35,7 +35,7 @@ def ray_local():
 @pytest.fixture(autouse=True, scope="session")
 def _own_cluster_records(tmp_path_factory: pytest.TempPathFactory):
     """Runs in tests join the cluster `rlkit cluster up` recorded: keep a developer's own one out of them."""
-    from rlkit.debug.cluster import STATE_ENV
+    from rlkit.controller.cluster import STATE_ENV
 
     mp = pytest.MonkeyPatch()
     mp.setenv(STATE_ENV, str(tmp_path_factory.mktemp("rlkit-records") / "cluster.json"))

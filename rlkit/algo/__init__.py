@@ -18,8 +18,9 @@ from rlkit.algo.kl import (
     make_kl_controller,
 )
 from rlkit.algo.metrics import compute_data_metrics
-from rlkit.algo.needs import Needs, critic_enabled, needs, needs_of, ref_needed, run_needs
+from rlkit.algo.needs import Needs, needs, needs_of
 from rlkit.algo.policy_loss import POLICY_LOSSES
+from rlkit.algo.run_needs import critic_enabled, ref_needed, run_needs
 from rlkit.algo.utils import (
     LOSS_AGG,
     agg_loss,

@@ -2,7 +2,7 @@
 
 Kept free of heavy imports: the rollout config imports it at start-up. Tool, parser and
 interaction names are checked against their registries by the agent package
-(`rlkit.agent.check.check_multi_turn`), which the config layer does not import.
+(`rlkit.rollout.agent.check.check_multi_turn`), which the config layer does not import.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ class MultiTurnConfig:
 
     enable: bool = False  # run the agent loop (generate -> tools -> generate ...) instead of one-shot generation
     max_turns: int = 4  # assistant turns per sample; tool calls of the last turn are not run
-    tools: list[str] = field(default_factory=lambda: ["calculator"])  # tool names (rlkit.agent.TOOLS) offered
+    tools: list[str] = field(default_factory=lambda: ["calculator"])  # tool names (rlkit.rollout.agent.TOOLS) offered
     max_parallel_tools: int = 8  # tool calls running at once, all samples together
     format: str = "hermes"  # tool-call parser: hermes = <tool_call>{"name":..,"arguments":{..}}</tool_call>
     stop_at_tool_end: bool = False  # also stop a turn at the </tool_call> token (one call per turn)
     tool_timeout_s: float = 10.0  # a tool call running longer returns a timeout error to the model
     max_tool_response_chars: int = 1024  # tool output is cut to this many characters
     tool_config: dict = field(default_factory=dict)  # tool name -> constructor kwargs, e.g. {python: {wall_s: 3}}
-    interaction: str | None = None  # simulated user (rlkit.agent.INTERACTIONS) answering turns without tool calls
+    interaction: str | None = None  # simulated user (rlkit.rollout.agent.INTERACTIONS) answering tool-free turns
     interaction_config: dict = field(default_factory=dict)  # constructor kwargs of the interaction
     batch_wait_ms: float = 20.0  # batching server: wait for conversations still in tools (>= 1/4 of the last call)
 

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rlkit.protocol import Batch
 from rlkit.registry import Registry
-
-if TYPE_CHECKING:
-    from rlkit.controller.worker_group import WorkerGroupView
 
 ATTR = "_rlkit_register"
 
@@ -45,6 +42,15 @@ class DispatchInfo:
     is_collector: bool = True
 
 
+class DispatchTarget(Protocol):
+    """What a dispatch mode reads of a worker group (a `WorkerGroupView` is one); declared here so this
+    module does not import the group that imports it."""
+
+    world_size: int
+
+    def dispatch_info(self) -> list[DispatchInfo]: ...
+
+
 @dataclass
 class CallPlan:
     """Per-worker arguments (None = this worker is not called) plus context for `collect`."""
@@ -55,8 +61,8 @@ class CallPlan:
 
 @dataclass(frozen=True)
 class DispatchMode:
-    split: Callable[[WorkerGroupView, tuple, dict], CallPlan]
-    collect: Callable[[WorkerGroupView, list[Any], CallPlan], Any]
+    split: Callable[[DispatchTarget, tuple, dict], CallPlan]
+    collect: Callable[[DispatchTarget, list[Any], CallPlan], Any]
 
 
 DISPATCH_MODES: Registry[DispatchMode] = Registry("dispatch mode")
@@ -88,15 +94,15 @@ def get_register_spec(fn: Any) -> RegisterSpec | None:
 
 
 # ----------------------------------------------------------------- built-ins
-def _one_to_all_split(group: WorkerGroupView, args: tuple, kwargs: dict) -> CallPlan:
+def _one_to_all_split(group: DispatchTarget, args: tuple, kwargs: dict) -> CallPlan:
     return CallPlan([(args, kwargs)] * group.world_size, {})
 
 
-def _list_collect(group: WorkerGroupView, outputs: list[Any], plan: CallPlan) -> list[Any]:
+def _list_collect(group: DispatchTarget, outputs: list[Any], plan: CallPlan) -> list[Any]:
     return outputs
 
 
-def _all_to_all_split(group: WorkerGroupView, args: tuple, kwargs: dict) -> CallPlan:
+def _all_to_all_split(group: DispatchTarget, args: tuple, kwargs: dict) -> CallPlan:
     n = group.world_size
     for i, a in enumerate(list(args) + list(kwargs.values())):
         if not isinstance(a, (list, tuple)) or len(a) != n:
@@ -105,15 +111,15 @@ def _all_to_all_split(group: WorkerGroupView, args: tuple, kwargs: dict) -> Call
     return CallPlan(per, {})
 
 
-def _rank_zero_split(group: WorkerGroupView, args: tuple, kwargs: dict) -> CallPlan:
+def _rank_zero_split(group: DispatchTarget, args: tuple, kwargs: dict) -> CallPlan:
     return CallPlan([(args, kwargs)] + [None] * (group.world_size - 1), {})
 
 
-def _rank_zero_collect(group: WorkerGroupView, outputs: list[Any], plan: CallPlan) -> Any:
+def _rank_zero_collect(group: DispatchTarget, outputs: list[Any], plan: CallPlan) -> Any:
     return outputs[0]
 
 
-def _dp_split(group: WorkerGroupView, args: tuple, kwargs: dict) -> CallPlan:
+def _dp_split(group: DispatchTarget, args: tuple, kwargs: dict) -> CallPlan:
     from rlkit.controller.futures import DataFuture
 
     infos = group.dispatch_info()
@@ -143,7 +149,7 @@ def _dp_split(group: WorkerGroupView, args: tuple, kwargs: dict) -> CallPlan:
     return CallPlan(per, {"pad": pads.pop() if pads else 0, "infos": infos})
 
 
-def _dp_collect(group: WorkerGroupView, outputs: list[Any], plan: CallPlan) -> Any:
+def _dp_collect(group: DispatchTarget, outputs: list[Any], plan: CallPlan) -> Any:
     infos: list[DispatchInfo] = plan.context["infos"]
     by_rank = sorted(
         ((info.dp_rank, out) for info, out in zip(infos, outputs) if info.is_collector), key=lambda x: x[0]

@@ -41,7 +41,7 @@ def resolve_eval_model(spec: str) -> tuple[str, tempfile.TemporaryDirectory | No
         tmp = tempfile.TemporaryDirectory(prefix="rlkit-eval-")
         export_hf(path / "actor", Path(tmp.name), tokenizer_dir=path / "actor" / "tokenizer")
         return tmp.name, tmp
-    from rlkit.utils.model_loading import resolve_model_path
+    from rlkit.models.resolve import resolve_model_path
 
     return str(resolve_model_path(spec)), None
 
@@ -73,9 +73,9 @@ def evaluate(
     notify: Callable[[str], None] | None = None,
 ) -> EvalResult:
     from rlkit.data import RLDataset
+    from rlkit.models.loading import load_tokenizer
     from rlkit.reward.manager import RewardManager
-    from rlkit.utils.model_loading import load_tokenizer
-    from rlkit.workers.rollout import ROLLOUT_BACKENDS, RolloutConfig, default_backend_name
+    from rlkit.rollout import ROLLOUT_BACKENDS, RolloutConfig, default_backend_name
 
     if n < 1:
         raise UserError(f"--n must be >= 1, got {n}")
@@ -123,7 +123,7 @@ def fit_context(model_path: str, prompt_len: int, response_len: int, notify: Cal
     `longest` is the longest prompt of the data: the prompt length shrinks to it first, then the response
     is capped (and `notify` says so); a UserError names the option to lower when prompts fill the context.
     """
-    from rlkit.utils.model_context import context_length
+    from rlkit.models.context import context_length
 
     limit = context_length(model_path)
     if limit is None or prompt_len + response_len <= limit:

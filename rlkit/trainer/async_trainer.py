@@ -18,7 +18,7 @@ nothing to overlap with and runs synchronously.
 The layout (actor group + rollout group) is `build_workers`'s separate-rollout layout
 (rlkit/trainer/workers_setup.py); weights travel as one full state dict through Ray's object
 store (rank 0 of the actor gathers it; the rollout workers read the same object), not through
-the driver (`ObjectStoreRoute`, rlkit/workers/rollout/lifecycle.py).
+the driver (`ObjectStoreRoute`, rlkit/rollout/lifecycle.py).
 
 Limits: dynamic sampling (algorithm.filter_groups) is not supported here; a checkpoint taken in
 this mode resumes without the batch that was in flight (one batch of prompts is skipped).
@@ -31,10 +31,10 @@ from typing import Any
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
+from rlkit.rollout.lifecycle import call_seed
 from rlkit.trainer.ppo_trainer import PROMPT_KEYS, RLTrainer
 from rlkit.trainer.rollout_flow import Timer, repeat_with_uids
 from rlkit.trainer.workers_setup import WorkerHandles
-from rlkit.workers.rollout.lifecycle import call_seed
 
 
 class OneStepOffPolicyTrainer(RLTrainer):

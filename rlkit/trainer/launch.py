@@ -49,6 +49,7 @@ def resource_plan(cfg: RLConfig) -> Table:
 def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
     import ray
 
+    from rlkit.controller.cluster import PRIVATE, choose_cluster, record_driver_cluster
     from rlkit.debug import (
         debug_banner,
         debug_runtime_env,
@@ -57,7 +58,6 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
         prepare_driver_env,
         restore_driver_breakpoint,
     )
-    from rlkit.debug.cluster import PRIVATE, choose_cluster, record_driver_cluster
     from rlkit.debug.listeners import use_loopback_node
     from rlkit.utils.quiet import worker_env
 

@@ -19,9 +19,10 @@ import torch
 from rlkit.algo.dapo import dynamic_sampling_filter
 from rlkit.algo.kl import make_kl_controller
 from rlkit.algo.metrics import compute_data_metrics
-from rlkit.algo.needs import run_needs
+from rlkit.algo.run_needs import run_needs
 from rlkit.config.schema import RLConfig
 from rlkit.protocol import Batch
+from rlkit.rollout.lifecycle import call_seed
 from rlkit.trainer.rollout_flow import (
     Timer,
     compute_advantages,
@@ -33,7 +34,6 @@ from rlkit.trainer.rollout_flow import (
 from rlkit.trainer.step_result import StepResult
 from rlkit.trainer.workers_setup import WorkerHandles, build_workers
 from rlkit.workers.micro_batch import balance_across_ranks
-from rlkit.workers.rollout.lifecycle import call_seed
 
 log = logging.getLogger("rlkit.trainer")
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -56,8 +56,9 @@ class RLTrainer:
 
     def __init__(self, cfg: RLConfig, workers: WorkerHandles | None = None, tracker: Any = None) -> None:
         from rlkit.data import RLDataLoader, RLDataset
+        from rlkit.models.loading import load_tokenizer
+        from rlkit.models.resolve import resolve_model_path
         from rlkit.reward.registry import build_reward_manager
-        from rlkit.utils.model_loading import load_tokenizer, resolve_model_path
 
         self.cfg = cfg
         self.model_path = str(resolve_model_path(cfg.actor_rollout_ref.model.path))
@@ -212,7 +213,7 @@ class RLTrainer:
         """Prompt tensors; with multi-turn also the raw messages and tool/interaction kwargs the agent loop reads."""
         if not self.cfg.actor_rollout_ref.rollout.multi_turn.enable:
             return PROMPT_KEYS
-        from rlkit.workers.rollout.agent_rollout import agent_input_keys
+        from rlkit.rollout.agent_rollout import agent_input_keys
 
         return PROMPT_KEYS + agent_input_keys(gen)
 

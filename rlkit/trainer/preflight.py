@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlkit.algo.needs import critic_enabled
+from rlkit.algo.run_needs import critic_enabled
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
 from rlkit.utils.fs_checks import free_bytes, human_bytes, writable_dir_problem
@@ -80,9 +80,9 @@ def check_data(p: Preflight) -> None:
 
 def _cached_model(spec: str) -> Path | None:
     """The local folder of an alias or hub id if it is already on disk (no network)."""
-    from rlkit.utils import hub
-    from rlkit.utils.model_aliases import ALIASES, SourceUnavailable, from_converted_cache, from_hf_cache
-    from rlkit.utils.model_loading import cache_root
+    from rlkit.models import hub
+    from rlkit.models.aliases import ALIASES, SourceUnavailable, from_converted_cache, from_hf_cache
+    from rlkit.models.loading import cache_root
 
     if spec not in ALIASES:
         return hub.cached_snapshot(spec)
@@ -96,8 +96,9 @@ def _cached_model(spec: str) -> Path | None:
 
 def check_model(p: Preflight) -> None:
     """actor_rollout_ref.model.path resolves to a folder with config.json and weights."""
-    from rlkit.utils.model_aliases import ALIASES
-    from rlkit.utils.model_loading import HUB_ID, resolve_model
+    from rlkit.models.aliases import ALIASES
+    from rlkit.models.loading import HUB_ID
+    from rlkit.models.resolve import resolve_model
 
     spec = str(p.cfg.actor_rollout_ref.model.path)
     key = "actor_rollout_ref.model.path"
@@ -133,7 +134,7 @@ def check_output_dirs(p: Preflight) -> None:
 def checkpoint_size(model_dir: Path, roles: int = 1) -> int:
     """Bytes of one checkpoint, estimated from the model's weight files: parameters (from their size and
     dtype) x (fp32 weights + AdamW moments) x trained roles (actor, and critic when there is one)."""
-    from rlkit.utils.model_loading import WEIGHT_GLOBS
+    from rlkit.models.loading import WEIGHT_GLOBS
 
     weights = sum(f.stat().st_size for g in WEIGHT_GLOBS if not g.endswith(".json") for f in model_dir.glob(g))
     try:

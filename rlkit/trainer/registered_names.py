@@ -25,7 +25,7 @@ def _truncation() -> Registry[Any]:
 
 
 def _rollout() -> Registry[Any]:
-    from rlkit.workers.rollout import ROLLOUT_BACKENDS  # the package import registers every backend
+    from rlkit.rollout import ROLLOUT_BACKENDS  # the package import registers every backend
 
     return ROLLOUT_BACKENDS
 
@@ -51,7 +51,7 @@ def _trackers() -> Registry[Any]:
 
 def registered_keys() -> dict[str, Callable[[], Registry[Any]]]:
     """Config key -> a loader of the registry its value (or each item of its list) must be in."""
-    from rlkit.algo.needs import algorithm_registries
+    from rlkit.algo.run_needs import algorithm_registries
 
     keys: dict[str, Callable[[], Registry[Any]]] = {
         "data.truncation": _truncation,
@@ -76,7 +76,7 @@ def registered_names(key: str, builtin_only: bool = False) -> list[str] | None:
 
 def check_registered_names(cfg: RLConfig) -> None:
     """UserError naming the key and the registered names for the first value that is not registered."""
-    from rlkit.algo.needs import config_value
+    from rlkit.algo.run_needs import config_value
 
     for key, loader in registered_keys().items():
         value = config_value(cfg, key)
@@ -91,7 +91,7 @@ def check_registered_names(cfg: RLConfig) -> None:
 def check_named_entries(cfg: RLConfig) -> None:
     """Everything the config checks ask of the registries, in one call (the config layer's one hook upward):
     plugins imported, every name registered, each algorithm entry's needs met, the reward manager's options."""
-    from rlkit.algo.needs import check_algorithm
+    from rlkit.algo.run_needs import check_algorithm
     from rlkit.registry import import_plugins
     from rlkit.reward.registry import check_reward_manager
 

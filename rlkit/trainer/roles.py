@@ -46,7 +46,7 @@ def critic_role(cfg: RLConfig, model_path: str, total_steps: int) -> ClassWithIn
     if path is None or path == arr.model.path:
         path = str(model_path)
     else:  # a folder, a .gguf, an alias or a hub id, as for the policy
-        from rlkit.utils.model_loading import resolve_model_path
+        from rlkit.models.resolve import resolve_model_path
 
         path = str(resolve_model_path(path))
     critic = dataclasses.replace(cfg.critic, model=dataclasses.replace(cfg.critic.model, path=path))

@@ -23,7 +23,7 @@ def default_rollout_backend(cfg: RLConfig) -> None:
     """`rollout.name: null` -> vllm where installed, else hf."""
     rollout = cfg.actor_rollout_ref.rollout
     if rollout.name is None:
-        from rlkit.workers.rollout import default_backend_name
+        from rlkit.rollout import default_backend_name
 
         rollout.name = default_backend_name()
 
@@ -38,7 +38,7 @@ def break_at_rules(cfg: RLConfig) -> None:
 def named_entries(cfg: RLConfig) -> None:
     """The user's plugins imported, every registry-valued key's name registered, the algorithm entries'
     declared needs met (then `critic.enable: null` becomes what they need), the reward manager's options."""
-    from rlkit.algo.needs import critic_enabled
+    from rlkit.algo.run_needs import critic_enabled
     from rlkit.trainer.registered_names import check_named_entries
 
     check_named_entries(cfg)
@@ -47,7 +47,7 @@ def named_entries(cfg: RLConfig) -> None:
 
 def tensor_parallel_backend(cfg: RLConfig) -> None:
     from rlkit.config.checks import check_tensor_parallel
-    from rlkit.workers.rollout import tensor_parallel_backends
+    from rlkit.rollout import tensor_parallel_backends
 
     check_tensor_parallel(cfg, tensor_parallel_backends())
 
@@ -55,7 +55,7 @@ def tensor_parallel_backend(cfg: RLConfig) -> None:
 def agent_names(cfg: RLConfig) -> None:
     multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
     if multi_turn.enable:
-        from rlkit.agent.check import check_multi_turn
+        from rlkit.rollout.agent.check import check_multi_turn
 
         check_multi_turn(multi_turn)
 

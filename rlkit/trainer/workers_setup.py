@@ -18,12 +18,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlkit.algo.needs import critic_enabled, ref_needed
+from rlkit.algo.run_needs import critic_enabled, ref_needed
 from rlkit.config.checks import world_size
 from rlkit.config.schema import RLConfig
 from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, Sibling, WorkerGroupView
 from rlkit.errors import UserError
-from rlkit.workers.rollout.lifecycle import InProcessRoute, ObjectStoreRoute, WeightRoute
+from rlkit.rollout.lifecycle import InProcessRoute, ObjectStoreRoute, WeightRoute
 
 TRAINER_GROUP, ROLLOUT_GROUP = "rlkit", "rlkit-rollout"  # Ray actor names: "rlkit:0", "rlkit-rollout:0"
 
@@ -148,7 +148,7 @@ def build_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env:
     """Spawn the layout's groups, load every model (the rollout engines while the actor loads), and
     return the handles. Either layout; see the module docstring."""
     from rlkit.config.checks import check_tensor_parallel
-    from rlkit.workers.rollout import tensor_parallel_backends
+    from rlkit.rollout import tensor_parallel_backends
 
     check_tensor_parallel(cfg, tensor_parallel_backends())  # also for configs that did not come through load_config
     layout = plan_layout(cfg)

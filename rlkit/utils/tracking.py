@@ -186,7 +186,7 @@ class WandbTracker:
         except ImportError:
             raise UserError("tracker 'wandb' needs the wandb package: pip install 'rlkit[wandb]', "
                             "or drop it from trainer.logger") from None
-        from rlkit.utils.hub import network_disabled, url_reachable
+        from rlkit.utils.network import network_disabled, url_reachable
 
         mode = os.environ.get("WANDB_MODE")
         if mode is None:

@@ -12,7 +12,7 @@ import heapq
 import torch
 import torch.distributed as dist
 
-from rlkit.algo.needs import agg_unit
+from rlkit.algo.run_needs import agg_unit
 from rlkit.protocol import Batch
 
 

@@ -23,8 +23,8 @@ from rlkit.config.rollout import RolloutConfig
 from rlkit.controller import Dispatch, Worker, register
 from rlkit.debug import maybe_break, set_step
 from rlkit.protocol import Batch
-from rlkit.workers.rollout.base import ROLLOUT_BACKENDS
-from rlkit.workers.rollout.lifecycle import ActorWeights, EngineLifecycle, StateDictWeights, sampling_seed
+from rlkit.rollout.base import ROLLOUT_BACKENDS
+from rlkit.rollout.lifecycle import ActorWeights, EngineLifecycle, StateDictWeights, sampling_seed
 
 
 class RolloutWorker(Worker):
@@ -37,15 +37,15 @@ class RolloutWorker(Worker):
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict:
-        import rlkit.workers.rollout  # noqa: F401  (registers the backends)
+        import rlkit.rollout  # noqa: F401  (registers the backends)
 
         start = time.perf_counter()
         rollout = self.rollout
         backend = ROLLOUT_BACKENDS.get(rollout.name)
         engine = backend(self.model_path, rollout, **self._tensor_parallel_setup(rollout.tensor_model_parallel_size))
         if rollout.multi_turn.enable:  # the agent loop (tools between turns) drives the engine
-            from rlkit.utils.model_loading import load_tokenizer
-            from rlkit.workers.rollout.agent_rollout import AgentRollout
+            from rlkit.models.loading import load_tokenizer
+            from rlkit.rollout.agent_rollout import AgentRollout
 
             engine = AgentRollout(engine, load_tokenizer(self.model_path), rollout)
         self.engine = engine

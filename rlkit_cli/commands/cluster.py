@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rlkit.debug import cluster as cl
+from rlkit.controller import cluster as cl
 from rlkit.debug.listeners import LOOPBACK_ENV
 from rlkit.debug.state import Dashboard, paused_workers, peek_where
 from rlkit_cli.errors import friendly_errors

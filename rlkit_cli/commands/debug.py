@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rlkit.debug.cluster import resolve_dashboard
+from rlkit.controller.cluster import resolve_dashboard
 from rlkit.debug.state import Dashboard, PausedWorker, paused_workers, peek_where, pick_worker
 from rlkit.errors import UserError
 from rlkit_cli.errors import friendly_errors

@@ -12,9 +12,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rlkit.utils import model_aliases
-from rlkit.utils.hub import cached_snapshot
-from rlkit.utils.model_loading import ResolvedModel, cache_root, cached_models, folder_size, resolve_model
+from rlkit.models import aliases as model_aliases
+from rlkit.models.hub import cached_snapshot
+from rlkit.models.loading import ResolvedModel, cache_root, cached_models, folder_size
+from rlkit.models.resolve import resolve_model
 from rlkit_cli.errors import friendly_errors
 
 console = Console(log_path=False)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rlkit.algo import ADV_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, agg_loss, masked_sum
-from rlkit.algo.needs import Needs, agg_unit, critic_enabled, needs, needs_of, ref_needed, rows, run_needs, sequences
+from rlkit.algo.needs import Needs, needs, needs_of, rows, sequences
+from rlkit.algo.run_needs import agg_unit, critic_enabled, ref_needed, run_needs
 from rlkit.errors import UserError
 from rlkit.trainer.run_config import load_config
 from rlkit.workers.micro_batch import loss_scales

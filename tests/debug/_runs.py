@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlkit.debug import cluster as cl
+from rlkit.controller import cluster as cl
 
 REPO = Path(__file__).resolve().parents[2]
 RLKIT = str(Path(sys.executable).parent / "rlkit")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 from typer.testing import CliRunner
 
-from rlkit.debug import cluster as cl
+from rlkit.controller import cluster as cl
 from tests.debug._runs import Toy
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlkit.debug import cluster as cl
+from rlkit.controller import cluster as cl
 from rlkit.debug.listeners import SINGLE_NODE_ENV
 from rlkit.debug.session import DebugSession
 from tests.debug._runs import ACTOR_PY, RLKIT, Run, Toy, line_after

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from rlkit.debug import cluster as cl
+from rlkit.controller import cluster as cl
 from rlkit.debug.session import DebugSession
 from rlkit_cli.main import app
 from tests.debug import _targets

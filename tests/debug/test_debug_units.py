@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 import rlkit.debug as rd
+from rlkit.controller import cluster as cl
 from rlkit.debug import breakpoints as bp
-from rlkit.debug import cluster as cl
 from rlkit.debug.dap import DapClient, DapError, DapTimeout
 from rlkit.debug.runtime import SILENCE_HOOK, _disabled_breakpoint, silence_worker_breakpoints
 from rlkit.debug.state import PausedWorker, _rank_of, pick_worker, where_from_dump

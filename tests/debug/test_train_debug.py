@@ -20,7 +20,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from rlkit.debug import cluster as cl
+from rlkit.controller import cluster as cl
 from rlkit.debug.session import DebugSession
 from rlkit_cli.main import app
 from tests.debug._runs import ACTOR_PY, Run, Toy, line_after

@@ -11,7 +11,7 @@ import pytest
 
 from rlkit.errors import UserError
 from rlkit.eval.evaluator import fit_context
-from rlkit.utils.model_context import context_length
+from rlkit.models.context import context_length
 from tests.trainer.conftest import cli_env, rlkit_cmd
 
 NOISE = [r"Triton", r"FutureWarning", r"NUMA binding", r"Loading safetensors checkpoint shards", r"LD_PRELOAD",

@@ -55,10 +55,10 @@ def train_sync_and_compare(tmp_path, steps: int, extra=(), check_group=None):
     """Train `steps` GRPO steps with engine log-probs, then check the synced engine: its greedy
     output equals a fresh single-rank engine loaded from the exported checkpoint and differs from
     before training; engine and trainer log-probs agree (float32 on both sides)."""
+    from rlkit.rollout import RolloutConfig, VLLMRollout
     from rlkit.trainer.ppo_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
     from rlkit.workers.fsdp_model import export_hf
-    from rlkit.workers.rollout import RolloutConfig, VLLMRollout
 
     toy, model = make_toy_and_model(tmp_path)
     cfg = toy_config(toy, model, tmp_path, steps=steps, extra=[

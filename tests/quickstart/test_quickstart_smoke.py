@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _model_available() -> bool:
-    from rlkit.utils.hub import url_reachable
-    from rlkit.utils.model_loading import cached_models
+    from rlkit.models.hub import url_reachable
+    from rlkit.models.loading import cached_models
 
     if any("smollm2" in str(m.path) for m in cached_models()):
         return True

@@ -19,7 +19,7 @@ def prompts():
 
 @pytest.fixture(scope="session")
 def vllm_config():
-    from rlkit.workers.rollout import RolloutConfig
+    from rlkit.rollout import RolloutConfig
 
     return RolloutConfig(prompt_length=32, response_length=VLLM_RESPONSE_LENGTH, calculate_log_probs=True,
                          kv_cache_memory_mb=32)
@@ -32,7 +32,7 @@ def vllm_engine(model_path, vllm_config):
     torch.distributed group and its no-op `torch.set_num_threads`."""
     import torch
 
-    from rlkit.workers.rollout import VLLMRollout
+    from rlkit.rollout import VLLMRollout
 
     set_num_threads = torch.set_num_threads
     rollout = VLLMRollout(model_path, vllm_config)

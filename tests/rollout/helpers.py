@@ -70,7 +70,7 @@ def perturbed_state(model, seed: int = 1, scale: float = 0.3) -> dict[str, torch
 
 
 def check_layout(out: Batch, prompts: Batch, response_length: int, stop_ids: list[int], pad_id: int) -> None:
-    """Every invariant of the rollout output layout (see rlkit/workers/rollout/base.py)."""
+    """Every invariant of the rollout output layout (see rlkit/rollout/base.py)."""
     rows, prompt_len = prompts["input_ids"].shape
     resp, mask = out["responses"], out["response_mask"]
     assert resp.shape == mask.shape == (rows, response_length)

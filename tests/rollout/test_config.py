@@ -6,7 +6,7 @@ import os
 import pytest
 
 from rlkit.errors import UserError
-from rlkit.workers.rollout import (
+from rlkit.rollout import (
     ROLLOUT_BACKENDS,
     HFRollout,
     RolloutConfig,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlkit.workers.rollout import HFRollout, RolloutConfig
-from rlkit.workers.rollout.model_info import WeightNames, special_token_ids
+from rlkit.models.model_info import WeightNames, special_token_ids
+from rlkit.rollout import HFRollout, RolloutConfig
 from tests.rollout.helpers import check_layout, make_prompts, perturbed_state, reference_log_probs
 
 R = 16

@@ -18,7 +18,7 @@ pytest.importorskip("vllm")
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from rlkit.workers.rollout.lifecycle import EngineLifecycle, StateDictWeights  # noqa: E402
+from rlkit.rollout.lifecycle import EngineLifecycle, StateDictWeights  # noqa: E402
 from tests.rollout.helpers import perturbed_state, reference_log_probs  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning")]

@@ -12,7 +12,7 @@ pytest.importorskip("vllm")
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from rlkit.workers.rollout import HFRollout, VLLMRollout  # noqa: E402
+from rlkit.rollout import HFRollout, VLLMRollout  # noqa: E402
 from tests.rollout.helpers import (  # noqa: E402
     VLLM_RESPONSE_LENGTH,
     check_layout,

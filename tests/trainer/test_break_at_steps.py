@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import ray
 
+from rlkit.models.resolve import resolve_model_path
 from rlkit.trainer.async_trainer import build_trainer
 from rlkit.trainer.run_config import load_config
 from rlkit.trainer.workers_setup import build_workers
-from rlkit.utils.model_loading import resolve_model_path
 from tests.trainer.conftest import toy_overrides
 
 PAUSE_LINE = re.compile(r"\[rlkit\.debug\] pausing at phase '([\w.]+)' \(rank (\d+), step (\w+)\)")

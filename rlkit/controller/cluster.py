@@ -1,0 +1,355 @@
+"""Start, find, join and stop the local Ray head that `rlkit cluster` manages.
+
+A long-lived head (instead of the throwaway cluster `ray.init()` starts) is what the VS Code
+extension points at: its dashboard address stays the same between runs. Two kinds of record:
+
+- `cluster.json`: the head `rlkit cluster up` started. `rlkit train`/`rlkit eval` join it when
+  it is up, `rlkit cluster down` stops it; nothing else writes this file.
+- `cluster.runs/<pid>.json`: the private Ray a `--debug` run started for itself (no cluster up, or
+  `--address local`), so `rlkit debug list` finds its dashboard. Gone when the run ends.
+
+We stop only *our* processes (see rlkit.controller.processes), never `ray stop`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rlkit.controller.processes import cluster_processes, free_port, pid_alive, port_in_use, stop_processes
+from rlkit.debug.listeners import LOOPBACK_ENV, LOOPBACK_IP, SINGLE_NODE_ENV, Listener, is_loopback, listeners
+from rlkit.errors import UserError
+
+__all__ = ["cluster_processes", "free_port", "port_in_use", "stop_processes"]  # re-exported for callers
+
+STATE_ENV = "RLKIT_CLUSTER_STATE"
+DEFAULT_PORT = 6379
+DEFAULT_DASHBOARD_PORT = 8265
+UP = "rlkit cluster up"
+PRIVATE = "local"  # `--address local`: a private Ray for this run (Ray's own name for it)
+# The VS Code extension sends no token, so token auth (on by default for new clusters in Ray 2.60) must be off.
+AUTH_ENV = {"RAY_AUTH_MODE": "disabled"}
+
+
+@dataclass
+class ClusterInfo:
+    address: str  # GCS "ip:port", what `ray.init(address=...)` takes
+    dashboard_url: str  # "http://127.0.0.1:8265", what the VS Code extension and `rlkit debug` use
+    temp_dir: str  # private Ray temp dir: every process of this cluster has it in its command line
+    node_ip: str = ""
+    started_by: str = UP
+    started_at: float = field(default_factory=time.time)
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    driver_pid: int = 0  # a run's private cluster: it lives as long as that process
+    loopback: bool = True  # every service on 127.0.0.1 (single node); False: on the network
+    own_temp_dir: bool = False  # `rlkit cluster down` removes the temp dir (we made it)
+
+    @property
+    def gcs_port(self) -> int | None:
+        port = self.address.rsplit(":", 1)[-1]
+        return int(port) if port.isdigit() else None
+
+
+# -- the records -------------------------------------------------------------------------------
+def state_path() -> Path:
+    """The record of `rlkit cluster up` ($RLKIT_CLUSTER_STATE, else ~/.cache/rlkit/cluster.json)."""
+    if os.environ.get(STATE_ENV):
+        return Path(os.environ[STATE_ENV])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "rlkit" / "cluster.json"
+
+
+def runs_dir() -> Path:
+    """Records of private clusters, one per run, next to the `cluster up` record."""
+    path = state_path()
+    return path.with_name(f"{path.stem}.runs")
+
+
+def _read(path: Path) -> ClusterInfo | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: unreadable cluster state ({exc}); delete the file and retry") from None
+    known = {f.name for f in dataclasses.fields(ClusterInfo)}
+    try:
+        return ClusterInfo(**{k: v for k, v in data.items() if k in known})
+    except TypeError as exc:
+        raise UserError(f"{path}: unreadable cluster state ({exc}); delete the file and retry") from None
+
+
+def _write(path: Path, info: ClusterInfo) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(info), indent=2))
+    tmp.replace(path)
+
+
+def load_state() -> ClusterInfo | None:
+    return _read(state_path())
+
+
+def save_state(info: ClusterInfo) -> None:
+    _write(state_path(), info)
+
+
+def clear_state() -> None:
+    state_path().unlink(missing_ok=True)
+
+
+def record_driver_cluster(dashboard_url: str | None, address: str, temp_dir: str = "") -> Path | None:
+    """For a run on its private Ray: remember it (until this process exits) so `rlkit debug list` finds it."""
+    if not dashboard_url:
+        return None
+    url = dashboard_url if "://" in dashboard_url else f"http://{dashboard_url}"
+    path = runs_dir() / f"{os.getpid()}.json"
+    info = ClusterInfo(address=address, dashboard_url=url, temp_dir=temp_dir, started_by="rlkit train",
+                       driver_pid=os.getpid(), node_ip=address.rsplit(":", 1)[0])  # fmt: skip
+    info.loopback = is_loopback(info.node_ip) if info.node_ip else True
+    _write(path, info)
+    atexit.register(path.unlink, missing_ok=True)
+    return path
+
+
+def running_runs() -> list[ClusterInfo]:
+    """Private clusters of runs still going, newest first; records of finished runs are removed."""
+    found = []
+    for path in sorted(runs_dir().glob("*.json")):
+        try:
+            info = _read(path)
+        except UserError:
+            info = None
+        if info is not None and info.driver_pid and pid_alive(info.driver_pid):
+            found.append(info)
+        else:
+            path.unlink(missing_ok=True)
+    return sorted(found, key=lambda i: i.started_at, reverse=True)
+
+
+# -- probes ------------------------------------------------------------------------------------
+def dashboard_alive(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/api/version", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def running_cluster() -> ClusterInfo | None:
+    """The cluster `rlkit cluster up` started, if it is up; a stale record is forgotten."""
+    info = load_state()
+    if info is None:
+        return None
+    if info.started_by != UP:  # written by an older rlkit for a run's private cluster
+        clear_state()
+        return None
+    if dashboard_alive(info.dashboard_url) or cluster_processes(info.temp_dir, info.gcs_port):
+        return info  # half alive (dashboard died) is kept so `rlkit cluster down` can clean up
+    clear_state()
+    return None
+
+
+def cluster_listeners(info: ClusterInfo) -> list[Listener]:
+    """The listening sockets of the cluster's processes on this machine."""
+    return listeners(cluster_processes(info.temp_dir, info.gcs_port))
+
+
+# -- which cluster a run uses --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Target:
+    address: str  # PRIVATE, or a GCS address to join
+    joined: ClusterInfo | None = None  # the `rlkit cluster up` record, when joining that cluster
+
+    @property
+    def private(self) -> bool:
+        return self.address == PRIVATE
+
+    @property
+    def loopback(self) -> bool:
+        """Private (one machine), or a cluster at 127.0.0.1: the driver must keep Ray in single-node mode,
+        or Ray rewrites 127.0.0.1 to the network address, where a loopback cluster does not listen."""
+        return self.private or is_loopback(self.address.rsplit(":", 1)[0])
+
+
+def choose_cluster(explicit: str | None = None) -> Target:
+    """--address, then $RAY_ADDRESS, then the cluster `rlkit cluster up` started (when up), else a private one."""
+    address = explicit or os.environ.get("RAY_ADDRESS") or ""
+    up = running_cluster()
+    if address:
+        return Target(address, up if up is not None and address == up.address else None)
+    if up is None:
+        return Target(PRIVATE)
+    if not dashboard_alive(up.dashboard_url, timeout=5.0):
+        raise UserError(
+            f"the cluster from `rlkit cluster up` ({up.address}) does not answer at {up.dashboard_url}; "
+            "restart it (`rlkit cluster down`, then `rlkit cluster up`) or pass --address local for a private one"
+        )
+    return Target(up.address, up)
+
+
+# -- start / stop ------------------------------------------------------------------------------
+def default_temp_dir(port: int) -> str:
+    # Short on purpose: Ray puts Unix sockets under it (~107-byte path limit).
+    return os.path.join(tempfile.gettempdir(), f"rlkit-ray-{port}")
+
+
+def start_cluster(
+    num_cpus: float | None = None,
+    num_gpus: float | None = None,
+    port: int = DEFAULT_PORT,
+    dashboard_port: int = DEFAULT_DASHBOARD_PORT,
+    dashboard_host: str = LOOPBACK_IP,
+    temp_dir: str | None = None,
+    timeout: float = 90.0,
+    node_ip: str | None = None,
+    listen_all: bool = False,
+) -> ClusterInfo:
+    """`ray start --head` with the dashboard, token auth off, all side ports picked free.
+
+    Default: one node, every service on 127.0.0.1 (rlkit.debug.listeners). `node_ip` (or
+    `listen_all`: Ray's own pick of the node IP) puts Ray on the network so other nodes can join.
+    """
+    if node_ip and listen_all:
+        raise UserError("pass either --node-ip or --listen-all, not both")
+    loopback = not listen_all and (not node_ip or is_loopback(node_ip))
+    existing = running_cluster()
+    if existing is not None:
+        raise UserError(
+            f"a Ray cluster started by {existing.started_by} is already running (dashboard {existing.dashboard_url});"
+            " stop it with `rlkit cluster down` or use it as is"
+        )
+    for what, p, flag in (("GCS", port, "--port"), ("dashboard", dashboard_port, "--dashboard-port")):
+        if port_in_use(p):
+            raise UserError(f"{what} port {p} is already in use ({_holder(p)}); pick a free one with {flag}")
+    own_temp_dir = temp_dir is None or not os.path.exists(temp_dir)
+    temp_dir = os.path.abspath(temp_dir or default_temp_dir(port))
+    if cluster_processes(temp_dir, port):
+        raise UserError(f"Ray processes already use temp dir {temp_dir}; stop them or pass another --temp-dir")
+    cmd = [
+        sys.executable, "-m", "ray.scripts.scripts", "start", "--head",
+        f"--port={port}", "--include-dashboard=true",
+        f"--dashboard-host={dashboard_host}", f"--dashboard-port={dashboard_port}",
+        f"--temp-dir={temp_dir}", "--disable-usage-stats",
+        # Side ports default to fixed numbers that clash with other clusters on a shared machine.
+        f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}", f"--ray-client-server-port={free_port()}",
+        f"--metrics-export-port={free_port()}", f"--node-manager-port={free_port()}",
+        f"--object-manager-port={free_port()}",
+    ]  # fmt: skip
+    env = {**os.environ, **AUTH_ENV}
+    if loopback:
+        cmd.append(f"--node-ip-address={LOOPBACK_IP}")
+        env.update(LOOPBACK_ENV)
+    else:
+        cmd += [f"--node-ip-address={node_ip}"] if node_ip else []
+        env.pop(SINGLE_NODE_ENV, None)
+    cmd += [f"--num-cpus={num_cpus:g}"] if num_cpus is not None else []
+    cmd += [f"--num-gpus={num_gpus:g}"] if num_gpus is not None else []
+    _run_ray_start(cmd, env, timeout, temp_dir, port)
+    host = LOOPBACK_IP if dashboard_host in (LOOPBACK_IP, "localhost", "0.0.0.0", "") else dashboard_host
+    url = f"http://{host}:{dashboard_port}"
+    _wait_dashboard(url, timeout, temp_dir, port)
+    ip = _head_ip(url)
+    info = ClusterInfo(
+        address=f"{ip}:{port}", dashboard_url=url, temp_dir=temp_dir, node_ip=ip, num_cpus=num_cpus,
+        num_gpus=num_gpus, loopback=loopback, own_temp_dir=own_temp_dir or temp_dir == default_temp_dir(port),
+    )  # fmt: skip
+    save_state(info)
+    return info
+
+
+def _holder(port: int) -> str:
+    runs = [r for r in running_runs() if r.dashboard_url.endswith(f":{port}")]
+    if runs:
+        return f"the private Ray of a `rlkit train` run, pid {runs[0].driver_pid}"
+    return "another Ray cluster?"
+
+
+def _run_ray_start(cmd: list[str], env: dict, timeout: float, temp_dir: str, port: int) -> None:
+    logs = f"{temp_dir}/session_latest/logs"
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_processes(temp_dir, gcs_port=port)
+        raise UserError(f"`ray start` did not finish within {timeout:.0f}s; see {logs}") from None
+    if proc.returncode != 0:
+        stop_processes(temp_dir, gcs_port=port)
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+        raise UserError(f"`ray start` failed (exit {proc.returncode}):\n{tail}")
+
+
+def _wait_dashboard(url: str, timeout: float, temp_dir: str, port: int) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if dashboard_alive(url):
+            return
+        time.sleep(0.5)
+    stop_processes(temp_dir, gcs_port=port)
+    logs = f"{temp_dir}/session_latest/logs"
+    raise UserError(f"the Ray head started but its dashboard at {url} never answered; see {logs}")
+
+
+def _head_ip(url: str) -> str:
+    from rlkit.debug.state import Dashboard  # local import: state imports nothing from here
+
+    try:
+        for node in Dashboard(url).list("nodes"):
+            if node.get("is_head_node"):
+                return str(node.get("node_ip"))
+    except UserError:
+        pass
+    from ray.util import get_node_ip_address
+
+    return get_node_ip_address()
+
+
+@dataclass
+class Stopped:
+    info: ClusterInfo
+    processes: int  # 0: it had already stopped; we only forgot it
+
+
+def stop_cluster(timeout: float = 5.0) -> Stopped | None:
+    """Stop what `rlkit cluster up` started and remove its temp dir; None when nothing was recorded."""
+    info = load_state()
+    if info is None or info.started_by != UP:
+        clear_state()
+        return None
+    count = stop_processes(info.temp_dir, timeout=timeout, gcs_port=info.gcs_port)
+    if info.own_temp_dir and info.temp_dir:
+        shutil.rmtree(info.temp_dir, ignore_errors=True)
+    clear_state()
+    return Stopped(info, count)
+
+
+def resolve_dashboard(explicit: str | None = None) -> str:
+    """The dashboard to talk to: --dashboard, $RLKIT_DASHBOARD, `cluster up`'s, a running debug run's, :8265."""
+    for candidate in (explicit, os.environ.get("RLKIT_DASHBOARD")):
+        if candidate:
+            return candidate if "://" in candidate else f"http://{candidate}"
+    info = running_cluster()
+    if info is not None:
+        return info.dashboard_url
+    runs = running_runs()
+    if runs:
+        return runs[0].dashboard_url
+    default = f"http://{LOOPBACK_IP}:{DEFAULT_DASHBOARD_PORT}"
+    if dashboard_alive(default):
+        return default
+    raise UserError(
+        "no Ray cluster is running that rlkit knows of; start one with `rlkit cluster up`"
+        " (or pass --dashboard http://HOST:PORT)"
+    )

@@ -1,0 +1,28 @@
+"""Check the agent names of `actor_rollout_ref.rollout.multi_turn` against the agent registries.
+
+The config layer cannot (it imports no other rlkit layer); `rlkit train` runs this from its
+finalize hooks and `AgentRollout` when it is built.
+"""
+
+from __future__ import annotations
+
+from rlkit.config.agent import PREFIX, MultiTurnConfig
+from rlkit.errors import UserError
+
+
+def check_multi_turn(mt: MultiTurnConfig) -> None:
+    """UserError naming the key for a tool, tool-call format or interaction that is not registered (no torch)."""
+    from rlkit.rollout.agent.interaction import INTERACTIONS
+    from rlkit.rollout.agent.parser import TOOL_PARSERS
+    from rlkit.rollout.agent.tools import TOOLS, load_builtin_tools
+
+    load_builtin_tools()
+    checks = [("format", TOOL_PARSERS, [mt.format])]
+    checks.append(("tools", TOOLS, list(mt.tools)))
+    checks.append(("tool_config", TOOLS, list(mt.tool_config)))
+    if mt.interaction is not None:
+        checks.append(("interaction", INTERACTIONS, [mt.interaction]))
+    for key, registry, names in checks:
+        for name in names:
+            if name not in registry:
+                raise UserError(f"{PREFIX}{key}: '{name}' is not registered; choose from {registry.names()}")

@@ -1,0 +1,330 @@
+"""The agent loop: one coroutine per sample, turns of generate -> parse -> tools -> append.
+
+Per sample (see `AgentLoop.run_sample`):
+
+1. generate from the context until a stop token (EOS, or `</tool_call>` with
+   `stop_at_tool_end`) or the remaining response budget;
+2. parse the turn's tool calls; run them concurrently (at most
+   `max_parallel_tools` calls in flight over all samples), each failure becoming
+   an error message;
+3. append the results rendered by the chat template (role "tool"), or, without
+   tool calls, ask the simulated user (`Interaction`) if one is configured;
+4. stop when a turn has no tool call (and no user reply), after `max_turns`
+   assistant turns, or when the response budget is spent (an observation that
+   does not fit with room for one more token is dropped).
+
+The output has the rollout layout of `rlkit/rollout/base.py`; responses
+interleave model and tool/user tokens, `response_mask` is 1 exactly on the
+model's tokens and `attention_mask` is 1 on all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlkit.config.agent import MultiTurnConfig
+from rlkit.errors import UserError
+from rlkit.protocol import Batch
+from rlkit.rollout.agent.chat import ChatRenderer
+from rlkit.rollout.agent.engine import AsyncEngine, TurnRequest, run_coroutine
+from rlkit.rollout.agent.interaction import Interaction
+from rlkit.rollout.agent.parser import ToolCall, ToolParser
+from rlkit.rollout.agent.tools import Tool, ToolResult, run_tool
+from rlkit.rollout.base import assemble_output
+
+logger = logging.getLogger(__name__)
+_logged: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        logger.warning(message)
+
+
+@dataclass
+class Sample:
+    """What one conversation starts from."""
+
+    index: int
+    prompt_ids: list[int]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    interaction_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)  # 1 = model token
+    log_probs: list[float] = field(default_factory=list)
+    num_turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    finish: str = "stop"  # stop | max_turns | length
+    interaction_reward: float = 0.0
+    interaction_errors: int = 0
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, ids: Sequence[int], model: bool, log_probs: Sequence[float] | None = None) -> None:
+        self.response_ids += list(ids)
+        self.mask += [int(model)] * len(ids)
+        self.log_probs += list(log_probs) if log_probs is not None else [0.0] * len(ids)
+
+
+def _as_dict(value: Any, what: str) -> dict[str, Any]:
+    """A dataset column value (dict, JSON string or None) as a dict."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            raise UserError(f"{what} must be a dict or a JSON object string, got {value[:80]!r}") from None
+    if not isinstance(value, Mapping):
+        raise UserError(f"{what} must be a dict (tool name -> kwargs), got {type(value).__name__}")
+    return {k: v for k, v in value.items() if v is not None}
+
+
+class AgentLoop:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        tokenizer: Any,
+        config: MultiTurnConfig,
+        tools: Mapping[str, Tool],
+        parser: ToolParser,
+        renderer: ChatRenderer | None = None,
+        interaction: Interaction | None = None,
+    ) -> None:
+        self.engine, self.tokenizer, self.config = engine, tokenizer, config
+        self.tools, self.parser, self.interaction = dict(tools), parser, interaction
+        schemas = [t.schema() for t in self.tools.values()]
+        self.renderer = renderer or ChatRenderer(tokenizer, schemas, parser.instructions(schemas) if schemas else None)
+        eos = getattr(tokenizer, "eos_token_id", None)
+        eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
+        end_id = parser.end_token_id(tokenizer)
+        self.turn_end_ids = {int(i) for i in [*eos_ids, *getattr(engine, "stop_ids", [])] if i is not None} - {end_id}
+        self._tool_sem: asyncio.Semaphore | None = None
+        self.tool_seconds = 0.0
+
+    # ------------------------------------------------------------ one sample
+    async def run_sample(self, sample: Sample, response_length: int) -> Trajectory:
+        traj = Trajectory(list(sample.prompt_ids), messages=[dict(m) for m in sample.messages])
+        cfg = self.config
+        async with self.engine.session():
+            for turn in range(cfg.max_turns):
+                budget = response_length - len(traj.response_ids)
+                if budget <= 0:
+                    traj.finish = "length"
+                    break
+                out = await self.engine.generate(
+                    TurnRequest(traj.prompt_ids + traj.response_ids, budget, sample.index, turn)
+                )
+                traj.add(out.token_ids, True, out.log_probs)
+                traj.num_turns += 1
+                parsed = self.parser.parse(self.tokenizer.decode(out.token_ids, skip_special_tokens=False))
+                content = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+                traj.messages.append({"role": "assistant", "content": content})
+                traj.tool_calls += len(parsed.calls)
+                if not out.stopped:
+                    traj.finish = "length"
+                    break
+                last_turn = turn == cfg.max_turns - 1
+                if parsed.calls:
+                    if last_turn:
+                        traj.finish = "max_turns"
+                        break
+                    results = await self._run_calls(parsed.calls, sample.tools_kwargs)
+                    traj.tool_errors += sum(not r.ok for r in results)
+                    new = [
+                        {"role": "tool", "name": c.name or "error", "content": self._clip(r.text)}
+                        for c, r in zip(parsed.calls, results)
+                    ]
+                elif self.interaction is not None:
+                    replies = sum(1 for m in traj.messages[len(sample.messages):] if m["role"] == "user")
+                    try:
+                        reply = await self.interaction.respond(
+                            traj.messages, replies=replies, **sample.interaction_kwargs
+                        )
+                    except Exception as exc:  # a broken simulated user ends the episode, never the rollout
+                        traj.interaction_errors += 1
+                        _log_once(f"interaction '{type(self.interaction).__name__}' failed ({type(exc).__name__}: "
+                                  f"{exc}); the episode ends there (counted in interaction/errors/sum)")
+                        traj.finish = "stop"
+                        break
+                    traj.interaction_reward += float(reply.reward or 0.0)
+                    if reply.message is None:
+                        traj.finish = "stop"
+                        break
+                    if last_turn:
+                        traj.finish = "max_turns"
+                        break
+                    new = [{"role": "user", "content": reply.message}]
+                else:
+                    traj.finish = "stop"
+                    break
+                last = out.token_ids[-1] if out.token_ids else None
+                last_text = self.tokenizer.decode([last]) if last in self.turn_end_ids else ""
+                delta = self.renderer.append_ids(new, last_text)
+                if len(delta) >= response_length - len(traj.response_ids):
+                    traj.finish = "length"
+                    break
+                traj.add(delta, False)
+                traj.messages.extend(new)
+        return traj
+
+    def _clip(self, text: str) -> str:
+        limit = self.config.max_tool_response_chars
+        return text if len(text) <= limit else text[:limit] + "...(truncated)"
+
+    async def _run_calls(self, calls: list[ToolCall], tools_kwargs: Mapping[str, Any]) -> list[ToolResult]:
+        return list(await asyncio.gather(*(self._run_call(c, tools_kwargs) for c in calls)))
+
+    async def _run_call(self, call: ToolCall, tools_kwargs: Mapping[str, Any]) -> ToolResult:
+        if call.error is not None:
+            return ToolResult(f"Error: {call.error}", "parse_error")
+        tool = self.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            return ToolResult(f"Error: unknown tool '{call.name}'; available tools: {known}", "unknown_tool")
+        assert self._tool_sem is not None
+        async with self._tool_sem:
+            start = time.perf_counter()
+            try:
+                return await run_tool(tool, call.arguments, tools_kwargs.get(call.name), self.config.tool_timeout_s)
+            finally:
+                self.tool_seconds += time.perf_counter() - start
+
+    # ------------------------------------------------------------ the batch
+    async def run_all(self, samples: Sequence[Sample], response_length: int) -> list[Trajectory]:
+        self._tool_sem = asyncio.Semaphore(self.config.max_parallel_tools)
+        try:
+            return list(await asyncio.gather(*(self.run_sample(s, response_length) for s in samples)))
+        finally:
+            close = getattr(self.engine, "aclose", None)
+            if close is not None:
+                await close()
+
+    def samples_from(self, prompts: Batch) -> list[Sample]:
+        """Samples from a rollout input batch; with `raw_prompt` the prompt is re-rendered with the tools."""
+        ids, attn = prompts["input_ids"], prompts["attention_mask"].bool()
+        raw = prompts.non_tensors.get("raw_prompt")
+        tkw = prompts.non_tensors.get("tools_kwargs")
+        ikw = prompts.non_tensors.get("interaction_kwargs")
+        rm = prompts.non_tensors.get("reward_model")
+        samples = []
+        for i in range(len(prompts)):
+            messages = [dict(m) for m in raw[i]] if raw is not None and raw[i] is not None else []
+            prompt_ids = self.renderer.prompt_ids(messages) if messages else ids[i][attn[i]].tolist()
+            interaction_kwargs = _as_dict(ikw[i] if ikw is not None else None, "interaction_kwargs")
+            if rm is not None and isinstance(rm[i], Mapping) and "ground_truth" in rm[i]:
+                interaction_kwargs.setdefault("ground_truth", rm[i]["ground_truth"])
+            samples.append(Sample(
+                i, prompt_ids, messages,
+                {k: _as_dict(v, f"tools_kwargs['{k}']") for k, v in _as_dict(
+                    tkw[i] if tkw is not None else None, "tools_kwargs").items()},
+                interaction_kwargs,
+            ))  # fmt: skip
+        return samples
+
+    def generate(self, prompts: Batch, response_length: int, calculate_log_probs: bool = False) -> Batch:
+        """Run every sample of `prompts` to the end; the rollout Batch plus agent metrics in meta."""
+        samples = self.samples_from(prompts)
+        _check_prompt_width(samples, prompts["input_ids"].shape[1])
+        start = time.perf_counter()
+        self.tool_seconds = 0.0
+        trajs = run_coroutine(self.run_all(samples, response_length))
+        out = assemble(prompts, trajs, response_length, _pad_id(self.tokenizer), calculate_log_probs)
+        out.meta.setdefault("metrics", {})
+        out.meta["metrics"] = {**out.meta["metrics"], **agent_metrics(trajs),
+                               "timing_s/agent_loop": time.perf_counter() - start,
+                               "timing_s/agent_tools": self.tool_seconds}
+        stats = getattr(self.engine, "stats", None)
+        if stats is not None:
+            out.meta["metrics"].update(stats.metrics())
+        return out
+
+
+def _check_prompt_width(items: Sequence[Sample] | Sequence[Trajectory], width: int) -> None:
+    longest = max((len(t.prompt_ids) for t in items), default=0)
+    if longest > width:
+        raise UserError(
+            f"multi-turn: a prompt rendered with the tool schemas has {longest} tokens, more than the "
+            f"{width} of data.max_prompt_length; raise data.max_prompt_length"
+        )
+
+
+def _pad_id(tokenizer: Any) -> int:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = tokenizer.eos_token_id
+    return int(pad[0] if isinstance(pad, (list, tuple)) else pad)
+
+
+def assemble(
+    prompts: Batch, trajs: Sequence[Trajectory], response_length: int, pad_id: int, with_log_probs: bool
+) -> Batch:
+    """Trajectories -> the rollout Batch (prompts left-padded to the input width, responses right-padded)."""
+    rows, width = len(trajs), prompts["input_ids"].shape[1]
+    _check_prompt_width(trajs, width)
+    prompt_ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((rows, width), dtype=torch.long)
+    responses = torch.full((rows, response_length), pad_id, dtype=torch.long)
+    resp_mask = torch.zeros((rows, response_length), dtype=torch.long)
+    resp_attn = torch.zeros((rows, response_length), dtype=torch.long)
+    log_probs = torch.zeros((rows, response_length), dtype=torch.float32)
+    for i, t in enumerate(trajs):
+        n, p = min(len(t.response_ids), response_length), len(t.prompt_ids)
+        if p:
+            prompt_ids[i, width - p:] = torch.tensor(t.prompt_ids, dtype=torch.long)
+            prompt_mask[i, width - p:] = 1
+        if n:
+            responses[i, :n] = torch.tensor(t.response_ids[:n], dtype=torch.long)
+            resp_mask[i, :n] = torch.tensor(t.mask[:n], dtype=torch.long)
+            resp_attn[i, :n] = 1
+            log_probs[i, :n] = torch.tensor(t.log_probs[:n], dtype=torch.float32) * resp_mask[i, :n]
+    prompt_pos = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
+    non_tensors = dict(prompts.non_tensors)
+    non_tensors.update({
+        "agent/num_turns": np.array([t.num_turns for t in trajs], dtype=object),
+        "agent/tool_calls": np.array([t.tool_calls for t in trajs], dtype=object),
+        "agent/tool_errors": np.array([t.tool_errors for t in trajs], dtype=object),
+        "agent/finish": np.array([t.finish for t in trajs], dtype=object),
+        "agent/interaction_reward": np.array([t.interaction_reward for t in trajs], dtype=object),
+    })  # fmt: skip
+    rebuilt = Batch({"input_ids": prompt_ids, "attention_mask": prompt_mask, "position_ids": prompt_pos},
+                    non_tensors, prompts.meta)
+    return assemble_output(rebuilt, responses, resp_mask, log_probs if with_log_probs else None,
+                           response_attention=resp_attn)
+
+
+def agent_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """num_turns/mean|max, tool_calls/mean|max, tool_errors/sum, finish shares, interaction reward."""
+    if not trajs:
+        return {}
+    turns = [t.num_turns for t in trajs]
+    calls = [t.tool_calls for t in trajs]
+    out = {
+        "num_turns/mean": float(np.mean(turns)),
+        "num_turns/max": float(max(turns)),
+        "num_turns/min": float(min(turns)),
+        "tool_calls/mean": float(np.mean(calls)),
+        "tool_calls/max": float(max(calls)),
+        "tool_errors/sum": float(sum(t.tool_errors for t in trajs)),
+        "interaction/reward/mean": float(np.mean([t.interaction_reward for t in trajs])),
+        "interaction/errors/sum": float(sum(t.interaction_errors for t in trajs)),
+    }
+    for reason in ("stop", "max_turns", "length"):
+        out[f"agent/finish_{reason}/frac"] = float(np.mean([t.finish == reason for t in trajs]))
+    return out

@@ -1,0 +1,104 @@
+"""Tools the model can call between turns: base class, registry, and a safe runner.
+
+A tool is a class registered in `TOOLS` with an OpenAI-style function schema
+(`name`, `description`, JSON-schema `parameters`); `schema()` is what the chat
+template receives as `tools=[...]`. The agent loop builds one instance per tool
+named in `multi_turn.tools` (constructor kwargs from `multi_turn.tool_config`)
+and calls `call(arguments, **tools_kwargs[name])` with the per-sample kwargs
+from the dataset's `tools_kwargs` column.
+
+`call` may be `async def` (awaited) or a plain function (run in a thread).
+`run_tool` never raises: an exception, a timeout or bad arguments become a
+`ToolResult` with `error` set, whose text is shown to the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from rlkit.registry import Registry
+
+_BUILTIN_MODULES = ("rlkit.rollout.agent.builtin_tools",)
+
+
+@dataclass
+class ToolResult:
+    """What the model sees (`text`) and, when the call failed, why (`error`: a short kind)."""
+
+    text: str
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Tool:
+    """Subclass, set `name`/`description`/`parameters`, implement `call`, register in `TOOLS`."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    parameters: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}, "required": []}
+
+    def __init__(self, **config: Any) -> None:
+        if config:
+            raise TypeError(f"tool '{self.name}' takes no config, got {sorted(config)}")
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function-calling schema passed to the chat template."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    def call(self, arguments: dict[str, Any], **kwargs: Any) -> str | ToolResult:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+TOOLS: Registry[type[Tool]] = Registry("tool")
+
+
+def load_builtin_tools() -> Registry[type[Tool]]:
+    """Import the built-in tool modules so their `@TOOLS.register` has run."""
+    for name in _BUILTIN_MODULES:
+        importlib.import_module(name)
+    return TOOLS
+
+
+def build_tools(names: list[str], config: dict[str, dict[str, Any]] | None = None) -> dict[str, Tool]:
+    """Instances of the named tools; `config[name]` are constructor kwargs."""
+    load_builtin_tools()
+    config = config or {}
+    return {name: TOOLS.get(name)(**dict(config.get(name) or {})) for name in names}
+
+
+def _missing_required(tool: Tool, arguments: dict[str, Any]) -> list[str]:
+    required = tool.parameters.get("required", []) if isinstance(tool.parameters, dict) else []
+    return [k for k in required if k not in arguments]
+
+
+async def run_tool(tool: Tool, arguments: Any, kwargs: dict[str, Any] | None, timeout_s: float) -> ToolResult:
+    """Call `tool` with a timeout; every failure becomes an error result (never raises)."""
+    if not isinstance(arguments, dict):
+        return ToolResult(f"Error: arguments for '{tool.name}' must be a JSON object", "bad_arguments")
+    missing = _missing_required(tool, arguments)
+    if missing:
+        return ToolResult(f"Error: '{tool.name}' is missing required argument(s): {', '.join(missing)}",
+                          "bad_arguments")
+    kwargs = dict(kwargs or {})
+    try:
+        if inspect.iscoroutinefunction(tool.call):
+            out = await asyncio.wait_for(tool.call(arguments, **kwargs), timeout_s)
+        else:
+            out = await asyncio.wait_for(asyncio.to_thread(tool.call, arguments, **kwargs), timeout_s)
+    except (asyncio.TimeoutError, TimeoutError):
+        return ToolResult(f"Error: '{tool.name}' timed out after {timeout_s:g}s", "timeout")
+    except Exception as exc:  # a tool bug must not crash the rollout
+        return ToolResult(f"Error: {type(exc).__name__}: {exc}", "exception")
+    if isinstance(out, ToolResult):
+        return out
+    return ToolResult(str(out))

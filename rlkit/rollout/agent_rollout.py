@@ -1,0 +1,85 @@
+"""`AgentRollout`: a rollout backend that runs the multi-turn agent loop over another backend.
+
+The rollout worker wraps its engine in this when `rollout.multi_turn.enable` is
+set; weight sync, sleep and wake go straight to the wrapped engine, and
+`generate` runs one coroutine per row (rlkit/rollout/agent/loop.py) against a
+`BatchingServer` that batches the conversations' turns into the engine's own
+token-in/token-out `generate`. Works for every registered backend (hf, vllm).
+
+The driver sends the rows' `raw_prompt` (re-rendered with the tool schemas),
+`tools_kwargs`, `interaction_kwargs` and `reward_model` along with the prompt
+tensors (`AGENT_INPUT_KEYS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from rlkit.config.rollout import RolloutConfig
+from rlkit.protocol import Batch
+from rlkit.rollout.agent.chat import ChatRenderer
+from rlkit.rollout.agent.check import check_multi_turn
+from rlkit.rollout.agent.engine import BatchingServer
+from rlkit.rollout.agent.interaction import INTERACTIONS
+from rlkit.rollout.agent.loop import AgentLoop
+from rlkit.rollout.agent.parser import TOOL_PARSERS
+from rlkit.rollout.agent.tools import build_tools
+from rlkit.rollout.base import RolloutBackend, SamplingConfig
+
+AGENT_INPUT_KEYS = ("raw_prompt", "tools_kwargs", "interaction_kwargs", "reward_model")
+
+
+def agent_input_keys(batch: Batch) -> list[str]:
+    """The non-tensor columns of `batch` the agent loop reads (those present)."""
+    return [k for k in AGENT_INPUT_KEYS if k in batch.non_tensors]
+
+
+class AgentRollout(RolloutBackend):
+    def __init__(self, backend: RolloutBackend, tokenizer: Any, config: RolloutConfig) -> None:
+        mt = config.multi_turn
+        check_multi_turn(mt)
+        self.backend, self.tokenizer, self.config, self.mt = backend, tokenizer, config, mt
+        self.needs_weight_sync = backend.needs_weight_sync
+        self.tools = build_tools(list(mt.tools), mt.tool_config)
+        self.parser = TOOL_PARSERS.get(mt.format)()
+        schemas = [t.schema() for t in self.tools.values()]
+        self.renderer = ChatRenderer(tokenizer, schemas, self.parser.instructions(schemas) if schemas else None)
+        end_id = self.parser.end_token_id(tokenizer)
+        self.extra_stop_ids = [end_id] if mt.stop_at_tool_end and end_id is not None else []
+        self.interaction = INTERACTIONS.get(mt.interaction)(**mt.interaction_config) if mt.interaction else None
+        self.last_stats: dict[str, float] = {}
+        self._last_call_s = 0.0
+
+    def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:
+        server = BatchingServer(
+            self.backend, sampling, self.extra_stop_ids, wait_s=self.mt.batch_wait_ms / 1000,
+            context_limit=self.config.model_len, last_call_s=self._last_call_s,
+        )  # fmt: skip
+        loop = AgentLoop(server, self.tokenizer, self.mt, self.tools, self.parser, self.renderer, self.interaction)
+        try:
+            out = loop.generate(prompts, sampling.response_length, sampling.calculate_log_probs)
+        finally:
+            server.shutdown()
+        self.last_stats = server.stats.metrics()
+        self._last_call_s = server.last_call_s
+        return out
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        return self.backend.update_weights(named_tensors)
+
+    def sleep(self, level: int = 1) -> None:
+        self.backend.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.backend.wake_up(tags)
+
+    def discards_weights(self, level: int) -> bool:
+        return self.backend.discards_weights(level)
+
+    def __getattr__(self, name: str) -> Any:  # memory_report, close, last_update, ... of the wrapped engine
+        if name == "backend":
+            raise AttributeError(name)
+        return getattr(self.backend, name)

@@ -1,0 +1,92 @@
+"""The rollout backend interface and its registry.
+
+Rollout is token-in/token-out. The driver repeats each prompt `n` times before
+calling `generate`, so a backend produces exactly one response per input row.
+
+Input Batch tensors (prompts left-padded to a common length P):
+    input_ids (B, P) long, attention_mask (B, P) long, position_ids (B, P) long
+Output Batch tensors (responses right-padded to R = config.response_length):
+    prompts (B, P)            the input ids, unchanged
+    responses (B, R)          generated ids, pad_token_id after the end
+    response_mask (B, R)      1 for generated tokens (EOS included), 0 for padding
+    input_ids (B, P+R)        prompts ++ responses
+    attention_mask (B, P+R)   prompt mask ++ response_mask
+    position_ids (B, P+R)     continuing the prompt positions
+    rollout_log_probs (B, R)  float32, only when `calculate_log_probs` is set
+Non-tensor data and meta of the input are carried through unchanged.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+
+import torch
+
+from rlkit.config.rollout import SamplingConfig
+from rlkit.protocol import Batch
+from rlkit.registry import Registry
+
+
+class RolloutBackend(ABC):
+    """One engine per worker process. Created once, then generate/sync/sleep/wake many times."""
+
+    #: whether the backend holds its own copy of the weights that needs `update_weights`
+    needs_weight_sync: bool = True
+    #: whether consecutive workers may form one engine (rollout.tensor_model_parallel_size > 1)
+    tensor_parallel: bool = False
+
+    @abstractmethod
+    def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:
+        """Generate one response per row; see the module docstring for the layout."""
+
+    @abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load full (unsharded) HF-named tensors into the engine; returns bytes loaded."""
+
+    def sleep(self, level: int = 1) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Free what the engine can between rollouts (KV cache; level 2 also weights)."""
+
+    def wake_up(self, tags: list[str] | None = None) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Undo `sleep` before the next generate; `tags` ("weights", "kv_cache") wakes one part, None all.
+        The order (weights, load, KV cache) is `EngineLifecycle`'s (rlkit/rollout/lifecycle.py)."""
+
+    def discards_weights(self, level: int) -> bool:
+        """Whether `sleep(level)` forgets the weights, so they must be loaded again before generating."""
+        return False
+
+
+ROLLOUT_BACKENDS: Registry[type[RolloutBackend]] = Registry("rollout backend")
+
+
+def assemble_output(
+    prompts: Batch,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_log_probs: torch.Tensor | None = None,
+    response_attention: torch.Tensor | None = None,
+) -> Batch:
+    """Build the output Batch from right-padded responses (shared by every backend and the agent loop).
+
+    `response_mask` marks the tokens that are trained on; `response_attention` the tokens that
+    exist (default: the same). They differ in multi-turn rollouts, where tool output is part of
+    the sequence but not trained on."""
+    prompt_ids = prompts.tensors["input_ids"]
+    prompt_mask = prompts.tensors["attention_mask"]
+    prompt_pos = prompts.tensors["position_ids"]
+    response_mask = response_mask.to(prompt_mask.dtype)
+    attention = response_mask if response_attention is None else response_attention.to(prompt_mask.dtype)
+    steps = torch.arange(1, responses.shape[1] + 1, dtype=prompt_pos.dtype).unsqueeze(0)
+    response_pos = prompt_pos[:, -1:] + steps
+    tensors = {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "input_ids": torch.cat([prompt_ids, responses], dim=1),
+        "attention_mask": torch.cat([prompt_mask, attention], dim=1),
+        "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
+    }
+    if rollout_log_probs is not None:
+        tensors["rollout_log_probs"] = rollout_log_probs.float()
+    out = Batch(tensors, prompts.non_tensors, prompts.meta)
+    return out

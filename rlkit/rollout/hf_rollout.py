@@ -1,0 +1,177 @@
+"""`hf` rollout backend: transformers `generate` on a private, unsharded copy of the model.
+
+Always available (no vLLM needed): the fallback on machines without vLLM and
+the reference the vLLM backend is tested against. Token-in/token-out: prompts
+arrive as left-padded ids and responses leave as ids; nothing is re-tokenised.
+
+Sampling is done by our own logits-processor chain (temperature -> top-k ->
+top-p, the order vLLM uses) so that `rollout_log_probs` are exactly
+`log_softmax` of the scores the token was drawn from: the temperature-scaled,
+top-k/top-p-truncated and renormalised distribution (greedy: the raw model
+distribution). The vLLM backend returns the same quantity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from rlkit.config.rollout import RolloutConfig
+from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids, torch_dtype
+from rlkit.protocol import Batch
+from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
+
+GREEDY_EPS = 1e-5  # temperatures below this decode greedily (as vLLM does)
+
+
+class _LogProbRecorder:
+    """Last logits processor: remembers log_softmax of the final scores and gathers the chosen token
+    one step later (when it appears in input_ids). Memory O(batch x vocab), not O(steps x batch x vocab)."""
+
+    def __init__(self) -> None:
+        self.values: list[torch.Tensor] = []
+        self._pending: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._pending is not None:
+            self.values.append(self._pending.gather(1, input_ids[:, -1:]).squeeze(1))
+        self._pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, generated: torch.Tensor) -> torch.Tensor:
+        """(b, L) log-probs of `generated` (the new tokens); steps generate undid are dropped."""
+        length = generated.shape[1]
+        if len(self.values) < length and self._pending is not None:
+            self.values.append(self._pending.gather(1, generated[:, len(self.values)].unsqueeze(1)).squeeze(1))
+        self._pending = None
+        if length == 0:
+            return torch.zeros(generated.shape, dtype=torch.float32)
+        return torch.stack(self.values[:length], dim=1)
+
+
+def stop_mask(tokens: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
+    """1 up to and including the first stop token of each row, 0 after it."""
+    is_stop = torch.isin(tokens, torch.tensor(stop_ids, dtype=tokens.dtype, device=tokens.device))
+    stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
+    return (stops_before == 0).long()
+
+
+@ROLLOUT_BACKENDS.register("hf")
+class HFRollout(RolloutBackend):
+    """transformers `generate`, micro-batched by `config.max_num_seqs`."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        config: RolloutConfig,
+        tokenizer=None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        self.config = config
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.stop_ids, self.pad_id = special_token_ids(model_path, tokenizer)
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype(config.dtype))
+        # A clean generation config: checkpoint defaults (repetition penalty, top_k=50, ...) must not leak
+        # into RL sampling; only what SamplingConfig says applies.
+        model.generation_config = GenerationConfig(eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.weight_names = WeightNames(self.model)
+        self._rng = torch.Generator().manual_seed(config.seed)
+        self.last_update: dict[str, float] = {}
+
+    # ----------------------------------------------------------------- generate
+    def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:
+        rows = len(prompts)
+        length = sampling.response_length
+        responses = torch.full((rows, length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((rows, length), dtype=torch.long)
+        log_probs = torch.zeros((rows, length), dtype=torch.float32) if sampling.calculate_log_probs else None
+        stop_ids = merge_stop_ids(sampling.stop_token_ids, self.stop_ids)
+        seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
+        step = self.config.max_num_seqs
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            torch.manual_seed(seed)
+            for start in range(0, rows, step):
+                part = slice(start, min(start + step, rows))
+                ids, lps = self._generate_part(
+                    prompts.tensors["input_ids"][part], prompts.tensors["attention_mask"][part], sampling, stop_ids
+                )
+                keep = stop_mask(ids, stop_ids)
+                n = ids.shape[1]
+                responses[part, :n] = torch.where(keep.bool(), ids, self.pad_id)
+                mask[part, :n] = keep
+                if log_probs is not None:
+                    log_probs[part, :n] = torch.where(keep.bool(), lps, 0.0)  # -inf * 0 would be nan
+        return assemble_output(prompts, responses, mask, log_probs)
+
+    def _generate_part(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingConfig, stop_ids: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Generate for one micro-batch; returns (new tokens (b, L<=R) on CPU, their log-probs or None)."""
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        # drop leading columns that are padding for every row of this micro-batch
+        used = attention_mask.bool().any(dim=0).nonzero()
+        first = int(used[0]) if len(used) else 0
+        input_ids = input_ids[:, first:].to(self.device)
+        attention_mask = attention_mask[:, first:].to(self.device)
+        greedy = sampling.greedy or sampling.temperature < GREEDY_EPS
+        processors = LogitsProcessorList()
+        if not greedy:
+            if sampling.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(sampling.temperature))
+            if sampling.top_k > 0:
+                processors.append(TopKLogitsWarper(sampling.top_k))
+            if sampling.top_p < 1.0:
+                processors.append(TopPLogitsWarper(sampling.top_p))
+        recorder = _LogProbRecorder() if sampling.calculate_log_probs else None
+        if recorder is not None:
+            processors.append(recorder)
+        extra = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}  # sampling done by `processors`
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=sampling.response_length,
+            do_sample=not greedy,
+            eos_token_id=stop_ids,
+            pad_token_id=self.pad_id,
+            logits_processor=processors,
+            **extra,
+        )
+        new = out[:, input_ids.shape[1] :].cpu()
+        return new, (recorder.finish(new.to(self.device)).cpu() if recorder is not None else None)
+
+    # ------------------------------------------------------------- weight sync
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy full HF-named tensors into the private model, tensor by tensor (strict names and shapes)."""
+        params = self.model.state_dict(keep_vars=True)
+        stream = self.weight_names.stream(named_tensors)
+        with torch.no_grad():
+            for name, tensor in stream:
+                params[name].data.copy_(tensor)
+        self.last_update = stream.finish()
+        return int(self.last_update["bytes"])
+
+    def sleep(self, level: int | None = None) -> None:
+        """On GPU, park the weights in host memory between rollouts (any level); on CPU nothing to free."""
+        if self.device.type == "cuda":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        if self.device.type == "cuda":
+            self.model.to(self.device)
+
+    def memory_report(self) -> dict[str, int]:
+        """Process RSS (and CUDA allocated bytes on GPU), for before/after comparisons."""
+        import psutil
+
+        report = {"rss_bytes": psutil.Process().memory_info().rss}
+        if self.device.type == "cuda":
+            report["device_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
+        return report

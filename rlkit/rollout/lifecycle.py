@@ -1,0 +1,207 @@
+"""The one owner of a rollout engine's lifecycle and of how new weights reach it.
+
+Every rollout goes through `EngineLifecycle`, in this order and no other:
+
+    wake weights -> load new weights -> wake KV cache -> generate -> sleep
+
+On a GPU with `rollout.free_cache_engine`, vLLM's sleep level 1 moves the weights to host
+memory and level 2 discards them, so weights written into a sleeping engine are lost: the
+load must follow `wake_up(tags=["weights"])`, and the KV cache (the big allocation) is only
+woken for generation. On CPU vLLM keeps everything allocated, but the same calls run (its
+scheduler pauses while asleep), so CPU tests exercise the GPU order.
+
+Where the new weights come from is an explicit `WeightSource` handed to the lifecycle:
+
+- colocated layout (hybrid engine): `ActorWeights`, the actor role in the same process,
+  gathered one full tensor at a time (every actor rank takes part: a collective);
+- separate rollout layout: `StateDictWeights`, a full state dict the actor's rank 0 put in
+  Ray's object store.
+
+The driver's side of the same two paths is a `WeightRoute` (`InProcessRoute`,
+`ObjectStoreRoute`): what to call on which worker group so the engines load the actor's
+current weights.
+
+Step and seed of a rollout call are separate arguments: `call_seed(step, attempt)` on the
+driver, mixed with `rollout.seed` and the data-parallel rank by `sampling_seed` in the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from rlkit.protocol import Batch
+from rlkit.rollout.base import RolloutBackend, SamplingConfig
+
+WEIGHTS, KV_CACHE = "weights", "kv_cache"
+ASLEEP, WEIGHTS_AWAKE, AWAKE = "asleep", "weights awake", "awake"
+
+
+# ----------------------------------------------------------------- weight sources
+class WeightSource(Protocol):
+    """Full (unsharded) HF-named tensors for `RolloutBackend.update_weights`, consumed lazily."""
+
+    def named_tensors(self) -> Iterable[tuple[str, torch.Tensor]]: ...
+
+
+@dataclass
+class ActorWeights:
+    """The colocated actor role's current weights (a collective: every actor rank must iterate)."""
+
+    actor: Any  # an object with `.model.iter_full_params()` (rlkit.workers.actor.ActorWorker)
+
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.actor.model.iter_full_params()
+
+
+@dataclass
+class StateDictWeights:
+    """A full state dict that arrived through Ray's object store (separate rollout layout)."""
+
+    state: Mapping[str, torch.Tensor]
+
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.state.items())
+
+
+# ------------------------------------------------------------------- the lifecycle
+class EngineLifecycle:
+    """Drives one engine through wake weights -> load -> wake KV cache -> generate -> sleep.
+
+    `free_cache_engine=False` (an engine with a device of its own) never sleeps: load and
+    generate then run on the awake engine. `source` is where `load()` reads weights by default;
+    with none, every load names its source (the separate layout)."""
+
+    def __init__(self, engine: RolloutBackend, *, free_cache_engine: bool, sleep_level: int = 1,
+                 source: WeightSource | None = None) -> None:
+        self.engine, self.free_cache_engine, self.sleep_level = engine, free_cache_engine, sleep_level
+        self.source = source
+        self.state = AWAKE
+        self.weights_valid = True  # False after a sleep that discarded them (vLLM level 2 on GPU)
+
+    def start(self) -> None:
+        """Right after the engine is built: sleep until the first generation (frees the KV cache for training)."""
+        if self.free_cache_engine:
+            self._sleep()
+
+    def load(self, source: WeightSource | None = None) -> dict[str, float]:
+        """Wake the weights (not the KV cache) and load new ones into them; returns timing and size."""
+        source = source or self.source
+        if source is None:
+            raise RuntimeError("EngineLifecycle.load: no weight source (this engine's weights arrive with each "
+                               "load: receive_weights in the separate rollout layout)")
+        start = time.perf_counter()
+        self._wake_weights()
+        nbytes = self.engine.update_weights(source.named_tensors())
+        self.weights_valid = True
+        # the worker's own time; the driver times the whole call as timing_s/update_weights (step_result.py)
+        return {"timing_s/rollout_load_weights": time.perf_counter() - start, "perf/update_weights_mb": nbytes / 2**20}
+
+    def generate(self, batch: Batch, sampling: SamplingConfig, stay_awake: bool = False
+                 ) -> tuple[Batch, dict[str, float]]:
+        """Wake (weights, then KV cache), generate, sleep unless `stay_awake` (more calls follow at once).
+
+        Weights a level-2 sleep discarded are loaded again from the default source first."""
+        if not self.weights_valid:
+            if self.source is None:
+                raise RuntimeError("the engine's weights were discarded by sleep_level=2 and none were loaded "
+                                   "since; load() new weights before generating")
+            self.load()
+        rss_asleep = _rss_mb()
+        self._wake_weights()
+        self._wake_kv_cache()
+        rss_awake = _rss_mb()
+        out = self.engine.generate(batch, sampling)
+        if self.free_cache_engine and not stay_awake:
+            self._sleep()
+        return out, {"perf/rollout_rss_mb_asleep": rss_asleep, "perf/rollout_rss_mb_awake": rss_awake}
+
+    # -------------------------------------------------------------- transitions
+    def _wake_weights(self) -> None:
+        if self.state == ASLEEP:
+            self.engine.wake_up([WEIGHTS])
+            self.state = WEIGHTS_AWAKE
+
+    def _wake_kv_cache(self) -> None:
+        if self.state == WEIGHTS_AWAKE:
+            self.engine.wake_up([KV_CACHE])
+            self.state = AWAKE
+
+    def _sleep(self) -> None:
+        self.engine.sleep(self.sleep_level)
+        self.state = ASLEEP
+        if self.engine.discards_weights(self.sleep_level):
+            self.weights_valid = False
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process(os.getpid()).memory_info().rss / 2**20
+
+
+# ------------------------------------------------------------------------- seeds
+def call_seed(step: int, attempt: int = 0) -> int:
+    """The driver's seed for one training rollout call: distinct per (step, attempt), the same on resume."""
+    return step * 1000 + attempt
+
+
+def sampling_seed(rollout_seed: int, seed: int, dp_rank: int) -> int:
+    """The engine's seed in one worker: the run's `rollout.seed`, the call's seed and the data-parallel
+    rank (the ranks of one tensor-parallel group share it, so they draw the same samples)."""
+    return (rollout_seed * 1_000_003 + seed * 7919 + dp_rank) % 2**31
+
+
+# ---------------------------------------------------------- driver side: routes
+class WeightRoute(Protocol):
+    """How the actor's current weights reach the engines of one worker layout (driver side)."""
+
+    def push(self, wait: bool = True) -> list[dict[str, float]]:
+        """Start moving the weights (`wait=True`: until every engine has loaded them); per-rank metrics."""
+
+    def collect(self) -> dict[str, float]:
+        """Wait for a push still in flight (raises its error) and return its load metrics ({} if none)."""
+
+
+class InProcessRoute:
+    """Colocated layout: every rank's engine loads from the actor in its own process (`sync_weights`)."""
+
+    def __init__(self, rollout: Any) -> None:
+        self.rollout = rollout
+
+    def push(self, wait: bool = True) -> list[dict[str, float]]:
+        return self.rollout.sync_weights()
+
+    def collect(self) -> dict[str, float]:
+        return {}
+
+
+class ObjectStoreRoute:
+    """Separate rollout layout: the actor's rank 0 gathers the full state dict into Ray's object store and
+    every rollout worker loads that one object (`receive_weights`), queued behind its generation in flight."""
+
+    def __init__(self, actor: Any, rollout: Any) -> None:
+        self.actor, self.rollout = actor, rollout
+        self.in_flight: Any = None
+
+    def push(self, wait: bool = False) -> list[dict[str, float]]:
+        import ray
+
+        self.collect()  # the previous load is long done; surface its errors before queueing another
+        gathered = self.actor.full_state_dict(blocking=False)
+        refs = gathered.refs + gathered.side_refs
+        ray.wait(refs, num_returns=len(refs))
+        self.in_flight = self.rollout.receive_weights(gathered.refs[0], blocking=False)
+        loaded = self.collect() if wait else {}
+        return [loaded]  # the driver times this call itself (timing_s/update_weights)
+
+    def collect(self) -> dict[str, float]:
+        if self.in_flight is None:
+            return {}
+        results, self.in_flight = self.in_flight.get(), None
+        return {k: max(r[k] for r in results) for k in results[0]} if results else {}

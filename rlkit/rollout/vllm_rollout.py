@@ -1,0 +1,352 @@
+"""`vllm` rollout backend: one in-process `vllm.LLM` engine per worker (the hybrid engine).
+
+The engine lives in the worker's own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)
+so the trainer can stream its gathered weights straight into the model runner
+(`reload_weights(weights_iterator=...)`), without pickling tensors to an engine
+subprocess. vLLM is imported lazily: this module imports on machines without it.
+
+Log-probs: the engine runs with `logprobs_mode="processed_logprobs"`, so the
+log-prob of each sampled token is taken from the distribution it was sampled
+from: logits / temperature, top-k/top-p applied, renormalised (greedy: raw
+log_softmax). vLLM's default, `raw_logprobs`, would be log_softmax of the raw
+logits, i.e. temperature 1 whatever the sampling temperature. The HF backend
+returns the same quantity as this one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import gc
+import importlib.util
+import logging
+import os
+import random
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlkit.config.rollout import RolloutConfig
+from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids
+from rlkit.protocol import Batch
+from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
+
+GREEDY_EPS = 1e-5  # vLLM decodes greedily below this temperature
+
+
+def default_backend_name() -> str:
+    """"vllm" where it is installed, else "hf". Only looks for the package; importing vLLM is slow."""
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+
+def prepare_vllm_env() -> None:
+    """Environment vLLM must see before it is imported: engine in this process, caches in a temp dir.
+
+    Only sets variables that are unset, so a user's choice wins.
+    """
+    from rlkit.utils.quiet import quiet_process
+
+    quiet_process()  # vLLM warns at import time (Triton on CPU...); RLKIT_VERBOSE=1 keeps it
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if "VLLM_CACHE_ROOT" in os.environ and "VLLM_RPC_BASE_PATH" in os.environ:
+        return
+    tmp = tempfile.mkdtemp(prefix="rlkit-vllm-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(tmp, "cache"))
+    os.environ.setdefault("VLLM_RPC_BASE_PATH", os.path.join(tmp, "rpc"))
+    os.makedirs(os.environ["VLLM_RPC_BASE_PATH"], exist_ok=True)  # TP's shared-memory queues bind sockets here
+
+
+def _unique_cpu_shm_names() -> None:
+    """vLLM's CPU tensor-parallel all-reduce names its shared-memory segments after the torch
+    init method, which under `external_launcher` is always "env://": two TP jobs on one host, or
+    the segments a crashed job left in /dev/shm, then collide (EEXIST). Prefix the names with this
+    worker group's MASTER_PORT, unique per running group, and unlink each rank's segment once every
+    rank has mapped it (the mappings stay valid), so a killed worker leaves nothing in /dev/shm.
+    Idempotent."""
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    shm = cpu_communicator._CPUSHMDistributed
+    if getattr(shm, "_rlkit_unique", False):
+        return
+    original = shm.make_group_name
+
+    def make_group_name(communicator) -> str:
+        name = original(communicator).replace("/", "")
+        return f"rlkit{os.environ.get('MASTER_PORT', os.getpid())}{name}"
+
+    init_shm = shm._init_cpu_shm
+
+    def init_and_unlink(self) -> int:
+        handle = init_shm(self)  # returns after the barrier that follows every rank's join
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/dev/shm/{self.group_name}_{self.communicator.rank}")
+        return handle
+
+    shm.make_group_name = staticmethod(make_group_name)
+    shm._init_cpu_shm = init_and_unlink
+    shm._rlkit_unique = True
+
+
+class _DropExpected(logging.Filter):
+    """vLLM lines that are expected here (shown even with RLKIT_VERBOSE=1 they only mislead)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+# with skip_tokenizer_init vLLM logs a traceback for its chat-template warmup
+_CHAT_WARMUP_FILTER = _DropExpected("Chat template warmup failed")
+# the CPU worker says so at every sleep/wake; the calls still pause/resume the scheduler (see `sleep`)
+_CPU_SLEEP_FILTER = _DropExpected("sleep mode is not supported on CPU")
+
+
+@contextlib.contextmanager
+def _keep_global_rng() -> Iterator[None]:
+    """vLLM re-seeds the process-global RNGs (random, numpy, torch) when an engine starts; in a
+    colocated worker that would reset the trainer's RNG, so restore the caller's state afterwards."""
+    import numpy as np
+
+    py_state, np_state = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+    random.setstate(py_state)
+    np.random.set_state(np_state)
+
+
+def _release_engine_core(core) -> None:
+    """`EngineCore.shutdown` without its last step, `cleanup_dist_env_and_memory()`: that destroys
+    torch.distributed's WORLD group, which in a colocated worker is the trainer's (and is shared by
+    every engine in the process)."""
+    if getattr(core, "structured_output_manager", None) is not None:
+        core.structured_output_manager.clear_backend()
+    if getattr(core, "model_executor", None) is not None:
+        core.model_executor.shutdown()
+    if getattr(core, "scheduler", None) is not None:
+        core.scheduler.shutdown()
+    gc.unfreeze()
+
+
+def row_seed(seed: int, row: int) -> int:
+    """A well-mixed per-row seed: `seed + row` would collide with callers that offset `seed` by rank."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed % 2**63, row]).generate_state(1)[0] >> 1)
+
+
+def _trim_host_memory() -> None:
+    """Return freed heap pages to the OS (glibc only); no-op elsewhere."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+@ROLLOUT_BACKENDS.register("vllm")
+class VLLMRollout(RolloutBackend):
+    """An in-process vLLM engine, created once; generate / update_weights / sleep / wake_up many times."""
+
+    tensor_parallel = True
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        config: RolloutConfig,
+        tokenizer=None,
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        prepare_vllm_env()
+        import vllm
+        from vllm.platforms import current_platform
+
+        from rlkit.utils.quiet import use_load_bars
+
+        self.config = config
+        self.stop_ids, self.pad_id = special_token_ids(model_path, tokenizer)
+        self.weight_names = WeightNames.from_folder(model_path)
+        self.on_cpu = current_platform.is_cpu()
+        kwargs: dict[str, Any] = dict(
+            model=str(model_path),
+            dtype=config.dtype,
+            enforce_eager=config.enforce_eager,
+            tensor_parallel_size=config.tensor_model_parallel_size,
+            seed=config.seed,
+            max_model_len=config.model_len,
+            max_num_seqs=config.max_num_seqs,
+            skip_tokenizer_init=True,  # token ids in, token ids out
+            logprobs_mode="processed_logprobs",
+            use_tqdm_on_load=use_load_bars(),  # one bar per engine and per weight reload otherwise (RLKIT_VERBOSE)
+        )
+        if config.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
+        if self.on_cpu:
+            kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_mb << 20
+        else:
+            kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = True
+        kwargs.update(engine_kwargs or {})
+        if self.on_cpu and config.tensor_model_parallel_size > 1:
+            _unique_cpu_shm_names()
+        logging.getLogger("vllm.renderers.base").addFilter(_CHAT_WARMUP_FILTER)  # added once
+        logging.getLogger("vllm.v1.worker.cpu_worker").addFilter(_CPU_SLEEP_FILTER)
+        with _keep_global_rng():
+            self.llm = vllm.LLM(**kwargs)
+        client = self.llm.llm_engine.engine_core
+        if isinstance(getattr(client, "_finalizer", None), weakref.finalize):  # in-process engine
+            client._finalizer.detach()
+            client._finalizer = weakref.finalize(client, _release_engine_core, client.engine_core)
+        self.asleep: set[str] = set()  # the parts vLLM holds asleep: "weights", "kv_cache"
+        self.last_update: dict[str, float] = {}
+
+    # ----------------------------------------------------------------- generate
+    def _sampling_params(self, sampling: SamplingConfig, seed: int | None):
+        from vllm import SamplingParams
+
+        greedy = sampling.greedy or sampling.temperature < GREEDY_EPS
+        return SamplingParams(
+            n=1,
+            temperature=0.0 if greedy else sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=0 if greedy or sampling.top_k < 1 else sampling.top_k,
+            max_tokens=sampling.response_length,
+            stop_token_ids=merge_stop_ids(sampling.stop_token_ids, self.stop_ids),
+            logprobs=0 if sampling.calculate_log_probs else None,
+            detokenize=False,
+            seed=seed,
+        )
+
+    def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:
+        from vllm import TokensPrompt
+
+        if self.asleep:  # vLLM's scheduler is paused until every part is awake: this would never finish
+            raise RuntimeError(f"generate on a sleeping engine ({', '.join(sorted(self.asleep))} asleep); "
+                               "EngineLifecycle wakes it (weights, load, KV cache) before generating")
+        ids, attn = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
+        requests = [TokensPrompt(prompt_token_ids=row[keep].tolist()) for row, keep in zip(ids, attn)]
+        if sampling.seed is None:
+            params = self._sampling_params(sampling, None)
+        else:  # one seed per row, or the n copies of a prompt would be identical samples
+            params = [self._sampling_params(sampling, row_seed(sampling.seed, i)) for i in range(len(requests))]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+
+        rows, length = len(requests), sampling.response_length
+        responses = torch.full((rows, length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((rows, length), dtype=torch.long)
+        log_probs = torch.zeros((rows, length), dtype=torch.float32) if sampling.calculate_log_probs else None
+        for i, out in enumerate(outputs):
+            completion = out.outputs[0]
+            tokens = list(completion.token_ids)[:length]
+            n = len(tokens)
+            responses[i, :n] = torch.tensor(tokens, dtype=torch.long)
+            mask[i, :n] = 1
+            if log_probs is not None:
+                per_step = completion.logprobs[:n]
+                log_probs[i, :n] = torch.tensor([step[t].logprob for step, t in zip(per_step, tokens)])
+        return assemble_output(prompts, responses, mask, log_probs)
+
+    # ------------------------------------------------------------- weight sync
+    def _check_in_process(self) -> None:
+        """Streaming a generator needs engine core and worker in this process (uniproc or external_launcher)."""
+        from vllm.v1.engine.core_client import InprocClient
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+        client = self.llm.llm_engine.engine_core
+        if not isinstance(client, InprocClient):
+            raise RuntimeError(
+                "update_weights needs the vLLM engine in this process; set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+                "before vLLM is imported (prepare_vllm_env() does this when it runs first)"
+            )
+        if not isinstance(client.engine_core.model_executor, UniProcExecutor):
+            raise RuntimeError(
+                "update_weights needs the model runner in this process: tensor_model_parallel_size > 1 needs "
+                "engine_kwargs={'distributed_executor_backend': 'external_launcher'} (one engine per rank)"
+            )
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Stream full HF-named tensors into the model runner, then drop the prefix cache (stale KV).
+
+        Consumes `named_tensors` lazily (a bucketed generator is never materialised here); names
+        and shapes are checked against the model folder and any mismatch raises after the load.
+        """
+        self._check_in_process()
+        if "weights" in self.asleep:  # level 1: the weights sit in host memory; level 2: discarded
+            raise RuntimeError("update_weights on an engine whose weights sleep would be lost; "
+                               "wake_up(['weights']) first (EngineLifecycle.load does)")
+        stream = self.weight_names.stream(named_tensors)
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
+        finally:
+            self.llm.reset_prefix_cache()
+        self.last_update = stream.finish()
+        return int(self.last_update["bytes"])
+
+    # ------------------------------------------------------------ sleep / wake
+    @property
+    def sleeping(self) -> bool:
+        """Whether any part (weights, KV cache) is asleep."""
+        return bool(self.asleep)
+
+    def sleep(self, level: int | None = None) -> None:
+        """vLLM sleep mode: the scheduler pauses and the prefix cache is dropped; on GPU level 1 moves the
+        weights to host memory and frees the KV cache, level 2 frees both.
+
+        CPU: vLLM's CPU worker keeps its memory (it logs that sleep mode is unsupported), so only the
+        scheduler pause and the prefix-cache reset happen, plus returning freed heap to the OS; the
+        call sequence is the GPU one, so CPU runs check the order."""
+        if self.asleep == {"weights", "kv_cache"}:
+            return
+        self.llm.sleep(level=self.config.sleep_level if level is None else level)
+        self.asleep = {"weights", "kv_cache"}
+        if self.on_cpu:
+            _trim_host_memory()
+        else:
+            gc.collect()
+            torch.cuda.empty_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Undo `sleep` for `tags` (None: everything asleep). `["weights"]`, a load, then `["kv_cache"]`
+        is the order `EngineLifecycle` uses; the scheduler resumes once every part is awake."""
+        wake = [t for t in (tags or ("weights", "kv_cache")) if t in self.asleep]
+        if not wake:
+            return
+        self.llm.wake_up(wake)
+        self.asleep -= set(wake)
+
+    def discards_weights(self, level: int) -> bool:
+        """Level 2 frees the weights on GPU (their content is gone); vLLM on CPU keeps them."""
+        return level >= 2 and not self.on_cpu
+
+    def memory_report(self) -> dict[str, int]:
+        """Process RSS (and CUDA allocated bytes on GPU), for before/after comparisons."""
+        import psutil
+
+        report = {"rss_bytes": psutil.Process().memory_info().rss}
+        if not self.on_cpu and torch.cuda.is_available():
+            report["device_allocated_bytes"] = torch.cuda.memory_allocated()
+        return report
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (tests, benchmarks)."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        client = llm.llm_engine.engine_core
+        finalizer = getattr(client, "_finalizer", None)
+        if isinstance(finalizer, weakref.finalize):
+            finalizer()  # _release_engine_core, once
+        else:
+            client.shutdown()
+        del self.llm
+        _trim_host_memory()
