@@ -199,7 +199,7 @@ class VLLMJudgeBackend:
 
     def encode(self, prompt: str) -> list[int]:
         """Token ids of a judge prompt as one user turn (the chat template's), or of the raw text."""
-        if False:
+        if getattr(self.tokenizer, "chat_template", None):
             ids = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
             )
