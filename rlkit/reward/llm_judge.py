@@ -95,6 +95,9 @@ class LLMJudge:
             completions = self.backend.complete(texts)
         except Exception as exc:  # a backend bug must not end the run either: every sample scores 0, counted
             return [JudgeVerdict(0.0, f"backend: {type(exc).__name__}: {exc}") for _ in texts]
+        if len(completions) != len(texts):
+            error = f"backend: {len(completions)} replies for {len(texts)} prompts"
+            return [JudgeVerdict(0.0, error) for _ in texts]
         verdicts = []
         for c in completions:
             if c.error is not None:

@@ -381,3 +381,26 @@ def test_config_values_are_validated(kw, message):
 def test_score_checks_lengths(server):
     with LLMJudge(http_cfg(server)) as judge, pytest.raises(ValueError, match="1 prompts, 2 responses"):
         judge.score(["p"], ["a", "b"], [None])
+
+
+class BrokenBackend:
+    """A backend with a bug: the judge must still answer every sample (0 + error), never raise."""
+
+    def __init__(self, replies: list | None = None) -> None:
+        self.replies = replies
+
+    def complete(self, prompts):
+        if self.replies is None:
+            raise RuntimeError("engine died")
+        return self.replies
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failing_backend_costs_zero_never_raises():
+    cfg = JudgeConfig(backend="http", base_url="http://127.0.0.1:9/v1", model="m")
+    verdicts = LLMJudge(cfg, backend=BrokenBackend()).score(["a", "b"], ["r", "s"], [None, None])
+    assert [(v.score, v.error) for v in verdicts] == [(0.0, "backend: RuntimeError: engine died")] * 2
+    verdicts = LLMJudge(cfg, backend=BrokenBackend(replies=[])).score(["a"], ["r"], [None])
+    assert verdicts[0].score == 0.0 and verdicts[0].error == "backend: 0 replies for 1 prompts"
