@@ -45,6 +45,13 @@ class ModelConfig:
     response_logits_only: bool = f(True, "LM head only where response tokens are predicted (no prompt/pad logits)")
     trust_remote_code: bool = f(False, "allow custom model code from the model folder")
     attn_implementation: str = f("sdpa", "attention kernel passed to transformers")
+    lora_rank: int = f(0, "LoRA rank (peft); 0 = full fine-tuning. With LoRA the base is frozen, the optimizer "
+                       "holds only the adapter and the reference is the base with the adapter off (docs/lora.md)")
+    lora_alpha: float = f(16, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)")
+    target_modules: Any = f("all-linear", "modules that get an adapter: all-linear (every linear layer but the "
+                            "LM head) or a list of module names, e.g. [q_proj, v_proj]")
+    exclude_modules: Any = f(None, "module names (list) or a regex that get no adapter; null = none")
+    lora_adapter_path: str | None = f(None, "start from this PEFT adapter folder (its rank/alpha/targets win)")
 
 
 @dataclass
