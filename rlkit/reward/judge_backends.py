@@ -158,9 +158,10 @@ def _short(text: str, limit: int = 160) -> str:
 
 # ------------------------------------------------------------------ vllm
 def default_engine_factory(engine_kwargs: dict[str, Any]) -> Any:
-    """A vllm.LLM in this process. Callers in the rollout layer or above may pass their own factory
-    (rlkit's vLLM environment set-up: cache dirs in a temp dir, quiet logs)."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    """A vllm.LLM in this process, with rlkit's vLLM environment (engine in-process, caches in a temp dir)."""
+    from rlkit.utils.vllm_env import prepare_vllm_env
+
+    prepare_vllm_env()
     import vllm
 
     return vllm.LLM(**engine_kwargs)

@@ -15,7 +15,6 @@ returns the same quantity as this one.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import gc
@@ -23,8 +22,6 @@ import importlib.util
 import logging
 import os
 import random
-import shutil
-import tempfile
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -36,6 +33,7 @@ from rlkit.config.rollout import RolloutConfig
 from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
+from rlkit.utils.vllm_env import prepare_vllm_env
 
 GREEDY_EPS = 1e-5  # vLLM decodes greedily below this temperature
 
@@ -43,24 +41,6 @@ GREEDY_EPS = 1e-5  # vLLM decodes greedily below this temperature
 def default_backend_name() -> str:
     """"vllm" where it is installed, else "hf". Only looks for the package; importing vLLM is slow."""
     return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
-
-
-def prepare_vllm_env() -> None:
-    """Environment vLLM must see before it is imported: engine in this process, caches in a temp dir.
-
-    Only sets variables that are unset, so a user's choice wins.
-    """
-    from rlkit.utils.quiet import quiet_process
-
-    quiet_process()  # vLLM warns at import time (Triton on CPU...); RLKIT_VERBOSE=1 keeps it
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if "VLLM_CACHE_ROOT" in os.environ and "VLLM_RPC_BASE_PATH" in os.environ:
-        return
-    tmp = tempfile.mkdtemp(prefix="rlkit-vllm-")
-    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-    os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(tmp, "cache"))
-    os.environ.setdefault("VLLM_RPC_BASE_PATH", os.path.join(tmp, "rpc"))
-    os.makedirs(os.environ["VLLM_RPC_BASE_PATH"], exist_ok=True)  # TP's shared-memory queues bind sockets here
 
 
 def _unique_cpu_shm_names() -> None:

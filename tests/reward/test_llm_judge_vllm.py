@@ -36,7 +36,7 @@ TRUTHS = ["1 2 3", "5 4", "4", None]
 
 def vllm_factory(engine_kwargs):
     """What a caller above the reward layer passes: rlkit's vLLM environment set-up, then the engine."""
-    from rlkit.rollout.vllm_rollout import prepare_vllm_env
+    from rlkit.utils.vllm_env import prepare_vllm_env
 
     prepare_vllm_env()
     import vllm
