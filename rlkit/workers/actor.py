@@ -2,6 +2,10 @@
 
 Each receives its own config section and the few run values it reads, as constructor
 arguments (`rlkit.trainer.roles` builds them from the run config); none sees the whole config.
+
+With LoRA (`actor_rollout_ref.model.lora_rank` > 0) there is no reference worker: the actor
+scores the reference itself with its adapter switched off (`compute_ref_log_prob`), so the
+base weights exist once.
 """
 
 from __future__ import annotations
@@ -80,10 +84,15 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
             gradient_checkpointing=self.model_cfg.enable_gradient_checkpointing,
             attn_implementation=self.model_cfg.attn_implementation,
             trust_remote_code=self.model_cfg.trust_remote_code,
+            lora=self.model_cfg,
         )
         self.model.setup_optimizer(self.actor.optim, self.total_steps)
-        params = sum(p.numel() for p in self.model.module.parameters())
-        return {"init_s": time.perf_counter() - start, "local_params": params}
+        return {"init_s": time.perf_counter() - start, **self.model.memory_report()}
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def memory_report(self) -> dict[str, float]:
+        """Parameters (all / trained) and this rank's optimizer-state and gradient sizes (the run summary)."""
+        return self.model.memory_report()
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch) -> Batch:
@@ -146,11 +155,29 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
 
         return loss_fn
 
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """LoRA: the reference policy's log-probs are the base model's, i.e. this model with the adapter off."""
+        maybe_break("ref.compute_log_prob")
+        if self.model.lora is None:
+            raise RuntimeError("compute_ref_log_prob on the actor needs LoRA (full fine-tuning has a reference worker)")
+        with self.model.lora.disabled():
+            lp, _ = self._log_probs(batch, self.actor.ppo_micro_batch_size_per_gpu, False)
+        return Batch({"ref_log_prob": lp})
+
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Rank 0 gets the full weights (for export and tests); other ranks take part and get None."""
         state = self.model.full_state_dict()
         return state if self.rank == 0 else None
+
+    def adapter_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """LoRA: (peft config, the adapter's tensors under PEFT's file names), gathered on every rank
+        (a collective), for an engine that loads the adapter natively (rollout.lora_sync=native)."""
+        from rlkit.models.lora import adapter_state_dict
+
+        assert self.model.lora is not None
+        return self.model.lora.config.to_dict(), adapter_state_dict(self.model.iter_wrapped_params(adapter_only=True))
 
 
 class RefWorker(_PolicyScorer):

@@ -2,6 +2,10 @@
 
 One implementation serves the actor, the frozen reference and the critic; the
 roles differ only in whether an optimizer exists and which head is on top.
+With LoRA (`lora=` the model section, rlkit/models/lora.py) the adapter is injected before
+sharding, the base is frozen (stored in the compute dtype: bf16 on GPU, the adapter in float32),
+the optimizer and the checkpoints hold the adapter only, and the weights streamed to the rollout
+engine are the base's HF names with the adapter merged in.
 A single worker computing in float32 keeps the plain module (`self.sharded` is
 False): same API, same checkpoints (DCP reshards them for any later world size).
 """
@@ -13,6 +17,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -20,6 +25,18 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 from rlkit.algo.utils import entropy_from_logits, logprobs_from_logits
 from rlkit.config.schema import FSDPConfig, OptimConfig
+from rlkit.models.lora import (
+    ADAPTER_NAME,
+    LoraModel,
+    adapter_state_dict,
+    lora_enabled,
+    merged_named_tensors,
+    peft_config_from_dict,
+    read_lora_info,
+    save_adapter_folder,
+    wrap_lora,
+    write_lora_info,
+)
 from rlkit.utils.lr_schedule import lr_lambda
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -85,6 +102,7 @@ class FSDPModel:
         gradient_checkpointing: bool = False,
         attn_implementation: str = "sdpa",
         trust_remote_code: bool = False,
+        lora: Any = None,  # the model section (actor_rollout_ref.model): its lora_* keys turn LoRA on
     ) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -92,7 +110,10 @@ class FSDPModel:
         self.value_head = value_head
         self.param_dtype = resolve_dtype(fsdp.param_dtype, device)
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-        kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+        use_lora = lora is not None and lora_enabled(lora) and not value_head
+        # a frozen LoRA base needs no float32 master copy: store it in the compute dtype
+        kwargs = dict(dtype=self.param_dtype if use_lora else torch.float32, attn_implementation=attn_implementation,
+                      trust_remote_code=trust_remote_code)
         if value_head:
             config.num_labels = 1
             model = AutoModelForTokenClassification.from_pretrained(model_path, config=config, **kwargs)
@@ -101,6 +122,8 @@ class FSDPModel:
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.config = model.config
+        self.lora: LoraModel | None = wrap_lora(model, lora, adapter_dtype=torch.float32) if use_lora else None
+        self._lora_scalings = self.lora.scalings() if self.lora is not None else {}
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])
         offload = CPUOffloadPolicy() if (fsdp.param_offload and device.type == "cuda") else None
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -121,9 +144,13 @@ class FSDPModel:
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
 
     # ------------------------------------------------------------ training
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer steps: every parameter, or the adapter's alone with LoRA."""
+        return [p for p in self.module.parameters() if p.requires_grad]
+
     def setup_optimizer(self, optim: OptimConfig, total_steps: int) -> None:
         self.optimizer = torch.optim.AdamW(
-            self.module.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
+            self.trainable_parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim, total_steps))
 
@@ -147,7 +174,7 @@ class FSDPModel:
     def clip_and_step(self, max_norm: float) -> float:
         """Clip the global grad norm, step if finite; returns the norm (nan/inf = step skipped)."""
         assert self.optimizer is not None
-        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         norm_f = float(norm)
@@ -249,11 +276,41 @@ class FSDPModel:
 
     # ------------------------------------------------------- weights out
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (HF name, full tensor) one parameter at a time; every rank must iterate (collective)."""
+        """Yield (HF name, full tensor) one parameter at a time; every rank must iterate (collective).
+        With LoRA: the base model's names, the adapter merged into each adapted weight."""
+        if self.lora is not None:
+            yield from merged_named_tensors(self.iter_wrapped_params(), self._lora_scalings)
+            return
+        yield from self.iter_wrapped_params()
+
+    def iter_wrapped_params(self, adapter_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor) of the module as it is (with LoRA: `.base_layer` names + adapter tensors;
+        `adapter_only`: the adapter's alone). A collective, as `iter_full_params`."""
         for name, tensor in self.module.state_dict().items():
+            if adapter_only and ".lora_" not in name:
+                continue
             if hasattr(tensor, "full_tensor"):
                 tensor = tensor.full_tensor()
             yield name, tensor.detach()
+
+    def memory_report(self) -> dict[str, float]:
+        """Parameters (all / trained), this rank's optimizer-state and gradient bytes (the run summary)."""
+        def local(t: torch.Tensor) -> torch.Tensor:
+            return t.to_local() if hasattr(t, "to_local") else t
+
+        params, trainable = list(self.module.parameters()), self.trainable_parameters()
+        state_bytes = 0
+        for state in (self.optimizer.state.values() if self.optimizer is not None else []):
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    state_bytes += local(value).numel() * local(value).element_size()
+        return {
+            "params": float(sum(p.numel() for p in params)),
+            "trainable_params": float(sum(p.numel() for p in trainable)),
+            "optimizer_state_mb": state_bytes / 2**20,
+            "grad_mb": sum(local(p).numel() * local(p).element_size() for p in trainable) / 2**20,
+            "lora_rank": float(self.lora.config.r) if self.lora is not None else 0.0,
+        }
 
     def full_state_dict(self, to_cpu: bool = True) -> dict[str, torch.Tensor]:
         return {k: (v.cpu() if to_cpu else v) for k, v in self.iter_full_params()}
@@ -262,31 +319,46 @@ class FSDPModel:
     def save(self, path: Path, with_optimizer: bool = True) -> None:
         """Sharded save with torch.distributed.checkpoint (each rank writes its shards)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        state = {"model": get_model_state_dict(self.module)}
+        state = {"model": self._model_state()}
         if with_optimizer and self.optimizer is not None:
             state["optim"] = get_optimizer_state_dict(self.module, self.optimizer)
         dcp.save(state, checkpoint_id=str(path))
         if dist.get_rank() == 0:
             self.config.save_pretrained(path / "hf_config")
+            if self.lora is not None:  # what export needs to rebuild the adapter on the base
+                write_lora_info(path, self.lora.info(self.config.name_or_path))
             if self.scheduler is not None:
                 torch.save(self.scheduler.state_dict(), path / "scheduler.pt")
+
+    def _state_options(self):
+        """With LoRA the checkpoint holds the trained (adapter) tensors only: the base is the model folder."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(ignore_frozen_params=True, strict=False) if self.lora is not None else None
+
+    def _model_state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        state = get_model_state_dict(self.module, options=self._state_options())
+        if self.lora is not None:  # a tied (frozen) LM head still shows up: keep the adapter's tensors only
+            state = {k: v for k, v in state.items() if ".lora_" in k}
+        return state
 
     def load(self, path: Path, with_optimizer: bool = True) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
             get_optimizer_state_dict,
             set_model_state_dict,
             set_optimizer_state_dict,
         )
 
-        state = {"model": get_model_state_dict(self.module)}
+        state = {"model": self._model_state()}
         if with_optimizer and self.optimizer is not None:
             state["optim"] = get_optimizer_state_dict(self.module, self.optimizer)
         dcp.load(state, checkpoint_id=str(path))
-        set_model_state_dict(self.module, state["model"])
+        set_model_state_dict(self.module, state["model"], options=self._state_options())
         if "optim" in state:
             set_optimizer_state_dict(self.module, self.optimizer, state["optim"])
         sched = path / "scheduler.pt"
@@ -294,20 +366,58 @@ class FSDPModel:
             self.scheduler.load_state_dict(torch.load(sched, weights_only=False))
 
 
-def export_hf(checkpoint_actor_dir: Path, out_dir: Path, tokenizer_dir: Path | None = None) -> Path:
-    """Turn a sharded actor checkpoint into a plain HF folder, in one process (no cluster needed)."""
+def export_hf(checkpoint_actor_dir: Path, out_dir: Path, tokenizer_dir: Path | None = None,
+              adapter_only: bool = False) -> Path:
+    """Turn a sharded actor checkpoint into a plain HF folder, in one process (no cluster needed).
+
+    A LoRA checkpoint (it holds the adapter only) is merged into its base model; `adapter_only`
+    writes the PEFT adapter folder instead (`PeftModel.from_pretrained(base, out_dir)` loads it)."""
     import torch.distributed.checkpoint as dcp
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(checkpoint_actor_dir / "hf_config")
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(checkpoint_actor_dir), no_dist=True)
-    model.load_state_dict(state["model"])
+    lora_info = read_lora_info(checkpoint_actor_dir)
+    if adapter_only and lora_info is None:
+        raise ValueError(f"{checkpoint_actor_dir} is a full fine-tuning checkpoint: it has no adapter to export "
+                         "(drop --adapter-only)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
+    if lora_info is not None:
+        export_lora(checkpoint_actor_dir, out_dir, lora_info, adapter_only)
+    else:
+        config = AutoConfig.from_pretrained(checkpoint_actor_dir / "hf_config")
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        state = {"model": model.state_dict()}
+        dcp.load(state, checkpoint_id=str(checkpoint_actor_dir), no_dist=True)
+        model.load_state_dict(state["model"])
+        model.save_pretrained(out_dir)
     if tokenizer_dir is not None and tokenizer_dir.exists():
         from transformers import AutoTokenizer
 
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
     return out_dir
+
+
+def export_lora(checkpoint_actor_dir: Path, out_dir: Path, lora_info: dict, adapter_only: bool) -> None:
+    """The adapter of a LoRA checkpoint on its base model (`lora.json` names both): merged HF folder, or the
+    PEFT adapter folder alone."""
+    import torch.distributed.checkpoint as dcp
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = lora_info["base_model"]
+    if not Path(base).is_dir():
+        raise ValueError(f"the checkpoint's base model {base} is not a folder here; the LoRA checkpoint holds only "
+                         "the adapter, so export needs the base it was trained on")
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    peft_model = get_peft_model(model, peft_config_from_dict(lora_info["peft_config"]))
+    adapter = {k: v for k, v in model.state_dict().items() if ".lora_" in k}
+    state = {"model": adapter}
+    dcp.load(state, checkpoint_id=str(checkpoint_actor_dir), no_dist=True)
+    missing = set(adapter) - set(state["model"])
+    if missing:
+        raise ValueError(f"adapter tensors missing from the checkpoint: {sorted(missing)[:4]}")
+    model.load_state_dict(state["model"], strict=False)
+    if adapter_only:
+        save_adapter_folder(out_dir, peft_model.peft_config[ADAPTER_NAME], adapter_state_dict(adapter.items()),
+                            base_model=base)
+    else:
+        peft_model.merge_and_unload().save_pretrained(out_dir)
