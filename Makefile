@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup quickstart test lint
+.PHONY: setup quickstart test test-fast lint
 
 setup:
 	@bash scripts/setup.sh
@@ -12,6 +12,10 @@ quickstart: setup
 
 test: setup
 	@bash scripts/test.sh
+
+# the default suite without the end-to-end tests marked slow (learning runs, vLLM, cluster flows)
+test-fast: setup
+	@bash scripts/test.sh -m "not slow"
 
 lint: setup
 	@.venv/bin/ruff check .

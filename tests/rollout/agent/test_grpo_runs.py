@@ -105,7 +105,7 @@ def test_coevolve_recipe_two_steps(code_run_dir, ray_local, tmp_path):
 
     result = CliRunner().invoke(app, ["data", "code", "--coevolve", "--out", str(tmp_path / "cv")])
     assert result.exit_code == 0, result.output
-    recipe = Path(__file__).resolve().parents[2] / "recipes" / "coevolve_code.yaml"
+    recipe = Path(__file__).resolve().parents[3] / "recipes" / "coevolve_code.yaml"
     args = overrides(code_run_dir, "coevolve", "data.val_batch_size=4", "reward_model.reward_kwargs.per_test_s=1",
                      f"trainer.log_dir={tmp_path / 'logs'}", "trainer.logger=[file]", "trainer.cpus_per_worker=1")
     args = [a.replace(f"{code_run_dir}/train.parquet", f"{tmp_path}/cv/train.parquet")

@@ -9,7 +9,7 @@ import pytest
 
 from rlkit.trainer.run_config import load_config
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES = Path(__file__).resolve().parents[3] / "recipes"
 
 
 @pytest.mark.parametrize("name", ["gsm8k_calculator_multiturn", "code_rl", "coevolve_code"])
