@@ -23,6 +23,7 @@ from rlkit.config.checks import world_size
 from rlkit.config.schema import RLConfig
 from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, Sibling, WorkerGroupView
 from rlkit.errors import UserError
+from rlkit.models.lora import lora_enabled
 from rlkit.rollout.lifecycle import InProcessRoute, ObjectStoreRoute, WeightRoute
 
 TRAINER_GROUP, ROLLOUT_GROUP = "rlkit", "rlkit-rollout"  # Ray actor names: "rlkit:0", "rlkit-rollout:0"
@@ -53,7 +54,8 @@ def plan_layout(cfg: RLConfig) -> Layout:
     t = cfg.trainer
     separate = bool(t.one_step_off_policy)
     roles = ["actor"] if separate else ["actor", "rollout"]  # the rollout after the actor: it is handed it
-    roles += ["ref"] if ref_needed(cfg) else []
+    # LoRA: the actor is its own reference (adapter off), so no second copy of the base
+    roles += ["ref"] if ref_needed(cfg) and not lora_enabled(cfg.actor_rollout_ref.model) else []
     roles += ["critic"] if critic_enabled(cfg) else []
     trainer = GroupPlan(TRAINER_GROUP, "actor_pool" if separate else "global_pool", roles, t.n_gpus_per_node,
                         t.nnodes, t.cpus_per_worker)
@@ -173,7 +175,8 @@ def build_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env:
     actor, rollout = view("actor"), view("rollout")
     assert actor is not None and rollout is not None
     route = ObjectStoreRoute(actor, rollout) if layout.separate_rollout else InProcessRoute(rollout)
-    handles = WorkerHandles(groups=groups, actor=actor, rollout=rollout, ref=view("ref"), critic=view("critic"),
+    handles = WorkerHandles(groups=groups, actor=actor, rollout=rollout,
+                            ref=view("ref") or (actor if ref_needed(cfg) else None), critic=view("critic"),
                             world_size=world_size(cfg), weights=route)
     try:
         # a separate engine loads while the actor loads; a colocated one after it, in the same process
