@@ -8,7 +8,6 @@ import that goes up a layer is still a dependency that goes up a layer.
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
