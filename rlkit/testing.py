@@ -102,3 +102,39 @@ def save_tiny_model(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def build_tiny_reward_model(tokenizer=None, hidden_size: int = 64, layers: int = 2, heads: int = 4, seed: int = 0):
+    """A random `LlamaForSequenceClassification` with one label (a scalar reward), pad_token_id set (transformers
+    needs it to score a batch)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    tokenizer = tokenizer or build_tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        num_labels=1,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    return LlamaForSequenceClassification(config)
+
+
+def save_tiny_reward_model(path: str | Path, tokenizer=None, hidden_size: int = 64, layers: int = 2, heads: int = 4,
+                           seed: int = 0) -> Path:
+    """Write a tiny random reward model + its tokenizer (default: the tiny one) as an HF folder."""
+    path = Path(path)
+    tokenizer = tokenizer or build_tiny_tokenizer()
+    build_tiny_reward_model(tokenizer, hidden_size=hidden_size, layers=layers, heads=heads, seed=seed).save_pretrained(
+        path)
+    tokenizer.save_pretrained(path)
+    return path

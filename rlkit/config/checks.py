@@ -18,11 +18,6 @@ def world_size(cfg: RLConfig) -> int:
 def check_config(cfg: RLConfig) -> None:
     """Sizes and switches; `critic.enable` is already resolved (null -> what the estimator needs) by a hook."""
     actor = cfg.actor_rollout_ref.actor
-    if cfg.reward_model.enable:
-        raise UserError(
-            "reward_model.enable=true: model-based rewards are not in this release; "
-            "use rule/code scorers or custom_reward_function.path"
-        )
     if not cfg.data.train_files:
         raise UserError("data.train_files is empty: pass data.train_files=PATH.parquet (make one with `rlkit data`)")
 

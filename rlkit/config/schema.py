@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlkit.config.fsdp import FSDPConfig
+from rlkit.config.reward_model import RewardModelConfig
 from rlkit.config.rollout import RolloutConfig
 
 
@@ -63,16 +65,6 @@ class OptimConfig:
     lr_warmup_steps_ratio: float = f(0.0, "warmup as a fraction of total steps")
     lr_scheduler_type: str = f("constant", "schedule after warmup (rlkit.utils.lr_schedule.LR_SCHEDULES)")
     min_lr_ratio: float = f(0.0, "cosine floor as a fraction of lr")
-
-
-@dataclass
-class FSDPConfig:
-    param_offload: bool = f(False, "keep FSDP params on CPU between phases")
-    optimizer_offload: bool = f(False, "keep optimizer state on CPU between phases")
-    param_dtype: str = f("auto", "compute dtype: auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float32")
-    reduce_dtype: str = f("float32", "gradient reduction dtype")
-    shard_single_worker: bool = f(False, "wrap with FSDP2 even with one worker and float32 compute (nothing to "
-                                  "shard there; the plain module trains 10-20% faster, docs/performance.md)")
 
 
 @dataclass
@@ -132,23 +124,6 @@ class CriticConfig:
     loss_agg_mode: str = f("token-mean", "aggregation of the value loss")
     grad_clip: float = f(1.0, "max grad norm")
     fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings")
-
-
-@dataclass
-class RewardModelConfig:
-    enable: bool = f(False, "a model-based reward (not in this release: use rule/code/custom rewards)")
-    reward_manager: str = f("rule", "the reward stage (rlkit.reward.REWARD_MANAGERS): rule (alias naive) = one "
-                            "scorer per sample by data_source; coevolve = coder/tester pass matrix (docs/agents.md)")
-    reward_kwargs: dict = f(factory=dict, help="keyword arguments of the reward manager, e.g. for coevolve "
-                            "{tester_reward: gated, tests_per_run: 1, per_test_s: 2.0, memory_mb: 512}")
-    overrides: dict = f(factory=dict, help="data_source -> scorer name, overriding the built-in map")
-    scorer_kwargs: dict = f(factory=dict, help="scorer name -> kwargs, e.g. {gsm8k: {method: flexible}}")
-    num_workers: int = f(4, "threads scoring in parallel")
-    timeout_s: float = f(10.0, "per-sample scoring timeout (the sample scores 0)")
-    overlong_buffer: dict = f(
-        factory=lambda: {"enable": False, "len": 64, "penalty_factor": 1.0},
-        help="DAPO overlong shaping: linear penalty over the last `len` tokens",
-    )
 
 
 @dataclass
@@ -230,7 +205,7 @@ class RLConfig:
     data: DataConfig = f(factory=DataConfig, help="datasets")
     actor_rollout_ref: ActorRolloutRefConfig = f(factory=ActorRolloutRefConfig, help="policy, rollout, reference")
     critic: CriticConfig = f(factory=CriticConfig, help="value model (PPO/GAE)")
-    reward_model: RewardModelConfig = f(factory=RewardModelConfig, help="rewards")
+    reward_model: RewardModelConfig = f(factory=RewardModelConfig, help="rewards: rule scorers, reward model, judge")
     custom_reward_function: CustomRewardConfig = f(factory=CustomRewardConfig, help="your own reward")
     algorithm: AlgorithmConfig = f(factory=AlgorithmConfig, help="advantages, KL, DAPO")
     trainer: TrainerConfig = f(factory=TrainerConfig, help="loop, resources, checkpoints, logging")

@@ -39,7 +39,7 @@ BREAK_AT_KEY = "trainer.debug.break_at"
 # Every phase a worker announces with maybe_break() (a test keeps this in step with rlkit/workers).
 PHASES = (
     "rollout.generate", "rollout.validate", "actor.compute_log_prob", "actor.update_policy",
-    "ref.compute_log_prob", "critic.compute_values", "critic.update",
+    "ref.compute_log_prob", "critic.compute_values", "critic.update", "reward_model.compute_rm_score",
 )  # fmt: skip
 TEST_RAISE_ENV = "RLKIT_TEST_RAISE_IN"
 TEST_BREAKPOINT_ENV = "RLKIT_TEST_BREAKPOINT_IN"

@@ -112,6 +112,17 @@ class RewardManager:
         self.__dict__.update(state)
         self._log_lock = threading.Lock()
 
+    def has_scorer(self, data_source: str) -> bool:
+        """Whether a row of this data_source gets a scorer (the custom function scores every row). The reward
+        mix (rlkit.reward.mix) leaves the rule part out for the others instead of failing."""
+        if self.custom is not None:
+            return True
+        try:
+            scorer_name_for(data_source, self.scorer_overrides)
+        except UserError:
+            return False
+        return True
+
     # ----------------------------------------------------------------- batch
     def __call__(self, batch: Batch) -> Batch:
         return self.compute(batch)

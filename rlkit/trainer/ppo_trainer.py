@@ -58,6 +58,7 @@ class RLTrainer:
         from rlkit.data import RLDataLoader, RLDataset
         from rlkit.models.loading import load_tokenizer
         from rlkit.models.resolve import resolve_model_path
+        from rlkit.reward.mix import build_reward_fn
         from rlkit.reward.registry import build_reward_manager
 
         self.cfg = cfg
@@ -75,10 +76,13 @@ class RLTrainer:
             raise_user(f"data.train_batch_size={d.train_batch_size} is larger than the {len(self.train_set)} "
                        f"training prompts in {d.train_files}; lower it")
         self.total_steps = cfg.trainer.total_training_steps or len(self.train_loader) * cfg.trainer.total_epochs
-        self.reward_fn = build_reward_manager(cfg, self.tokenizer)  # reward_model.reward_manager: the batch stage
+        manager = build_reward_manager(cfg, self.tokenizer)  # reward_model.reward_manager, before workers start
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
         self.workers = workers or self._build_workers()
+        # the reward stage (rlkit.reward.mix): the reward manager, mixed with the model reward when enabled
+        self.reward_fn = build_reward_fn(cfg, self.tokenizer, {"reward_model": self.workers.reward_model},
+                                         manager=manager)
         self.mfu_meter = _mfu_meter(cfg, self.model_path)
         self.global_step = 0
         self.tracker = tracker

@@ -37,6 +37,12 @@ def _reward() -> Registry[Any]:
     return REWARD_MANAGERS
 
 
+def _reward_model_styles() -> Registry[Any]:
+    from rlkit.reward.model_styles import REWARD_MODEL_STYLES
+
+    return REWARD_MODEL_STYLES
+
+
 def _lr_schedules() -> Registry[Any]:
     from rlkit.utils.lr_schedule import LR_SCHEDULES
 
@@ -57,6 +63,7 @@ def registered_keys() -> dict[str, Callable[[], Registry[Any]]]:
         "data.truncation": _truncation,
         "actor_rollout_ref.rollout.name": _rollout,
         "reward_model.reward_manager": _reward,
+        "reward_model.style": _reward_model_styles,
         "trainer.logger": _trackers,
         "actor_rollout_ref.actor.optim.lr_scheduler_type": _lr_schedules,
         "critic.optim.lr_scheduler_type": _lr_schedules,
@@ -90,12 +97,15 @@ def check_registered_names(cfg: RLConfig) -> None:
 
 def check_named_entries(cfg: RLConfig) -> None:
     """Everything the config checks ask of the registries, in one call (the config layer's one hook upward):
-    plugins imported, every name registered, each algorithm entry's needs met, the reward manager's options."""
+    plugins imported, every name registered, each algorithm entry's needs met, the reward manager's options,
+    the model reward's style and mix weights."""
     from rlkit.algo.run_needs import check_algorithm
     from rlkit.registry import import_plugins
+    from rlkit.reward.mix import check_reward_model
     from rlkit.reward.registry import check_reward_manager
 
     import_plugins(cfg.trainer.plugins)  # their registrations first: the names below may be theirs
     check_registered_names(cfg)
     check_algorithm(cfg)
     check_reward_manager(cfg)
+    check_reward_model(cfg)

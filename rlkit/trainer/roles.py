@@ -53,3 +53,17 @@ def critic_role(cfg: RLConfig, model_path: str, total_steps: int) -> ClassWithIn
     return ClassWithInitArgs(CriticWorker, critic, total_steps=total_steps, rollout_n=arr.rollout.n,
                              attn_implementation=arr.model.attn_implementation,
                              use_remove_padding=arr.model.use_remove_padding)
+
+
+def reward_model_role(cfg: RLConfig, model_path: str) -> ClassWithInitArgs:
+    """The classifier RM: the reward_model section with `model.path` and `model.input_tokenizer` resolved to local
+    folders (an input_tokenizer naming the policy's model is the policy's resolved folder, `model_path`)."""
+    from rlkit.models.resolve import resolve_model_path
+    from rlkit.workers.reward_model import RewardModelWorker
+
+    rm = cfg.reward_model
+    tok = rm.model.input_tokenizer
+    if tok is not None:
+        tok = str(model_path) if tok == cfg.actor_rollout_ref.model.path else str(resolve_model_path(tok))
+    model = dataclasses.replace(rm.model, path=str(resolve_model_path(rm.model.path)), input_tokenizer=tok)
+    return ClassWithInitArgs(RewardModelWorker, dataclasses.replace(rm, model=model))

