@@ -27,6 +27,7 @@ def derive(cfg: RLConfig) -> None:
     rollout = cfg.actor_rollout_ref.rollout
     rollout.prompt_length = cfg.data.max_prompt_length
     rollout.response_length = cfg.data.max_response_length
+    rollout.max_lora_rank = cfg.actor_rollout_ref.model.lora_rank
     actor = cfg.actor_rollout_ref.actor
     if actor.clip_ratio_low is None:
         actor.clip_ratio_low = actor.clip_ratio

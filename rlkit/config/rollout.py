@@ -20,6 +20,7 @@ from rlkit.config.agent import MultiTurnConfig
 from rlkit.errors import UserError
 
 DTYPES = ("bfloat16", "float32", "float16")
+LORA_SYNC_MODES = ("merge", "native")
 
 
 @dataclass
@@ -72,6 +73,8 @@ class RolloutConfig:
     sleep_level: int = 1  # 1: drop KV cache, keep weights; 2: drop both
     calculate_log_probs: bool = False  # also return rollout_log_probs
     seed: int = 0  # engine seed (vLLM) / seed of the HF backend's private sampling stream
+    lora_sync: str = "merge"  # LoRA: merge (adapter merged into the synced weights) | native (vLLM LoRARequest)
+    max_lora_rank: int = 0  # set from actor_rollout_ref.model.lora_rank (native sync: the engine's LoRA slots)
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # agent loop with tools (docs/agents.md)
 
@@ -103,6 +106,8 @@ class RolloutConfig:
                 raise UserError(f"{prefix}top_k={top_k} must be -1 (off) or >= 1")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise UserError(f"{p}gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
+        if self.lora_sync not in LORA_SYNC_MODES:
+            raise UserError(f"{p}lora_sync='{self.lora_sync}' is not supported; use one of {list(LORA_SYNC_MODES)}")
         if self.sleep_level not in (1, 2):
             raise UserError(f"{p}sleep_level={self.sleep_level} must be 1 or 2")
         if self.max_model_len is not None and self.max_model_len < self.prompt_length + self.response_length:

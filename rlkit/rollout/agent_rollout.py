@@ -70,6 +70,9 @@ class AgentRollout(RolloutBackend):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         return self.backend.update_weights(named_tensors)
 
+    def load_adapter(self, peft_config: dict, tensors: dict[str, torch.Tensor]) -> int:
+        return self.backend.load_adapter(peft_config, tensors)
+
     def sleep(self, level: int = 1) -> None:
         self.backend.sleep(level)
 

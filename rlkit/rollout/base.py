@@ -24,6 +24,7 @@ from collections.abc import Iterable
 import torch
 
 from rlkit.config.rollout import SamplingConfig
+from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.registry import Registry
 
@@ -43,6 +44,12 @@ class RolloutBackend(ABC):
     @abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load full (unsharded) HF-named tensors into the engine; returns bytes loaded."""
+
+    def load_adapter(self, peft_config: dict, tensors: dict[str, torch.Tensor]) -> int:
+        """LoRA with `rollout.lora_sync=native`: generate with this PEFT adapter (config dict, tensors under
+        PEFT's file names) on the engine's base weights from now on; returns bytes loaded."""
+        raise UserError(f"actor_rollout_ref.rollout.lora_sync=native needs an engine that loads LoRA adapters "
+                        f"(vllm); {type(self).__name__} does not: use lora_sync=merge")
 
     def sleep(self, level: int = 1) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Free what the engine can between rollouts (KV cache; level 2 also weights)."""

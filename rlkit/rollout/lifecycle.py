@@ -15,7 +15,11 @@ Where the new weights come from is an explicit `WeightSource` handed to the life
 - colocated layout (hybrid engine): `ActorWeights`, the actor role in the same process,
   gathered one full tensor at a time (every actor rank takes part: a collective);
 - separate rollout layout: `StateDictWeights`, a full state dict the actor's rank 0 put in
-  Ray's object store.
+  Ray's object store;
+- LoRA with `rollout.lora_sync=native` (colocated): `ActorAdapter`, only the adapter's tensors,
+  which the engine serves as a LoRA request on the base weights it loaded from the model folder.
+  (With `lora_sync=merge` the actor's `ActorWeights` are the base's names with the adapter merged
+  in, so the engine never knows.)
 
 The driver's side of the same two paths is a `WeightRoute` (`InProcessRoute`,
 `ObjectStoreRoute`): what to call on which worker group so the engines load the actor's
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,9 +48,9 @@ ASLEEP, WEIGHTS_AWAKE, AWAKE = "asleep", "weights awake", "awake"
 
 # ----------------------------------------------------------------- weight sources
 class WeightSource(Protocol):
-    """Full (unsharded) HF-named tensors for `RolloutBackend.update_weights`, consumed lazily."""
+    """Where an engine's new weights come from; `load_into` puts them in (returns bytes moved)."""
 
-    def named_tensors(self) -> Iterable[tuple[str, torch.Tensor]]: ...
+    def load_into(self, engine: RolloutBackend) -> int: ...
 
 
 @dataclass
@@ -58,6 +62,20 @@ class ActorWeights:
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.actor.model.iter_full_params()
 
+    def load_into(self, engine: RolloutBackend) -> int:
+        return engine.update_weights(self.named_tensors())
+
+
+@dataclass
+class ActorAdapter:
+    """The colocated LoRA actor's adapter alone (`rollout.lora_sync=native`; a collective as `ActorWeights`)."""
+
+    actor: Any  # an object with `.adapter_state()` -> (peft config dict, tensors) (rlkit.workers.actor.ActorWorker)
+
+    def load_into(self, engine: RolloutBackend) -> int:
+        peft_config, tensors = self.actor.adapter_state()
+        return engine.load_adapter(peft_config, tensors)
+
 
 @dataclass
 class StateDictWeights:
@@ -67,6 +85,9 @@ class StateDictWeights:
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self.state.items())
+
+    def load_into(self, engine: RolloutBackend) -> int:
+        return engine.update_weights(self.named_tensors())
 
 
 # ------------------------------------------------------------------- the lifecycle
@@ -97,7 +118,7 @@ class EngineLifecycle:
                                "load: receive_weights in the separate rollout layout)")
         start = time.perf_counter()
         self._wake_weights()
-        nbytes = self.engine.update_weights(source.named_tensors())
+        nbytes = source.load_into(self.engine)
         self.weights_valid = True
         # the worker's own time; the driver times the whole call as timing_s/update_weights (step_result.py)
         return {"timing_s/rollout_load_weights": time.perf_counter() - start, "perf/update_weights_mb": nbytes / 2**20}

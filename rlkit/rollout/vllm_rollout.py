@@ -15,6 +15,7 @@ returns the same quantity as this one.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import gc
@@ -22,6 +23,8 @@ import importlib.util
 import logging
 import os
 import random
+import shutil
+import tempfile
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -118,6 +121,15 @@ def _release_engine_core(core) -> None:
     gc.unfreeze()
 
 
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds `rank` (it allows 1, 8, 16, 32, ... 512)."""
+    allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    fits = [r for r in allowed if r >= rank]
+    if not fits:
+        raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank ({allowed[-1]})")
+    return fits[0]
+
+
 def row_seed(seed: int, row: int) -> int:
     """A well-mixed per-row seed: `seed + row` would collide with callers that offset `seed` by rank."""
     import numpy as np
@@ -177,6 +189,8 @@ class VLLMRollout(RolloutBackend):
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = True
         kwargs.update(engine_kwargs or {})
+        if config.lora_sync == "native" and config.max_lora_rank > 0:  # LoRA: adapters as LoRARequests
+            kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(config.max_lora_rank), max_loras=1)
         if self.on_cpu and config.tensor_model_parallel_size > 1:
             _unique_cpu_shm_names()
         logging.getLogger("vllm.renderers.base").addFilter(_CHAT_WARMUP_FILTER)  # added once
@@ -188,6 +202,7 @@ class VLLMRollout(RolloutBackend):
             client._finalizer.detach()
             client._finalizer = weakref.finalize(client, _release_engine_core, client.engine_core)
         self.asleep: set[str] = set()  # the parts vLLM holds asleep: "weights", "kv_cache"
+        self.lora_request: Any = None  # the adapter generations use (rollout.lora_sync=native), or None
         self.last_update: dict[str, float] = {}
 
     # ----------------------------------------------------------------- generate
@@ -219,7 +234,7 @@ class VLLMRollout(RolloutBackend):
             params = self._sampling_params(sampling, None)
         else:  # one seed per row, or the n copies of a prompt would be identical samples
             params = [self._sampling_params(sampling, row_seed(sampling.seed, i)) for i in range(len(requests))]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
 
         rows, length = len(requests), sampling.response_length
         responses = torch.full((rows, length), self.pad_id, dtype=torch.long)
@@ -271,6 +286,31 @@ class VLLMRollout(RolloutBackend):
             self.llm.reset_prefix_cache()
         self.last_update = stream.finish()
         return int(self.last_update["bytes"])
+
+    def load_adapter(self, peft_config: dict, tensors: dict[str, torch.Tensor]) -> int:
+        """LoRA, `rollout.lora_sync=native`: later generations use this adapter on the base weights the engine
+        loaded from its folder. The adapter is written as a PEFT folder (a few MB) and served as a new
+        `LoRARequest` id (vLLM caches adapters by id); the previous one is removed."""
+        from vllm.lora.request import LoRARequest
+
+        from rlkit.models.lora import save_adapter_folder
+
+        if self.llm.llm_engine.vllm_config.lora_config is None:
+            raise RuntimeError("load_adapter: this engine was built without LoRA; set rollout.lora_sync=native and "
+                               "rollout.max_lora_rank (finalize sets it from actor_rollout_ref.model.lora_rank)")
+        old = self.lora_request
+        lora_id = old.lora_int_id + 1 if old is not None else 1
+        if not hasattr(self, "_adapter_root"):
+            self._adapter_root = tempfile.mkdtemp(prefix="rlkit-lora-")
+            atexit.register(shutil.rmtree, self._adapter_root, ignore_errors=True)
+        folder = save_adapter_folder(Path(self._adapter_root) / f"adapter-{lora_id}", peft_config, tensors)
+        self.lora_request = LoRARequest(f"rlkit-{lora_id}", lora_id, str(folder))
+        if old is not None:
+            with contextlib.suppress(Exception):  # never loaded (no generation since): nothing to remove
+                self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
     # ------------------------------------------------------------ sleep / wake
     @property

@@ -24,7 +24,7 @@ from rlkit.controller import Dispatch, Worker, register
 from rlkit.debug import maybe_break, set_step
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS
-from rlkit.rollout.lifecycle import ActorWeights, EngineLifecycle, StateDictWeights, sampling_seed
+from rlkit.rollout.lifecycle import ActorAdapter, ActorWeights, EngineLifecycle, StateDictWeights, sampling_seed
 
 
 class RolloutWorker(Worker):
@@ -49,10 +49,15 @@ class RolloutWorker(Worker):
 
             engine = AgentRollout(engine, load_tokenizer(self.model_path), rollout)
         self.engine = engine
-        source = ActorWeights(self.actor) if self.actor is not None else None
+        lora = self.actor is not None and self.actor.model.lora is not None
+        source = None
+        if self.actor is not None:  # LoRA native sync: only the adapter moves; merge: the merged weights
+            source = ActorAdapter(self.actor) if lora and rollout.lora_sync == "native" else ActorWeights(self.actor)
         self.lifecycle = EngineLifecycle(engine, free_cache_engine=rollout.free_cache_engine,
                                          sleep_level=rollout.sleep_level, source=source)
         self.lifecycle.start()
+        if lora and self.actor.model_cfg.lora_adapter_path:  # the engine holds the base; start with the adapter
+            self.lifecycle.load()
         return {"backend": rollout.name, "init_s": time.perf_counter() - start}
 
     def _tensor_parallel_setup(self, tp: int) -> dict:
