@@ -103,7 +103,11 @@ class FSDPModel:
         attn_implementation: str = "sdpa",
         trust_remote_code: bool = False,
         lora: Any = None,  # the model section (actor_rollout_ref.model): its lora_* keys turn LoRA on
+        auto_class: str | None = None,
     ) -> None:
+        """`auto_class`: a transformers Auto class name to load instead (the reward model's
+        `AutoModelForSequenceClassification`); it gets the same wrapping, not `forward`'s heads."""
+        import transformers
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
         self.device = device
@@ -114,7 +118,9 @@ class FSDPModel:
         # a frozen LoRA base needs no float32 master copy: store it in the compute dtype
         kwargs = dict(dtype=self.param_dtype if use_lora else torch.float32, attn_implementation=attn_implementation,
                       trust_remote_code=trust_remote_code)
-        if value_head:
+        if auto_class is not None:
+            model = getattr(transformers, auto_class).from_pretrained(model_path, config=config, **kwargs)
+        elif value_head:
             config.num_labels = 1
             model = AutoModelForTokenClassification.from_pretrained(model_path, config=config, **kwargs)
         else:
