@@ -104,19 +104,6 @@ class ClassifierStyle:
 
 
 # ------------------------------------------------------------------------------------------------- judge
-def prompt_text(prompt: Any) -> str:
-    """A prompt for the judge's `{prompt}`: a string as it is; one message's content; several messages as
-    `role: content` lines."""
-    if isinstance(prompt, str):
-        return prompt
-    if hasattr(prompt, "tolist"):
-        prompt = prompt.tolist()
-    messages = [m for m in prompt if isinstance(m, Mapping)]
-    if len(messages) == 1:
-        return str(messages[0].get("content", ""))
-    return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
-
-
 @REWARD_MODEL_STYLES.register("judge")
 class JudgeStyle:
     """A generative LLM judge on the driver (reward_model.judge); failures score 0 and are counted."""
@@ -132,6 +119,7 @@ class JudgeStyle:
 
     @staticmethod
     def build(cfg: RLConfig, tokenizer: Any, worker: Any) -> Component:
+        from rlkit.reward.judge_text import prompt_text
         from rlkit.reward.llm_judge import LLMJudge, judge_metrics
 
         judge = LLMJudge(cfg.reward_model.judge)
@@ -141,7 +129,7 @@ class JudgeStyle:
                 if key not in batch:
                     raise UserError(f"reward judge: the batch has no '{key}'; keys: {batch.keys()}")
             responses = decode_responses(tokenizer, batch["responses"], batch["response_mask"])
-            prompts = [prompt_text(p) for p in batch["raw_prompt"]]
+            prompts = [prompt_text(list(p) if not isinstance(p, str) else p) for p in batch["raw_prompt"]]
             rms = batch["reward_model"] if "reward_model" in batch else [None] * len(batch)
             truths = [rm.get("ground_truth") if isinstance(rm, Mapping) else None for rm in rms]
             verdicts = judge.score(prompts, responses, [None if t is None else str(t) for t in truths])

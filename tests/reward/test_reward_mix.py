@@ -98,3 +98,59 @@ def test_config_errors(overrides, message):
     with pytest.raises(UserError) as err:
         load_config("grpo", ["data.train_files=x.parquet", *overrides])
     assert message in str(err.value), str(err.value)
+
+
+class VerdictServer:
+    """A real local OpenAI-style endpoint: "Score: 10" when the judged response is "7", 500 when it is "8"
+    (every retry), else "Score: 0"."""
+
+    def __init__(self) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                response = body["messages"][-1]["content"].split("RESPONSE:", 1)[1].strip()
+                status, text = (500, "") if response == "8" else (200, f"Score: {10 if response == '7' else 0}")
+                payload = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload.encode())
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_judge_style_mixes_with_rule_scores(tmp_path):
+    server = VerdictServer()
+    try:
+        cfg = load_config("grpo", [
+            "data.train_files=x.parquet", "reward_model.enable=true", "reward_model.style=judge",
+            f"reward_model.judge.base_url={server.url}", "reward_model.judge.model=judge",
+            "reward_model.judge.retries=1", "reward_model.judge.retry_backoff_s=0.01",
+            "reward_model.judge.template='PROMPT: {prompt} RESPONSE: {response}'",
+            "+reward_model.mix={rule: 1.0, judge: 2.0}",
+        ])
+        fn = build_reward_fn(cfg, build_tiny_tokenizer())
+        out = fn(policy_batch(PROMPTS, ["7", "1 2", "8", "4 4"]))
+        fn.close()
+    finally:
+        server.close()
+    judge = torch.tensor([1.0, 0.0, 0.0, 0.0])  # "Score: 10" -> 1.0; the 500 scores 0 with an error
+    assert torch.allclose(out["token_level_scores"].sum(-1), RULE + 2.0 * judge, atol=1e-6)
+    metrics = out.meta["metrics"]
+    assert metrics["reward/judge/mean"] == [pytest.approx(0.25)]
+    assert metrics["reward/judge/errors"] == [1.0]
+    assert metrics["reward/rule/mean"] == [pytest.approx(float(RULE.mean()))]
