@@ -171,3 +171,14 @@ def build_reward_fn(cfg: RLConfig, tokenizer: Any, workers: Mapping[str, Any] | 
     worker = (workers or {}).get(style.worker_role) if style.worker_role else None
     component = style.build(cfg, tokenizer, worker)
     return RewardMix(manager if weights.ever_used(RULE) else None, {style.component: component}, weights)
+
+
+def describe(cfg: RLConfig) -> str:
+    """One line for the printed resource plan: the components and their weights."""
+    style = model_style(cfg)
+    if style is None:
+        return f"{RULE} ({cfg.reward_model.reward_manager})"
+    weights = MixWeights(cfg.reward_model.mix)
+    parts = [f"{c} x{weights.base.get(c, weights.default):g}" for c in (RULE, style.component)]
+    extra = f"; per data_source: {', '.join(sorted(weights.by_source))}" if weights.by_source else ""
+    return f"{' + '.join(parts)} (style {cfg.reward_model.style}{extra})"

@@ -23,6 +23,7 @@ class LaunchOptions:
 
 def resource_plan(cfg: RLConfig) -> Table:
     """What will run where (printed by --dry-run and at start-up)."""
+    from rlkit.reward.mix import describe as describe_reward
     from rlkit.trainer.workers_setup import plan_layout
 
     t = cfg.trainer
@@ -42,6 +43,7 @@ def resource_plan(cfg: RLConfig) -> Table:
     table.add_row("optimizer steps per step", str(bsz // actor.ppo_mini_batch_size * actor.ppo_epochs))
     table.add_row("advantage estimator", cfg.algorithm.adv_estimator)
     table.add_row("policy loss", f"{actor.policy_loss} ({actor.loss_agg_mode})")
+    table.add_row("reward", describe_reward(cfg))
     table.add_row("checkpoints", cfg.trainer.default_local_dir)
     return table
 
