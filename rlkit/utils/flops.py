@@ -63,6 +63,16 @@ def _cfg(config: Any, *names: str, default: Any = None) -> Any:
 
 def matmul_params_per_token(config: Any) -> int:
     """Weights touched by one token in the projections and the LM head (MoE: the active experts only)."""
+    return _matmul_params(config, experts=_cfg(config, "num_experts_per_tok", default=None))
+
+
+def matmul_params_total(config: Any) -> int:
+    """All projection and LM-head weights (MoE: every expert); equals the per-token count for dense models."""
+    return _matmul_params(config, experts=_cfg(config, "num_experts", "num_local_experts", "n_routed_experts",
+                                                   default=None))
+
+
+def _matmul_params(config: Any, experts: int | None) -> int:
     d = _cfg(config, "hidden_size", "n_embd", "d_model")
     layers = _cfg(config, "num_hidden_layers", "n_layer", "num_layers")
     heads = _cfg(config, "num_attention_heads", "n_head")
@@ -70,8 +80,7 @@ def matmul_params_per_token(config: Any) -> int:
     head_dim = _cfg(config, "head_dim", default=d // heads)
     vocab = _cfg(config, "vocab_size")
     ffn = _cfg(config, "intermediate_size", "n_inner", default=4 * d)
-    experts = _cfg(config, "num_experts_per_tok", default=None)
-    if experts:
+    if experts and _cfg(config, "num_experts_per_tok", default=None):
         ffn = _cfg(config, "moe_intermediate_size", default=ffn) * experts
     gated = _cfg(config, "hidden_act", "activation_function", default="silu") in ("silu", "swiglu", "gelu_pytorch_tanh",
                                                                                   "geglu")

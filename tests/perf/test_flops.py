@@ -63,3 +63,20 @@ def test_gpu_spec_peaks():
     assert flops.gpu_peak_flops("Some Future GPU", torch.bfloat16) is None
     peak, source = flops.peak_flops("cuda", workers=8, dtype=torch.bfloat16, device_name="NVIDIA H200")
     assert peak == 8 * 989e12 and source == "spec:NVIDIA H200"
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_moe_total_and_active_parameters_match_the_model(family):
+    """Per token: the active experts only; in total: every expert. Checked against the real module's weights."""
+    from tests.moe_models import build_tiny_moe
+
+    model, _ = build_tiny_moe(family)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))  # attention, lm_head
+    experts = [p for n, p in model.named_parameters() if ".experts." in n]  # fused: (E, ...) per projection
+    total = flops.matmul_params_total(model.config)
+    assert total == linear + sum(p.numel() for p in experts)
+    cfg = model.config
+    n_experts = getattr(cfg, "num_experts", None) or cfg.num_local_experts
+    per_expert = sum(p.numel() for p in experts) // n_experts
+    assert flops.matmul_params_per_token(cfg) == linear + per_expert * cfg.num_experts_per_tok
+    assert flops.matmul_params_total(SMOL) == flops.matmul_params_per_token(SMOL)  # dense: the same
