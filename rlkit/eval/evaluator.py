@@ -31,8 +31,13 @@ class EvalResult:
 
 
 def resolve_eval_model(spec: str) -> tuple[str, tempfile.TemporaryDirectory | None]:
-    """A model folder/alias/hub id, or a training checkpoint (exported to a temp HF folder first)."""
+    """A model folder/alias/hub id, a training checkpoint (exported to a temp HF folder first), or a PEFT
+    adapter folder (merged into the base model its adapter_config.json names, in a temp HF folder)."""
     path = Path(spec).expanduser()
+    from rlkit.models.lora import is_adapter_folder
+
+    if is_adapter_folder(path):
+        return merged_adapter_folder(path)
     if path.is_dir() and (path / "actor").is_dir():
         from rlkit.utils.checkpoint_io import open_checkpoint
         from rlkit.workers.fsdp_model import export_hf
@@ -44,6 +49,29 @@ def resolve_eval_model(spec: str) -> tuple[str, tempfile.TemporaryDirectory | No
     from rlkit.models.resolve import resolve_model_path
 
     return str(resolve_model_path(spec)), None
+
+
+def merged_adapter_folder(adapter: Path) -> tuple[str, tempfile.TemporaryDirectory]:
+    """Base + adapter merged into a temp HF folder (both backends load it; vLLM needs no LoRA support).
+    The tokenizer is the adapter folder's if it has one (`rlkit export --adapter-only` writes it), else the base's."""
+    from peft import PeftConfig
+    from transformers import AutoTokenizer
+
+    from rlkit.models.lora import load_merged_from_adapter
+    from rlkit.models.resolve import resolve_model_path
+
+    base_spec = PeftConfig.from_pretrained(str(adapter)).base_model_name_or_path
+    if not base_spec:
+        raise UserError(f"{adapter}: adapter_config.json names no base_model_name_or_path; set it to the base model")
+    base = resolve_model_path(base_spec)
+    tmp = tempfile.TemporaryDirectory(prefix="rlkit-eval-")
+    load_merged_from_adapter(adapter, base).save_pretrained(tmp.name)
+    has_tokenizer = (adapter / "tokenizer_config.json").is_file()
+    AutoTokenizer.from_pretrained(str(adapter if has_tokenizer else base)).save_pretrained(tmp.name)
+    for name in ("generation_config.json",):  # stop ids
+        if (Path(base) / name).is_file() and not (Path(tmp.name) / name).is_file():
+            (Path(tmp.name) / name).write_bytes((Path(base) / name).read_bytes())
+    return tmp.name, tmp
 
 
 def aggregate(rows: list[dict[str, Any]], k: int) -> dict[str, dict[str, float]]:

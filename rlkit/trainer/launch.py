@@ -131,6 +131,7 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
                 trainer.tracker = tracker
                 summary = trainer.fit()
             summary.log_dir = log_dir
+            summary.memory = actor_memory(trainer.workers.actor)  # type: ignore[attr-defined]
             summary.wall_s = time.perf_counter() - started  # type: ignore[attr-defined]
             console.print(summary_table(summary))
             return summary
@@ -187,6 +188,32 @@ def summary_table(summary: Any) -> Table:
         table.add_row("time per step (median)", f"{sorted(summary.step_seconds)[len(summary.step_seconds) // 2]:.2f}s")
     if hasattr(summary, "wall_s"):
         table.add_row("wall time", f"{summary.wall_s:.0f}s")
+    for what, value in memory_rows(getattr(summary, "memory", None)):
+        table.add_row(what, value)
     table.add_row("checkpoint", str(summary.checkpoint))
     table.add_row("logs", str(summary.log_dir))
     return table
+
+
+def actor_memory(actor: Any) -> dict[str, float] | None:
+    """The actor's parameters (all / trained) and its optimizer-state and gradient sizes over all ranks."""
+    try:
+        reports = actor.memory_report()
+    except Exception:  # a summary line must never fail a finished run
+        return None
+    total = dict(reports[0])
+    for key in ("optimizer_state_mb", "grad_mb"):
+        total[key] = sum(r[key] for r in reports)
+    return total
+
+
+def memory_rows(memory: dict[str, float] | None) -> list[tuple[str, str]]:
+    """Run-summary lines: what trains (full or LoRA) and what its optimizer holds."""
+    if not memory:
+        return []
+    trained, params = memory["trainable_params"], memory["params"]
+    lora = f", LoRA rank {int(memory['lora_rank'])}" if memory.get("lora_rank") else ", full fine-tuning"
+    return [
+        ("trainable parameters", f"{trained / 1e6:.2f}M of {params / 1e6:.2f}M ({100 * trained / params:.2f}%{lora})"),
+        ("optimizer state + grads (all ranks)", f"{memory['optimizer_state_mb']:.1f} MB + {memory['grad_mb']:.1f} MB"),
+    ]

@@ -14,7 +14,8 @@ from rlkit_cli.errors import UserError, friendly_errors
 
 
 def eval_command(
-    model: str = typer.Argument(..., help="HF folder, alias, hub id, or a training checkpoint (global_step_N)."),
+    model: str = typer.Argument(..., help="HF folder, alias, hub id, a training checkpoint (global_step_N), or a "
+                                "PEFT adapter folder (merged into the base its adapter_config.json names)."),
     data: Path = typer.Option(..., "--data", "-d", help="Parquet file in the RL schema (see `rlkit data`)."),
     n: int = typer.Option(1, "--n", "-k", help="Samples per prompt (K in mean@K / best@K / pass@K / maj@K)."),
     limit: int = typer.Option(None, "--limit", help="Evaluate only the first N prompts."),

@@ -92,19 +92,30 @@ def export(
     checkpoint: Path = typer.Argument(..., help="A global_step_N folder (or a checkpoint root: its latest is used)."),
     out: Path = typer.Argument(..., help="Output folder for the plain HF model."),
     force: bool = typer.Option(False, "--force", "-f", help="Write into OUT even if it already holds files."),
+    adapter_only: bool = typer.Option(
+        False, "--adapter-only", help="LoRA runs: write the PEFT adapter folder (adapter_config.json + "
+        "adapter_model.safetensors) instead of the merged model; peft.PeftModel.from_pretrained(base, OUT) loads it."
+    ),
 ) -> None:
     """Write the actor of a checkpoint as a plain Hugging Face folder (loadable with from_pretrained).
 
+    A LoRA checkpoint holds the adapter only: by default it is merged into its base model (the folder the
+    run trained on); --adapter-only writes the adapter alone.
+
     Example: rlkit export checkpoints/rlkit/run/global_step_20 ./my-model
+             rlkit export checkpoints/rlkit/run/global_step_20 ./my-adapter --adapter-only
 
     Exit status: 0 on success, 1 if the checkpoint is missing or incomplete, or OUT holds files (see --force).
     """
+    from rlkit.models.lora import read_lora_info
     from rlkit.utils.checkpoint_io import CheckpointError, open_checkpoint
     from rlkit.utils.checkpoint_verify import short_reason
     from rlkit.utils.fs_checks import ensure_writable_dir
     from rlkit.workers.fsdp_model import export_hf
 
     path = open_checkpoint(checkpoint, "rlkit export")
+    if adapter_only and read_lora_info(path / "actor") is None:
+        raise UserError(f"{path} is a full fine-tuning checkpoint (no LoRA adapter); drop --adapter-only")
     out = out.expanduser()
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} is a file; pass a folder for the exported model")
@@ -112,7 +123,7 @@ def export(
         raise UserError(f"{out} already holds files; pass --force to write into it or choose another folder")
     ensure_writable_dir(out, "rlkit export")
     try:
-        export_hf(path / "actor", out, tokenizer_dir=path / "actor" / "tokenizer")
+        export_hf(path / "actor", out, tokenizer_dir=path / "actor" / "tokenizer", adapter_only=adapter_only)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # DCP/transformers errors on a damaged checkpoint (CheckpointException is one)
@@ -120,7 +131,7 @@ def export(
             raise UserError(f"rlkit export: cannot write {exc.filename} ({exc.strerror})") from None
         raise CheckpointError(f"rlkit export: cannot load {path / 'actor'} ({short_reason(exc)}); "
                               "export another checkpoint") from None
-    Console().print(f"exported {path} -> {out}")
+    Console().print(f"exported {path} -> {out}{' (LoRA adapter)' if adapter_only else ''}")
 
 
 def register(app: typer.Typer) -> None:
