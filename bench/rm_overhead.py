@@ -26,8 +26,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_step import Recorder, overrides, parse_args, tiny_model, toy_parquet  # noqa: E402
 
-KEYS = ("timing_s/step", "timing_s/reward", "timing_s/compute_rm_score", "perf/rollout_rss_mb_awake",
-        "perf/reward_model_rss_mb", "reward/rm/mean")
+KEYS = (
+    "timing_s/step",
+    "timing_s/reward",
+    "timing_s/compute_rm_score",
+    "perf/rollout_rss_mb_awake",
+    "perf/reward_model_rss_mb",
+    "reward/rm/mean",
+)
 
 
 def build_rm(kind: str, policy: str, out: Path) -> str:
@@ -60,8 +66,13 @@ def one_run(args: argparse.Namespace, model: str, data: Path, scratch: Path, ext
     from rlkit.trainer.run_config import load_config
 
     cfg = load_config("grpo", overrides(args, model, data, scratch) + extra)
-    ray.init(address="local", num_cpus=max(1, int(args.workers * args.cpus_per_worker)), include_dashboard=False,
-             log_to_driver=False, configure_logging=False)
+    ray.init(
+        address="local",
+        num_cpus=max(1, int(args.workers * args.cpus_per_worker)),
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     rec = Recorder()
     trainer = RLTrainer(cfg, tracker=rec)
     try:
@@ -96,8 +107,17 @@ def main(argv: list[str] | None = None) -> None:
         rm = build_rm(rm_kind, model, scratch)
         runs = {
             "no_rm": one_run(args, model, data, scratch, []),
-            "rm": one_run(args, model, data, scratch, ["reward_model.enable=true", f"reward_model.model.path={rm}",
-                                                       f"reward_model.micro_batch_size_per_gpu={args.micro_batch}"]),
+            "rm": one_run(
+                args,
+                model,
+                data,
+                scratch,
+                [
+                    "reward_model.enable=true",
+                    f"reward_model.model.path={rm}",
+                    f"reward_model.micro_batch_size_per_gpu={args.micro_batch}",
+                ],
+            ),
         }
     base, with_rm = runs["no_rm"], runs["rm"]
     overhead = {
@@ -105,15 +125,27 @@ def main(argv: list[str] | None = None) -> None:
         "reward_phase_s": with_rm["timing_s/reward"] - base["timing_s/reward"],
         "rss_mb": (with_rm["perf/rollout_rss_mb_awake"] or 0) - (base["perf/rollout_rss_mb_awake"] or 0),
     }
-    report = {"workload": {"model": model, "rm": rm_kind, "prompts": args.prompts, "n": args.n,
-                           "response_length": args.response_length, "steps": args.steps, "set": args.set},
-              "runs": runs, "rm_overhead": overhead}
+    report = {
+        "workload": {
+            "model": model,
+            "rm": rm_kind,
+            "prompts": args.prompts,
+            "n": args.n,
+            "response_length": args.response_length,
+            "steps": args.steps,
+            "set": args.set,
+        },
+        "runs": runs,
+        "rm_overhead": overhead,
+    }
     print(f"{'':28s}{'no RM':>12s}{'RM':>12s}")
     for key in KEYS:
         a, b = base[key], with_rm[key]
         print(f"{key:28s}{'-' if a is None else f'{a:.3f}':>12s}{'-' if b is None else f'{b:.3f}':>12s}")
-    print(f"RM overhead per step: {overhead['step_s']:+.3f}s (reward phase {overhead['reward_phase_s']:+.3f}s), "
-          f"worker RSS {overhead['rss_mb']:+.0f} MB")
+    print(
+        f"RM overhead per step: {overhead['step_s']:+.3f}s (reward phase {overhead['reward_phase_s']:+.3f}s), "
+        f"worker RSS {overhead['rss_mb']:+.0f} MB"
+    )
     out = Path("bench/results") / f"rm_overhead{'_' + tag if tag else ''}.json"
     out.write_text(json.dumps(report, indent=1))
     print(f"wrote {out}")

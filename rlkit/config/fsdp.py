@@ -20,5 +20,8 @@ class FSDPConfig:
     optimizer_offload: bool = f(False, "keep optimizer state on CPU between phases")
     param_dtype: str = f("auto", "compute dtype: auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float32")
     reduce_dtype: str = f("float32", "gradient reduction dtype")
-    shard_single_worker: bool = f(False, "wrap with FSDP2 even with one worker and float32 compute (nothing to "
-                                  "shard there; the plain module trains 10-20% faster, docs/performance.md)")
+    shard_single_worker: bool = f(
+        False,
+        "wrap with FSDP2 even with one worker and float32 compute (nothing to "
+        "shard there; the plain module trains 10-20% faster, docs/performance.md)",
+    )

@@ -33,41 +33,65 @@ def f(default: Any = None, help: str = "", factory: Any = None) -> Any:  # noqa:
 
 @dataclass
 class RewardModelModelConfig:
-    path: str | None = f(None, "classifier RM: HF folder, hub id or alias of an AutoModelForSequenceClassification "
-                         "with one label (its config needs pad_token_id)")
+    path: str | None = f(
+        None,
+        "classifier RM: HF folder, hub id or alias of an AutoModelForSequenceClassification "
+        "with one label (its config needs pad_token_id)",
+    )
     input_tokenizer: str | None = f(
-        None, "null = the RM reads the policy's token ids as they are (same tokenizer and chat template); a "
+        None,
+        "null = the RM reads the policy's token ids as they are (same tokenizer and chat template); a "
         "folder/alias (the policy's, e.g. ${actor_rollout_ref.model.path}) = decode the policy's tokens with it, "
-        "apply the RM's chat template to raw_prompt + response and re-tokenise with the RM's tokenizer")
+        "apply the RM's chat template to raw_prompt + response and re-tokenise with the RM's tokenizer",
+    )
     trust_remote_code: bool = f(False, "allow custom model code from the RM folder")
     attn_implementation: str = f("sdpa", "attention kernel passed to transformers")
-    fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings of the frozen RM (param_offload: on CPU "
-                                "between uses, GPU only)")
+    fsdp_config: FSDPConfig = f(
+        factory=FSDPConfig, help="FSDP2 settings of the frozen RM (param_offload: on CPU between uses, GPU only)"
+    )
 
 
 @dataclass
 class RewardModelConfig:
     enable: bool = f(False, "add a model-based reward component (style) to the rule scores, weighted by `mix`")
-    style: str = f("classifier", "the model-based reward (rlkit.reward.model_styles.REWARD_MODEL_STYLES): "
-                   "classifier = an RM worker role scores each sample (component rm); judge = an LLM "
-                   "judge (component judge, see reward_model.judge)")
+    style: str = f(
+        "classifier",
+        "the model-based reward (rlkit.reward.model_styles.REWARD_MODEL_STYLES): "
+        "classifier = an RM worker role scores each sample (component rm); judge = an LLM "
+        "judge (component judge, see reward_model.judge)",
+    )
     model: RewardModelModelConfig = f(factory=RewardModelModelConfig, help="the classifier RM")
     micro_batch_size_per_gpu: int = f(8, "classifier: sequences per RM forward on each worker")
-    max_length: int | None = f(None, "classifier: longest RM input; a longer one keeps its last max_length tokens "
-                               "(left truncation: the response and the score token stay). null = no limit")
-    enable_resource_pool: bool = f(False, "classifier: the RM on a worker group of its own (nnodes x "
-                                   "n_gpus_per_node) instead of in the trainer processes")
+    max_length: int | None = f(
+        None,
+        "classifier: longest RM input; a longer one keeps its last max_length tokens "
+        "(left truncation: the response and the score token stay). null = no limit",
+    )
+    enable_resource_pool: bool = f(
+        False,
+        "classifier: the RM on a worker group of its own (nnodes x "
+        "n_gpus_per_node) instead of in the trainer processes",
+    )
     nnodes: int = f(1, "enable_resource_pool: nodes of the RM group")
     n_gpus_per_node: int = f(1, "enable_resource_pool: RM workers per node (GPUs, or CPU processes)")
     cpus_per_worker: float = f(1.0, "enable_resource_pool: CPU cores reserved per RM worker")
     judge: JudgeConfig = f(factory=JudgeConfig, help="style=judge: the generative judge")
-    mix: dict = f(factory=dict, help="component -> weight of the reward, e.g. {rule: 1.0, rm: 0.5}; a component "
-                  "that runs and is not named weighs 1.0; rule: 0 = no rule scorer runs (pure RM). "
-                  "by_data_source: {<data_source>: {rule: .., rm: ..}} overrides per data_source")
-    reward_manager: str = f("rule", "the rule component (rlkit.reward.REWARD_MANAGERS): rule (alias naive) = one "
-                            "scorer per sample by data_source; coevolve = coder/tester pass matrix (docs/agents.md)")
-    reward_kwargs: dict = f(factory=dict, help="keyword arguments of the reward manager, e.g. for coevolve "
-                            "{tester_reward: gated, tests_per_run: 1, per_test_s: 2.0, memory_mb: 512}")
+    mix: dict = f(
+        factory=dict,
+        help="component -> weight of the reward, e.g. {rule: 1.0, rm: 0.5}; a component "
+        "that runs and is not named weighs 1.0; rule: 0 = no rule scorer runs (pure RM). "
+        "by_data_source: {<data_source>: {rule: .., rm: ..}} overrides per data_source",
+    )
+    reward_manager: str = f(
+        "rule",
+        "the rule component (rlkit.reward.REWARD_MANAGERS): rule (alias naive) = one "
+        "scorer per sample by data_source; coevolve = coder/tester pass matrix (docs/agents.md)",
+    )
+    reward_kwargs: dict = f(
+        factory=dict,
+        help="keyword arguments of the reward manager, e.g. for coevolve "
+        "{tester_reward: gated, tests_per_run: 1, per_test_s: 2.0, memory_mb: 512}",
+    )
     overrides: dict = f(factory=dict, help="data_source -> scorer name, overriding the built-in map")
     scorer_kwargs: dict = f(factory=dict, help="scorer name -> kwargs, e.g. {gsm8k: {method: flexible}}")
     num_workers: int = f(4, "threads scoring in parallel")

@@ -59,7 +59,8 @@ class MixWeights:
     def ever_used(self, component: str) -> bool:
         """False when the component weighs 0 for every data_source (then it is not run)."""
         return self.base.get(component, self.default) != 0 or any(
-            float(s.get(component, 0)) != 0 for s in self.by_source.values())
+            float(s.get(component, 0)) != 0 for s in self.by_source.values()
+        )
 
     def named(self) -> set[str]:
         return set(self.base) | {c for s in self.by_source.values() for c in s}
@@ -73,8 +74,10 @@ def check_mix(cfg: RLConfig) -> None:
     if not mix:
         return
     if not rm.enable:
-        raise UserError(f"{KEY} is set but reward_model.enable=false: the rule reward is used as it is; turn "
-                        "the model reward on (reward_model.enable=true) or remove the mix")
+        raise UserError(
+            f"{KEY} is set but reward_model.enable=false: the rule reward is used as it is; turn "
+            "the model reward on (reward_model.enable=true) or remove the mix"
+        )
     known = all_components()
     running = [RULE, model_style(cfg).component]
     by_source = mix.pop(BY_DATA_SOURCE, None) or {}
@@ -86,13 +89,17 @@ def check_mix(cfg: RLConfig) -> None:
             raise UserError(f"{KEY}.{prefix.rstrip('.')} must map component -> weight, e.g. {{rule: 1.0, rm: 0.5}}")
         for name, weight in table.items():
             if name not in known:
-                raise UserError(f"{KEY}.{prefix}{name}: unknown reward component; components: {', '.join(known)}"
-                                + ("" if prefix else f" (and {BY_DATA_SOURCE})"))
+                raise UserError(
+                    f"{KEY}.{prefix}{name}: unknown reward component; components: {', '.join(known)}"
+                    + ("" if prefix else f" (and {BY_DATA_SOURCE})")
+                )
             if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not np.isfinite(weight):
                 raise UserError(f"{KEY}.{prefix}{name}={weight!r} must be a number")
             if name not in running:
-                raise UserError(f"{KEY}.{prefix}{name} is set but the {name} component does not run with "
-                                f"reward_model.style={rm.style}; components that run: {', '.join(running)}")
+                raise UserError(
+                    f"{KEY}.{prefix}{name} is set but the {name} component does not run with "
+                    f"reward_model.style={rm.style}; components that run: {', '.join(running)}"
+                )
     weights = MixWeights(rm.mix)
     if not any(weights.ever_used(c) for c in running):
         raise UserError(f"{KEY}: every weight is 0, so every sample would score 0; give one component a weight")
@@ -158,8 +165,9 @@ class RewardMix:
                 close()
 
 
-def build_reward_fn(cfg: RLConfig, tokenizer: Any, workers: Mapping[str, Any] | None = None,
-                    manager: RewardFn | None = None) -> RewardFn:
+def build_reward_fn(
+    cfg: RLConfig, tokenizer: Any, workers: Mapping[str, Any] | None = None, manager: RewardFn | None = None
+) -> RewardFn:
     """The reward stage of a run: the reward manager, mixed with the model reward when `reward_model.enable`.
     `workers`: worker role name -> the view the style's component calls (the trainer's `reward_model`);
     `manager`: the reward manager if already built (else built here)."""

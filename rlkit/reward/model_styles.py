@@ -55,8 +55,9 @@ def model_style(cfg: RLConfig) -> Any:
     if not rm.enable:
         return None
     if rm.style not in REWARD_MODEL_STYLES:
-        raise UserError(f"reward_model.style='{rm.style}' is not registered; choose one of "
-                        f"{REWARD_MODEL_STYLES.names()}")
+        raise UserError(
+            f"reward_model.style='{rm.style}' is not registered; choose one of {REWARD_MODEL_STYLES.names()}"
+        )
     return REWARD_MODEL_STYLES.get(rm.style)
 
 
@@ -80,8 +81,10 @@ class ClassifierStyle:
     def check(cfg: RLConfig) -> None:
         rm = cfg.reward_model
         if not rm.model.path:
-            raise UserError("reward_model.enable=true with style=classifier needs reward_model.model.path: the "
-                            "folder, hub id or alias of an AutoModelForSequenceClassification with one label")
+            raise UserError(
+                "reward_model.enable=true with style=classifier needs reward_model.model.path: the "
+                "folder, hub id or alias of an AutoModelForSequenceClassification with one label"
+            )
         if rm.max_length is not None and rm.max_length < 2:
             raise UserError(f"reward_model.max_length={rm.max_length} must be >= 2 (or null)")
 
@@ -138,4 +141,3 @@ class JudgeStyle:
 
         score.close = judge.close  # type: ignore[attr-defined]
         return score
-

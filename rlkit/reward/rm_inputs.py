@@ -42,8 +42,12 @@ class RMInputs:
     def rows(self, start: int, end: int) -> RMInputs:
         """Rows start:end, trimmed to their longest row (micro-batches carry no all-pad columns)."""
         width = int(self.last[start:end].max()) + 1 if end > start else 0
-        return RMInputs(self.input_ids[start:end, :width], self.attention_mask[start:end, :width],
-                        self.position_ids[start:end, :width], self.last[start:end])
+        return RMInputs(
+            self.input_ids[start:end, :width],
+            self.attention_mask[start:end, :width],
+            self.position_ids[start:end, :width],
+            self.last[start:end],
+        )
 
 
 def truncate_left(ids: Sequence[int], max_length: int | None) -> list[int]:
@@ -90,21 +94,25 @@ def chat_messages(prompt: Any) -> list[dict[str, Any]]:
         prompt = prompt.tolist()
     if isinstance(prompt, Sequence) and all(isinstance(m, Mapping) and "role" in m for m in prompt):
         return [dict(m) for m in prompt]
-    raise UserError(f"reward model: a prompt must be a string or a list of {{role, content}} messages, got "
-                    f"{type(prompt).__name__}")
+    raise UserError(
+        f"reward model: a prompt must be a string or a list of {{role, content}} messages, got {type(prompt).__name__}"
+    )
 
 
 def render_for_rm(rm_tokenizer: Any, prompt: Any, response: str) -> str:
     """The RM's chat template over the prompt messages + the response as the assistant turn."""
     if not getattr(rm_tokenizer, "chat_template", None):
-        raise UserError("reward_model.model.input_tokenizer is set but the reward model's tokenizer has no chat "
-                        "template to apply; give the RM folder a chat_template or set input_tokenizer=null")
+        raise UserError(
+            "reward_model.model.input_tokenizer is set but the reward model's tokenizer has no chat "
+            "template to apply; give the RM folder a chat_template or set input_tokenizer=null"
+        )
     chat = chat_messages(prompt) + [{"role": "assistant", "content": response}]
     return rm_tokenizer.apply_chat_template(chat, tokenize=False)
 
 
-def text_rows(rm_tokenizer: Any, prompts: Sequence[Any], responses: Sequence[str],
-              max_length: int | None = None) -> list[list[int]]:
+def text_rows(
+    rm_tokenizer: Any, prompts: Sequence[Any], responses: Sequence[str], max_length: int | None = None
+) -> list[list[int]]:
     """Prompt messages + response texts -> the RM's tokens (its template carries the special tokens)."""
     rows = []
     for prompt, response in zip(prompts, responses):
@@ -114,8 +122,12 @@ def text_rows(rm_tokenizer: Any, prompts: Sequence[Any], responses: Sequence[str
 
 
 def retemplated_rows(
-    input_tokenizer: Any, rm_tokenizer: Any, raw_prompts: Sequence[Any], responses: torch.Tensor,
-    response_mask: torch.Tensor, max_length: int | None = None,
+    input_tokenizer: Any,
+    rm_tokenizer: Any,
+    raw_prompts: Sequence[Any],
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    max_length: int | None = None,
 ) -> list[list[int]]:
     """Decode the policy's responses (up to the last valid token, no special tokens), re-apply the RM's chat
     template to raw_prompt + response, re-tokenise with the RM's tokenizer."""
@@ -123,5 +135,13 @@ def retemplated_rows(
     return text_rows(rm_tokenizer, raw_prompts, texts, max_length)
 
 
-__all__ = ["RMInputs", "chat_messages", "pack", "policy_token_rows", "render_for_rm", "retemplated_rows",
-           "text_rows", "truncate_left"]
+__all__ = [
+    "RMInputs",
+    "chat_messages",
+    "pack",
+    "policy_token_rows",
+    "render_for_rm",
+    "retemplated_rows",
+    "text_rows",
+    "truncate_left",
+]

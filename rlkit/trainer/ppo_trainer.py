@@ -250,6 +250,10 @@ class RLTrainer:
             self._progress(VAL_PHASE, end, total)
         batch = Batch.concat(outs)
         metrics = validation_metrics(batch, n)
+        # each reward component's mean (reward/rule|rm|judge/mean, rlkit.reward.mix), as in training
+        for key, values in batch.meta.get("metrics", {}).items():
+            if key.startswith("reward/") and key.endswith("/mean") and key.count("/") == 2 and values:
+                metrics[f"val/{key}"] = float(np.mean(values))
         metrics["timing_s/validate"] = time.perf_counter() - start
         return metrics
 

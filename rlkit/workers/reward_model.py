@@ -46,17 +46,26 @@ class RewardModelScorer:
 
         labels = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code).num_labels
         if labels != 1:
-            raise UserError(f"reward_model.model.path={m.path}: the model has num_labels={labels}; a reward "
-                            "model has one label (a scalar score)")
-        self.model = FSDPModel(m.path, m.fsdp_config, device, attn_implementation=m.attn_implementation,
-                               trust_remote_code=m.trust_remote_code,
-                               auto_class="AutoModelForSequenceClassification")
+            raise UserError(
+                f"reward_model.model.path={m.path}: the model has num_labels={labels}; a reward "
+                "model has one label (a scalar score)"
+            )
+        self.model = FSDPModel(
+            m.path,
+            m.fsdp_config,
+            device,
+            attn_implementation=m.attn_implementation,
+            trust_remote_code=m.trust_remote_code,
+            auto_class="AutoModelForSequenceClassification",
+        )
         module = self.model.module
         head = getattr(module, SCORE_HEAD, None)
         if not isinstance(head, torch.nn.Module):
-            raise UserError(f"reward_model.model.path={m.path}: {type(module).__name__} has no per-token `score` "
-                            "head; rlkit reads decoder reward models (Llama/Qwen2/Mistral/Gemma ...ForSequence"
-                            "Classification)")
+            raise UserError(
+                f"reward_model.model.path={m.path}: {type(module).__name__} has no per-token `score` "
+                "head; rlkit reads decoder reward models (Llama/Qwen2/Mistral/Gemma ...ForSequence"
+                "Classification)"
+            )
         self._captured: list[torch.Tensor] = []
         head.register_forward_hook(lambda _mod, _inp, out: self._captured.append(out))
         for p in module.parameters():
@@ -71,13 +80,22 @@ class RewardModelScorer:
     def batch_rows(self, batch: Batch) -> list[list[int]]:
         """A rollout batch's rows as the RM's token lists (rlkit.reward.rm_inputs)."""
         if self.input_tokenizer is None:
-            return policy_token_rows(batch["input_ids"], batch["attention_mask"], batch["response_mask"],
-                                     self.cfg.max_length)
+            return policy_token_rows(
+                batch["input_ids"], batch["attention_mask"], batch["response_mask"], self.cfg.max_length
+            )
         if "raw_prompt" not in batch:
-            raise UserError("reward_model.model.input_tokenizer is set but the batch has no raw_prompt (the prompt "
-                            "messages the RM's chat template is applied to)")
-        return retemplated_rows(self.input_tokenizer, self.rm_tokenizer, batch["raw_prompt"], batch["responses"],
-                                batch["response_mask"], self.cfg.max_length)
+            raise UserError(
+                "reward_model.model.input_tokenizer is set but the batch has no raw_prompt (the prompt "
+                "messages the RM's chat template is applied to)"
+            )
+        return retemplated_rows(
+            self.input_tokenizer,
+            self.rm_tokenizer,
+            batch["raw_prompt"],
+            batch["responses"],
+            batch["response_mask"],
+            self.cfg.max_length,
+        )
 
     def text_rows(self, prompts: Sequence[Any], responses: Sequence[str]) -> list[list[int]]:
         """Prompts (strings or message lists) + response texts, rendered with the RM's chat template."""
@@ -97,8 +115,12 @@ class RewardModelScorer:
     def _forward(self, mb: RMInputs) -> torch.Tensor:
         device = self.model.device
         self._captured.clear()
-        self.model.module(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device),
-                          position_ids=mb.position_ids.to(device), use_cache=False)
+        self.model.module(
+            input_ids=mb.input_ids.to(device),
+            attention_mask=mb.attention_mask.to(device),
+            position_ids=mb.position_ids.to(device),
+            use_cache=False,
+        )
         per_token = self._captured.pop()[..., 0]  # (b, L): the head's output at every position
         return per_token[torch.arange(len(mb)), mb.last.to(per_token.device)].float().cpu()
 

@@ -11,9 +11,7 @@ from rlkit.testing import DIGITS, SPECIAL_TOKENS, WORDS, build_tiny_tokenizer, s
 
 #: a chat template unlike the policy's ChatML-style one: other markers, other order of role and text
 OTHER_TEMPLATE = (
-    "<s> {% for message in messages %}"
-    "{{ '[ ' + message['role'] + ' ] ' + message['content'] + ' </s> ' }}"
-    "{% endfor %}"
+    "<s> {% for message in messages %}{{ '[ ' + message['role'] + ' ] ' + message['content'] + ' </s> ' }}{% endfor %}"
 )
 
 
@@ -28,10 +26,17 @@ def build_other_tokenizer():
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + words)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=True)])
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=True)]
+    )
     core.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
-                                  eos_token="</s>", padding_side="right")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        padding_side="right",
+    )
     tok.chat_template = OTHER_TEMPLATE
     return tok
 
@@ -49,8 +54,9 @@ def plain_scores(rm_path: Path, rows: list[list[int]]) -> torch.Tensor:
         return torch.tensor([float(model(input_ids=torch.tensor([r])).logits[0, 0]) for r in rows])
 
 
-def policy_batch(prompts: list[str], responses: list[str], prompt_length: int = 16, response_length: int = 6,
-                 eos: bool = True) -> Batch:
+def policy_batch(
+    prompts: list[str], responses: list[str], prompt_length: int = 16, response_length: int = 6, eos: bool = True
+) -> Batch:
     """A rollout-shaped batch from texts with the tiny (policy) tokenizer: left-padded chat prompts, right-padded
     responses (each ending with EOS when `eos`), raw_prompt messages, data_source toy."""
     tok = build_tiny_tokenizer()
@@ -68,9 +74,17 @@ def policy_batch(prompts: list[str], responses: list[str], prompt_length: int = 
         mask[i, : len(ids)] = 1
     attention = torch.cat([enc["attention_mask"], mask], 1)
     return Batch(
-        {"prompts": enc["input_ids"], "responses": resp, "response_mask": mask,
-         "input_ids": torch.cat([enc["input_ids"], resp], 1), "attention_mask": attention,
-         "position_ids": (attention.cumsum(1) - 1).clamp(min=0)},
-        {"raw_prompt": messages, "data_source": ["rlkit/toy_copy"] * len(rows),
-         "reward_model": [{"style": "rule", "ground_truth": p.split(":")[-1].strip()} for p in prompts]},
+        {
+            "prompts": enc["input_ids"],
+            "responses": resp,
+            "response_mask": mask,
+            "input_ids": torch.cat([enc["input_ids"], resp], 1),
+            "attention_mask": attention,
+            "position_ids": (attention.cumsum(1) - 1).clamp(min=0),
+        },
+        {
+            "raw_prompt": messages,
+            "data_source": ["rlkit/toy_copy"] * len(rows),
+            "reward_model": [{"style": "rule", "ground_truth": p.split(":")[-1].strip()} for p in prompts],
+        },
     )

@@ -20,8 +20,15 @@ RULE = torch.tensor([1.0, 1.0, 0.0, 0.5])
 
 
 def config(tmp_path, rm_path, *extra: str):
-    return load_config("grpo", [f"data.train_files={tmp_path / 'x.parquet'}", "reward_model.enable=true",
-                                f"reward_model.model.path={rm_path}", *extra])
+    return load_config(
+        "grpo",
+        [
+            f"data.train_files={tmp_path / 'x.parquet'}",
+            "reward_model.enable=true",
+            f"reward_model.model.path={rm_path}",
+            *extra,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +38,9 @@ def rm_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rm_worker(rm_path, process_group):
-    cfg = load_config("grpo", ["data.train_files=x.parquet", "reward_model.enable=true",
-                               f"reward_model.model.path={rm_path}"])
+    cfg = load_config(
+        "grpo", ["data.train_files=x.parquet", "reward_model.enable=true", f"reward_model.model.path={rm_path}"]
+    )
     worker = RewardModelWorker(cfg.reward_model)
     worker.init_model()
     return worker
@@ -75,25 +83,45 @@ def test_by_data_source_and_rows_without_a_scorer(tmp_path, rm_path, rm_worker):
     assert "reward/rule/mean" not in pure.meta["metrics"] and "reward/errors" not in pure.meta["metrics"]
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["reward_model.enable=true"], "needs reward_model.model.path"),
-    (["reward_model.enable=true", "reward_model.model.path=RM", "+reward_model.mix={rule: 1, rn: 1}"],
-     "reward_model.mix.rn: unknown reward component; components: rule, judge, rm"),
-    (["reward_model.enable=true", "reward_model.model.path=RM", "+reward_model.mix={rule: 1, judge: 1}"],
-     "reward_model.mix.judge is set but the judge component does not run with reward_model.style=classifier"),
-    (["reward_model.enable=true", "reward_model.model.path=RM", "+reward_model.mix={rule: 0, rm: 0}"],
-     "every weight is 0"),
-    (["reward_model.enable=true", "reward_model.model.path=RM", "+reward_model.mix={rm: high}"],
-     "reward_model.mix.rm='high' must be a number"),
-    (["reward_model.enable=true", "reward_model.model.path=RM",
-      "+reward_model.mix={by_data_source: {gsm8k: {rms: 1}}}"],
-     "reward_model.mix.by_data_source.gsm8k.rms: unknown reward component"),
-    (["+reward_model.mix={rule: 2}"], "reward_model.mix is set but reward_model.enable=false"),
-    (["reward_model.enable=true", "reward_model.style=classifer", "reward_model.model.path=RM"],
-     "reward_model.style='classifer' is not registered"),
-    (["reward_model.enable=true", "reward_model.model.path=RM", "reward_model.micro_batch_size_per_gpu=0"],
-     "reward_model.micro_batch_size_per_gpu"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["reward_model.enable=true"], "needs reward_model.model.path"),
+        (
+            ["reward_model.enable=true", "reward_model.model.path=RM", "+reward_model.mix={rule: 1, rn: 1}"],
+            "reward_model.mix.rn: unknown reward component; components: rule, judge, rm",
+        ),
+        (
+            ["reward_model.enable=true", "reward_model.model.path=RM", "+reward_model.mix={rule: 1, judge: 1}"],
+            "reward_model.mix.judge is set but the judge component does not run with reward_model.style=classifier",
+        ),
+        (
+            ["reward_model.enable=true", "reward_model.model.path=RM", "+reward_model.mix={rule: 0, rm: 0}"],
+            "every weight is 0",
+        ),
+        (
+            ["reward_model.enable=true", "reward_model.model.path=RM", "+reward_model.mix={rm: high}"],
+            "reward_model.mix.rm='high' must be a number",
+        ),
+        (
+            [
+                "reward_model.enable=true",
+                "reward_model.model.path=RM",
+                "+reward_model.mix={by_data_source: {gsm8k: {rms: 1}}}",
+            ],
+            "reward_model.mix.by_data_source.gsm8k.rms: unknown reward component",
+        ),
+        (["+reward_model.mix={rule: 2}"], "reward_model.mix is set but reward_model.enable=false"),
+        (
+            ["reward_model.enable=true", "reward_model.style=classifer", "reward_model.model.path=RM"],
+            "reward_model.style='classifer' is not registered",
+        ),
+        (
+            ["reward_model.enable=true", "reward_model.model.path=RM", "reward_model.micro_batch_size_per_gpu=0"],
+            "reward_model.micro_batch_size_per_gpu",
+        ),
+    ],
+)
 def test_config_errors(overrides, message):
     with pytest.raises(UserError) as err:
         load_config("grpo", ["data.train_files=x.parquet", *overrides])
@@ -136,13 +164,20 @@ class VerdictServer:
 def test_judge_style_mixes_with_rule_scores(tmp_path):
     server = VerdictServer()
     try:
-        cfg = load_config("grpo", [
-            "data.train_files=x.parquet", "reward_model.enable=true", "reward_model.style=judge",
-            f"reward_model.judge.base_url={server.url}", "reward_model.judge.model=judge",
-            "reward_model.judge.retries=1", "reward_model.judge.retry_backoff_s=0.01",
-            "reward_model.judge.template='PROMPT: {prompt} RESPONSE: {response}'",
-            "+reward_model.mix={rule: 1.0, judge: 2.0}",
-        ])
+        cfg = load_config(
+            "grpo",
+            [
+                "data.train_files=x.parquet",
+                "reward_model.enable=true",
+                "reward_model.style=judge",
+                f"reward_model.judge.base_url={server.url}",
+                "reward_model.judge.model=judge",
+                "reward_model.judge.retries=1",
+                "reward_model.judge.retry_backoff_s=0.01",
+                "reward_model.judge.template='PROMPT: {prompt} RESPONSE: {response}'",
+                "+reward_model.mix={rule: 1.0, judge: 2.0}",
+            ],
+        )
         fn = build_reward_fn(cfg, build_tiny_tokenizer())
         out = fn(policy_batch(PROMPTS, ["7", "1 2", "8", "4 4"]))
         fn.close()

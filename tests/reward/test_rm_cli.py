@@ -14,8 +14,12 @@ from tests.reward.test_reward_mix import VerdictServer
 
 ROWS = [
     {"data_source": "rlkit/toy_copy", "prompt": "copy the digits : 7", "response": "7", "ground_truth": "7"},
-    {"data_source": "rlkit/toy_copy", "prompt": [{"role": "user", "content": "copy the digits : 1 2"}],
-     "response": "1 3", "ground_truth": "1 2"},
+    {
+        "data_source": "rlkit/toy_copy",
+        "prompt": [{"role": "user", "content": "copy the digits : 1 2"}],
+        "response": "1 3",
+        "ground_truth": "1 2",
+    },
     {"data_source": "rlkit/toy_copy", "prompt": "copy the digits : 8", "response": "8", "ground_truth": "8"},
 ]
 
@@ -32,20 +36,41 @@ def test_reward_model_and_judge_scores_beside_rule_scores(tmp_path):
     template.write_text("PROMPT: {prompt} RESPONSE: {response}")
     server = VerdictServer()
     try:
-        res = CliRunner().invoke(app, ["reward", "score", str(rows), "--out", str(tmp_path / "out.jsonl"),
-                                       "--reward-model", str(rm), "--judge-url", server.url, "--judge-model", "j",
-                                       "--judge-template", str(template), "--judge-timeout", "5"])
+        res = CliRunner().invoke(
+            app,
+            [
+                "reward",
+                "score",
+                str(rows),
+                "--out",
+                str(tmp_path / "out.jsonl"),
+                "--reward-model",
+                str(rm),
+                "--judge-url",
+                server.url,
+                "--judge-model",
+                "j",
+                "--judge-template",
+                str(template),
+                "--judge-timeout",
+                "5",
+            ],
+        )
     finally:
         server.close()
     assert res.exit_code == 0, res.output
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["score"] for r in out] == [1.0, 0.5, 1.0]
     tok = build_tiny_tokenizer()
-    texts = [tok.apply_chat_template([{"role": "user", "content": "copy the digits : 7"},
-                                      {"role": "assistant", "content": "7"}], tokenize=False),
-             tok.apply_chat_template([*ROWS[1]["prompt"], {"role": "assistant", "content": "1 3"}], tokenize=False),
-             tok.apply_chat_template([{"role": "user", "content": "copy the digits : 8"},
-                                      {"role": "assistant", "content": "8"}], tokenize=False)]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": "copy the digits : 7"}, {"role": "assistant", "content": "7"}], tokenize=False
+        ),
+        tok.apply_chat_template([*ROWS[1]["prompt"], {"role": "assistant", "content": "1 3"}], tokenize=False),
+        tok.apply_chat_template(
+            [{"role": "user", "content": "copy the digits : 8"}, {"role": "assistant", "content": "8"}], tokenize=False
+        ),
+    ]
     want = plain_scores(rm, [tok(t, add_special_tokens=False)["input_ids"] for t in texts])
     assert torch.allclose(torch.tensor([r["rm_score"] for r in out]), want, atol=1e-5)
     # the test server: "7" -> Score: 10, "8" -> 500 on every try

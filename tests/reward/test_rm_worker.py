@@ -22,8 +22,12 @@ RESPONSES = ["7", "1 2", "the answer is 7", "7 8"]
 
 
 def worker(rm_path, input_tokenizer=None, micro=3, max_length=None) -> RewardModelWorker:
-    cfg = RewardModelConfig(enable=True, micro_batch_size_per_gpu=micro, max_length=max_length,
-                            model=RewardModelModelConfig(path=str(rm_path), input_tokenizer=input_tokenizer))
+    cfg = RewardModelConfig(
+        enable=True,
+        micro_batch_size_per_gpu=micro,
+        max_length=max_length,
+        model=RewardModelModelConfig(path=str(rm_path), input_tokenizer=input_tokenizer),
+    )
     w = RewardModelWorker(cfg)
     w.init_model()
     return w
@@ -61,8 +65,10 @@ def test_other_tokenizer_and_template_are_retemplated(tmp_path, policy_dir, proc
     rm = save_rm(tmp_path / "rm_other", tokenizer=other, seed=1)
     batch = policy_batch(PROMPTS, RESPONSES)
     got = worker(rm, input_tokenizer=str(policy_dir)).compute_rm_score(batch)["rm_scores"].sum(-1)
-    texts = [other.apply_chat_template([*msgs, {"role": "assistant", "content": r}], tokenize=False)
-             for msgs, r in zip(batch["raw_prompt"], RESPONSES)]
+    texts = [
+        other.apply_chat_template([*msgs, {"role": "assistant", "content": r}], tokenize=False)
+        for msgs, r in zip(batch["raw_prompt"], RESPONSES)
+    ]
     assert texts[0].startswith("<s> [ user ] copy the digits : 7 </s> [ assistant ] 7 </s>")
     rows = [other(t, add_special_tokens=False)["input_ids"] for t in texts]
     want = plain_scores(rm, rows)

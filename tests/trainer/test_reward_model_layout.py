@@ -19,13 +19,34 @@ def test_plan_layout_places_the_reward_model():
     assert [g.roles for g in off.groups] == [["actor", "rollout"]]
     colocated = plan_layout(load_config("grpo", [*BASE, "reward_model.enable=true"]))
     assert [g.roles for g in colocated.groups] == [["actor", "rollout", "reward_model"]]
-    own = plan_layout(load_config("grpo", [*BASE, "reward_model.enable=true", "reward_model.enable_resource_pool=true",
-                                           "reward_model.n_gpus_per_node=2", "reward_model.cpus_per_worker=0.5"]))
+    own = plan_layout(
+        load_config(
+            "grpo",
+            [
+                *BASE,
+                "reward_model.enable=true",
+                "reward_model.enable_resource_pool=true",
+                "reward_model.n_gpus_per_node=2",
+                "reward_model.cpus_per_worker=0.5",
+            ],
+        )
+    )
     assert [(g.name, g.roles, g.per_node, g.cpus_per_process) for g in own.groups] == [
-        ("rlkit", ["actor", "rollout"], 1, 1.0), ("rlkit-reward", ["reward_model"], 2, 0.5)]
-    judge = plan_layout(load_config("grpo", ["data.train_files=x.parquet", "reward_model.enable=true",
-                                             "reward_model.style=judge", "reward_model.judge.base_url=http://h/v1",
-                                             "reward_model.judge.model=m"]))
+        ("rlkit", ["actor", "rollout"], 1, 1.0),
+        ("rlkit-reward", ["reward_model"], 2, 0.5),
+    ]
+    judge = plan_layout(
+        load_config(
+            "grpo",
+            [
+                "data.train_files=x.parquet",
+                "reward_model.enable=true",
+                "reward_model.style=judge",
+                "reward_model.judge.base_url=http://h/v1",
+                "reward_model.judge.model=m",
+            ],
+        )
+    )
     assert [g.roles for g in judge.groups] == [["actor", "rollout"]]
 
 
@@ -34,9 +55,16 @@ def test_plan_layout_places_the_reward_model():
 def test_reward_model_on_its_own_group(toy_data, tiny_model, tmp_path):
     rm = save_target_rm(tmp_path / "rm")
     overrides = toy_overrides(
-        toy_data, tiny_model, tmp_path, trainer__total_training_steps=2,
-        data__val_files=toy_data / "test.parquet", data__val_max_samples=16, trainer__val_before_train=True,
-        reward_model__enable=True, reward_model__model__path=rm, reward_model__enable_resource_pool=True,
+        toy_data,
+        tiny_model,
+        tmp_path,
+        trainer__total_training_steps=2,
+        data__val_files=toy_data / "test.parquet",
+        data__val_max_samples=16,
+        trainer__val_before_train=True,
+        reward_model__enable=True,
+        reward_model__model__path=rm,
+        reward_model__enable_resource_pool=True,
     ) + ["+reward_model.mix={rule: 1.0, rm: 0.5}"]
     summary, rows, _ = fit("grpo", overrides, tmp_path / "logs")
     steps = train_rows(rows)
@@ -46,6 +74,7 @@ def test_reward_model_on_its_own_group(toy_data, tiny_model, tmp_path):
     s = steps[-1]
     assert s["critic/score/mean"] == pytest.approx(s["reward/rule/mean"] + 0.5 * s["reward/rm/mean"], abs=1e-4)
     assert "val/rlkit/toy_copy/score/mean@1" in summary.first_val
+    assert "val/reward/rm/mean" in summary.first_val and "val/reward/rule/mean" in summary.first_val
 
 
 def test_recipes_load_and_the_plan_shows_the_reward():

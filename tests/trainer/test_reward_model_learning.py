@@ -46,11 +46,13 @@ def rm_score(rm_path: Path, response: str) -> float:
 
     tok = build_tiny_tokenizer()
     model = AutoModelForSequenceClassification.from_pretrained(rm_path).eval()
-    prompt = tok.apply_chat_template([{"role": "user", "content": "copy the digits : 7"}], tokenize=False,
-                                     add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "copy the digits : 7"}], tokenize=False, add_generation_prompt=True
+    )
     with torch.no_grad():
-        return float(model(input_ids=torch.tensor([tok(prompt + response, add_special_tokens=False)["input_ids"]]))
-                     .logits[0, 0])
+        return float(
+            model(input_ids=torch.tensor([tok(prompt + response, add_special_tokens=False)["input_ids"]])).logits[0, 0]
+        )
 
 
 @pytest.mark.slow
@@ -60,17 +62,24 @@ def test_grpo_raises_the_reward_model_score(toy_data, tiny_model, tmp_path):
     best, plain = rm_score(rm, "think think think"), rm_score(rm, "7 <|im_end|>")
     assert best > plain + 2  # the RM prefers the target word
     overrides = toy_overrides(
-        toy_data, tiny_model, tmp_path, trainer__total_training_steps=STEPS,
-        reward_model__enable=True, reward_model__model__path=rm, reward_model__micro_batch_size_per_gpu=32,
+        toy_data,
+        tiny_model,
+        tmp_path,
+        trainer__total_training_steps=STEPS,
+        reward_model__enable=True,
+        reward_model__model__path=rm,
+        reward_model__micro_batch_size_per_gpu=32,
     ) + ["+reward_model.mix={rule: 0, rm: 1}"]
     summary, rows, _ = fit("grpo", overrides, tmp_path / "logs")
     steps = train_rows(rows)
     assert len(steps) == STEPS == summary.steps
     rm_means = [r["reward/rm/mean"] for r in steps]
     first, last = statistics.fmean(rm_means[:5]), statistics.fmean(rm_means[-5:])
-    print(f"RM reward first 5 {first:.3f} -> last 5 {last:.3f} (plain '7' {plain:.3f}, 'think' x3 {best:.3f}); "
-          f"median step {statistics.median(summary.step_seconds):.2f}s, "
-          f"RM forward {statistics.median(r['timing_s/compute_rm_score'] for r in steps):.3f}s")
+    print(
+        f"RM reward first 5 {first:.3f} -> last 5 {last:.3f} (plain '7' {plain:.3f}, 'think' x3 {best:.3f}); "
+        f"median step {statistics.median(summary.step_seconds):.2f}s, "
+        f"RM forward {statistics.median(r['timing_s/compute_rm_score'] for r in steps):.3f}s"
+    )
     assert last > first + 0.5 * (best - first), (first, last, best)
     # the pure-RM score is the reward the advantages were computed from; no rule scorer ran
     assert all(abs(r["critic/score/mean"] - r["reward/rm/mean"]) < 1e-4 for r in steps)
