@@ -93,3 +93,44 @@ def test_recipes_load_and_the_plan_shows_the_reward():
     console = Console(width=200, record=True)
     console.print(resource_plan(cpu))
     assert "rule x1 + rm x0.1 (style classifier)" in console.export_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_workers_shard_the_rm_and_score_as_transformers(tiny_model, tmp_path):
+    """Two colocated workers: the RM is sharded with FSDP2 over both, the batch (5 rows: padded to 6) is split
+    over them (DP_COMPUTE), and each row still scores as a plain transformers forward of its tokens."""
+    import torch
+
+    from rlkit.reward.rm_inputs import policy_token_rows
+    from rlkit.trainer.workers_setup import build_workers
+    from tests.reward.rm_helpers import plain_scores, policy_batch, save_rm
+    from tests.trainer.conftest import ensure_ray
+
+    rm = save_rm(tmp_path / "rm")
+    cfg = load_config(
+        "grpo",
+        toy_overrides(
+            tmp_path,
+            tiny_model,
+            tmp_path,
+            trainer__n_gpus_per_node=2,
+            reward_model__enable=True,
+            reward_model__model__path=rm,
+            reward_model__micro_batch_size_per_gpu=2,
+        ),
+    )
+    ensure_ray()
+    workers = build_workers(cfg, str(tiny_model), total_steps=1)
+    try:
+        assert workers.reward_model is not None and workers.world_size == 2
+        batch = policy_batch(
+            ["copy the digits : 7", "copy the digits : 1 2", "what is 3 + 4 ?", "copy the digits : 5", "reverse : 9 8"],
+            ["7", "1 2", "the answer is 7", "5 5 5", "8 9"],
+        )
+        got = workers.reward_model.compute_rm_score(batch)["rm_scores"]
+    finally:
+        workers.shutdown()
+    assert got.shape == batch["responses"].shape
+    rows = policy_token_rows(batch["input_ids"], batch["attention_mask"], batch["response_mask"])
+    assert torch.allclose(got.sum(-1), plain_scores(rm, rows), atol=1e-5, rtol=0)
