@@ -88,6 +88,9 @@ class ActorConfig:
     grad_clip: float = f(1.0, "max grad norm")
     logits_chunk_size: int = f(1024, "rows of logits turned into log-probs at a time (bounds memory)")
     recompute_old_log_prob: bool = f(False, "always recompute old log-probs; off = reuse when on-policy (ppo_epochs=1)")
+    router_aux_loss_coef: float | None = f(None, "MoE: weight of the router load-balancing loss added to the policy "
+                                           "loss (logged as actor/router_aux_loss); null = the model config's "
+                                           "router_aux_loss_coef; 0 = log it only")
     optim: OptimConfig = f(factory=OptimConfig, help="optimizer")
     fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings")
 

@@ -10,6 +10,7 @@ base weights exist once.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -19,6 +20,7 @@ from rlkit.algo.utils import agg_loss, masked_mean
 from rlkit.config.schema import ActorConfig, ModelConfig, RefConfig
 from rlkit.controller import Dispatch, Worker, register
 from rlkit.debug import maybe_break
+from rlkit.models.moe_router import RouterTap
 from rlkit.protocol import Batch
 from rlkit.workers.fsdp_model import ForwardOut, FSDPModel
 from rlkit.workers.micro_batch import split_by_count
@@ -87,6 +89,11 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
             lora=self.model_cfg,
         )
         self.model.setup_optimizer(self.actor.optim, self.total_steps)
+        self.router_tap = RouterTap.attach(self.model.module)  # None for a dense model
+        coef = self.actor.router_aux_loss_coef
+        if coef is None:
+            coef = getattr(getattr(self.model.module, "config", None), "router_aux_loss_coef", 0.0)
+        self.router_aux_coef = float(coef or 0.0) if self.router_tap is not None else 0.0
         return {"init_s": time.perf_counter() - start, **self.model.memory_report()}
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
@@ -126,7 +133,9 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
         def loss_fn(mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
             metrics: dict[str, float] = {}
             mask = mb["response_mask"].float().to(self.device)
-            out = self._forward(mb, response_length, with_entropy=a.entropy_coeff != 0)
+            tap = self.router_tap
+            with tap.recording() if tap is not None else contextlib.nullcontext():
+                out = self._forward(mb, response_length, with_entropy=a.entropy_coeff != 0)
             lp = out.log_probs
             old = mb["old_log_probs"].to(self.device) if "old_log_probs" in mb else lp.detach()
             is_weights = None
@@ -148,6 +157,11 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
                 kl_loss = agg_loss(kl_fn(lp, mb["ref_log_prob"].to(self.device)), mask, a.loss_agg_mode)
                 loss = loss + a.kl_loss_coef * kl_loss
                 metrics["actor/kl_loss"] = float(kl_loss.detach())
+            if tap is not None:  # MoE: load balancing (its weight may be 0: then only logged) and expert load
+                aux = tap.load_balancing_loss()
+                loss = loss + self.router_aux_coef * aux
+                metrics["actor/router_aux_loss"] = float(aux.detach())
+                metrics.update(tap.load_metrics())
             metrics["actor/pg_loss"] = float(pg["pg_loss"].detach())
             for key in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):
                 metrics[f"actor/{key}"] = float(pg[key])

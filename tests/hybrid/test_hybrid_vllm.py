@@ -24,7 +24,7 @@ pytestmark = [
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
 
-def make_toy_and_model(tmp_path):
+def make_toy_and_model(tmp_path, save_model=None):
     from typer.testing import CliRunner
 
     from rlkit.testing import save_tiny_model
@@ -33,6 +33,8 @@ def make_toy_and_model(tmp_path):
     res = CliRunner().invoke(app, ["data", "toy", "--out", str(tmp_path / "toy"), "--length", "1"])
     assert res.exit_code == 0, res.output
     # heads=2: head_dim 32 (vLLM's CPU attention has no head_dim-16 kernel); tied embeddings learn the copy task fast
+    if save_model is not None:
+        return tmp_path / "toy", save_model(tmp_path / "model")
     return tmp_path / "toy", save_tiny_model(tmp_path / "model", heads=2, tie_embeddings=True)
 
 
@@ -51,7 +53,7 @@ def toy_config(toy, model, tmp_path, steps, extra=()):
     ])
 
 
-def train_sync_and_compare(tmp_path, steps: int, extra=(), check_group=None):
+def train_sync_and_compare(tmp_path, steps: int, extra=(), check_group=None, save_model=None) -> list[float]:
     """Train `steps` GRPO steps with engine log-probs, then check the synced engine: its greedy
     output equals a fresh single-rank engine loaded from the exported checkpoint and differs from
     before training; engine and trainer log-probs agree (float32 on both sides)."""
@@ -60,7 +62,7 @@ def train_sync_and_compare(tmp_path, steps: int, extra=(), check_group=None):
     from rlkit.utils.tracking import Tracking
     from rlkit.workers.fsdp_model import export_hf
 
-    toy, model = make_toy_and_model(tmp_path)
+    toy, model = make_toy_and_model(tmp_path, save_model)
     cfg = toy_config(toy, model, tmp_path, steps=steps, extra=[
         "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.actor.recompute_old_log_prob=true",
         "actor_rollout_ref.actor.optim.lr=2e-2", *extra,
@@ -92,6 +94,7 @@ def train_sync_and_compare(tmp_path, steps: int, extra=(), check_group=None):
         fresh.close()
     assert torch.equal(after["responses"], ref["responses"]), "synced engine != fresh engine from exported weights"
     assert not torch.equal(before["responses"], after["responses"]), "training + sync changed nothing"
+    return gaps
 
 
 def test_sync_matches_fresh_engine_and_logprobs_agree(tmp_path, ray_local):
