@@ -13,8 +13,8 @@ import json
 
 import pytest
 
+from rlkit.testing import save_tiny_moe
 from tests.hybrid.test_hybrid_vllm import train_sync_and_compare
-from tests.moe_models import save_tiny_moe
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from rlkit.models.moe_router import RouterTap
-from rlkit.testing import build_tiny_model, build_tiny_tokenizer
-from tests.moe_models import FAMILIES, build_tiny_moe
+from rlkit.testing import MOE_FAMILIES, build_tiny_model, build_tiny_moe, build_tiny_tokenizer
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
 def test_load_balancing_loss_equals_transformers_aux_loss(family):
     model, _ = build_tiny_moe(family, sharpen=1.0)
     tap = RouterTap.attach(model)

@@ -12,8 +12,7 @@ from rlkit.models import weight_layout
 from rlkit.models.model_info import WeightNames
 from rlkit.models.weight_layout import WeightLayout, checkpoint_state_dict
 from rlkit.registry import Registry
-from rlkit.testing import build_tiny_model, build_tiny_tokenizer
-from tests.moe_models import FAMILIES, build_tiny_moe, save_tiny_moe
+from rlkit.testing import MOE_FAMILIES, build_tiny_model, build_tiny_moe, build_tiny_tokenizer, save_tiny_moe
 
 
 def saved_tensors(folder) -> dict[str, torch.Tensor]:
@@ -24,7 +23,7 @@ def saved_tensors(folder) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
 def test_checkpoint_layout_is_what_save_pretrained_writes(family, tmp_path):
     model, _ = build_tiny_moe(family)
     folder = save_tiny_moe(tmp_path / family, family)
@@ -38,7 +37,7 @@ def test_checkpoint_layout_is_what_save_pretrained_writes(family, tmp_path):
     assert {k: tuple(v) for k, v in names.shapes.items()} == {k: tuple(v.shape) for k, v in on_disk.items()}
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
 def test_round_trip_fused_to_per_expert_to_fused_is_identity(family, tmp_path):
     model, _ = build_tiny_moe(family, seed=3)
     folder = tmp_path / "rt"

@@ -68,7 +68,7 @@ def test_gpu_spec_peaks():
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_moe_total_and_active_parameters_match_the_model(family):
     """Per token: the active experts only; in total: every expert. Checked against the real module's weights."""
-    from tests.moe_models import build_tiny_moe
+    from rlkit.testing import build_tiny_moe
 
     model, _ = build_tiny_moe(family)
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))  # attention, lm_head

@@ -11,14 +11,14 @@ import torch
 pytest.importorskip("vllm")
 
 from rlkit.rollout import VLLMRollout  # noqa: E402
-from tests.moe_models import FAMILIES, build_tiny_moe, save_tiny_moe  # noqa: E402
+from rlkit.testing import MOE_FAMILIES, build_tiny_moe, save_tiny_moe  # noqa: E402
 from tests.rollout.helpers import perturbed_state, reference_log_probs  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning")]
 LOGPROB_TOL = 1e-4  # vLLM's CPU kernels vs one transformers forward, float32 (dense: ~1e-6)
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
 def test_synced_engine_equals_the_new_weights(family, tmp_path, vllm_config, prompts):
     folder = save_tiny_moe(tmp_path / family, family)
     new_model, _ = build_tiny_moe(family)

@@ -131,7 +131,7 @@ def test_two_workers_match_one_worker_moe(ray_local, toy_data, tmp_path):
     """The same check for a tiny Qwen3-MoE: its fused expert tensors (E, 2I, H) shard along the experts under
     FSDP2; the router's load-balancing loss is logged (weight 0: a per-micro-batch mean is not additive, so
     different micro-batch cuts would differ by design) and the expert-load metrics come back."""
-    from tests.moe_models import save_tiny_moe
+    from rlkit.testing import save_tiny_moe
 
     moe = save_tiny_moe(tmp_path / "moe", "qwen3_moe", sharpen=1.0, hidden=64, heads=1, experts=4, tie=True)
     overrides = toy_overrides(
