@@ -11,6 +11,9 @@ Run C: the same command again (resume_mode=auto): it must load global_step_2, ru
 
 The reward function (a custom_reward_function file) logs every scored sample's dataset index
 and response, which is how the data order of each step is compared.
+
+The three runs happen twice: full fine-tuning, and LoRA (`lora_rank=8`: the checkpoint holds the
+adapter and its optimizer state only, the base comes from the model folder again on resume).
 """
 
 from __future__ import annotations
@@ -46,8 +49,11 @@ def compute_score(response, ground_truth, extra_info=None, **_):
 '''
 
 
-def _overrides(toy_data: Path, tiny_model: Path, out: Path, reward_fn: Path) -> list[str]:
-    return toy_overrides(
+MODES = {"full": {}, "lora": {"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.lora_alpha": 16}}
+
+
+def _overrides(toy_data: Path, tiny_model: Path, out: Path, reward_fn: Path, mode: str = "full") -> list[str]:
+    return [f"{k}={v}" for k, v in MODES[mode].items()] + toy_overrides(
         toy_data, tiny_model, out,
         data__train_batch_size=BSZ, actor_rollout_ref__rollout__n=N,
         actor_rollout_ref__actor__ppo_mini_batch_size=BSZ,
@@ -70,9 +76,10 @@ def _by_step(entries: list[dict], first_step: int) -> dict[int, Counter]:
     }
 
 
-@pytest.fixture(scope="module")
-def runs(toy_data, tiny_model, tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli")
+@pytest.fixture(scope="module", params=list(MODES))
+def runs(toy_data, tiny_model, tmp_path_factory, request):
+    mode = request.param
+    root = tmp_path_factory.mktemp(f"cli_{mode}")
     reward_fn = root / "reward_fn.py"
     reward_fn.write_text(REWARD_FN)
     result = {}
@@ -81,7 +88,7 @@ def runs(toy_data, tiny_model, tmp_path_factory):
     a = root / "a"
     env = cli_env() | {"TEST_REWARD_LOG": str(root / "a_rewards.jsonl")}
     start = time.perf_counter()
-    res = subprocess.run(rlkit_cmd("train", "grpo", *_overrides(toy_data, tiny_model, a, reward_fn)),
+    res = subprocess.run(rlkit_cmd("train", "grpo", *_overrides(toy_data, tiny_model, a, reward_fn, mode)),
                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     result["a"] = (a, res, time.perf_counter() - start)
 
@@ -93,7 +100,7 @@ def runs(toy_data, tiny_model, tmp_path_factory):
         "TEST_BLOCK_WHEN": str(b / "ckpt" / f"global_step_{KILL_IN_STEP - 1}"),
         "TEST_BLOCKED": str(blocked),
     }
-    cmd = rlkit_cmd("train", "grpo", *_overrides(toy_data, tiny_model, b, reward_fn))
+    cmd = rlkit_cmd("train", "grpo", *_overrides(toy_data, tiny_model, b, reward_fn, mode))
     with open(root / "b_output.txt", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
         try:
@@ -121,6 +128,7 @@ def runs(toy_data, tiny_model, tmp_path_factory):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     result["c"] = res
     result["root"] = root
+    result["mode"] = mode
     return result
 
 
@@ -146,6 +154,7 @@ def test_cli_train_writes_checkpoints_and_metrics(runs):
                  "actor/tokenizer/tokenizer.json", "actor/scheduler.pt"):
         assert (last / name).is_file(), name
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
+    assert (last / "actor" / "lora.json").is_file() == (runs["mode"] == "lora")  # LoRA: the adapter's base
     rows = train_rows(read_metrics(out / "logs"))
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(r["reward/errors"] == 0 for r in rows)
