@@ -3,9 +3,10 @@
 # Hardware: 1 node x 8 GPUs (>= 40 GB each; with LoRA it also fits 4 x 80 GB or 8 x 24 GB with smaller
 # micro-batches). Needs CUDA torch 2.13 + vllm (pip install vllm) + peft (a dependency of rlkit).
 # Why LoRA here: the base is frozen and stored in bf16 (7.6B x 2 bytes, sharded by FSDP2), the adapter and
-# its AdamW state are float32 but ~40M parameters (rank 32, all linear layers: ~0.5 GB with Adam vs ~90 GB for
-# full fine-tuning), and the KL reference is the actor with its adapter off: no reference model is loaded.
-# rollout.lora_sync=native moves only the adapter (~160 MB) into vLLM each step (a LoRARequest) instead of
+# its AdamW state are float32 but only ~81M parameters (rank 32 on all 7 linear layers of 28 blocks: ~1.3 GB
+# with grads and AdamW state, vs ~120 GB = 7.6B x 16 bytes for full fine-tuning), and the KL reference is the
+# actor with its adapter off: no reference model is loaded.
+# rollout.lora_sync=native moves only the adapter (~320 MB) into vLLM each step (a LoRARequest) instead of
 # the 15 GB merged model; `merge` (the default) works with any engine and needs no vLLM LoRA support.
 # Expected (not measured by us yet; verl/TRL LoRA GRPO runs of this size report): GSM8K test accuracy from
 # ~0.85 to ~0.90 within one epoch. LoRA wants ~10-50x the full-fine-tuning learning rate (here 3e-5).
