@@ -61,6 +61,20 @@ def apply_modes(cfg: RLConfig) -> None:
     rollout.free_cache_engine = False
 
 
+def check_lora(cfg: RLConfig) -> None:
+    """LoRA keys (docs/lora.md): a rank >= 0, and the native sync only where the engine loads adapters."""
+    model, rollout = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout
+    if model.lora_rank < 0:
+        raise UserError(f"actor_rollout_ref.model.lora_rank={model.lora_rank} must be >= 0 (0 = full fine-tuning)")
+    lora = model.lora_rank > 0 or bool(model.lora_adapter_path)
+    if lora and rollout.lora_sync == "native" and rollout.name not in (None, "vllm"):
+        raise UserError(f"actor_rollout_ref.rollout.lora_sync=native needs the vllm engine (rollout.name="
+                        f"{rollout.name} cannot load LoRA adapters); use lora_sync=merge")
+    if lora and rollout.lora_sync == "native" and model.lora_rank == 0:
+        raise UserError("actor_rollout_ref.rollout.lora_sync=native sizes the engine's LoRA slots from "
+                        "actor_rollout_ref.model.lora_rank: set it to the adapter's rank (lora_adapter_path)")
+
+
 def finalize(cfg: RLConfig, hooks: Sequence[ConfigHook]) -> RLConfig:
     """Fill derived values, run the hooks, check that the sizes fit together; UserError saying what to change."""
     check_bounds(cfg)  # single values first: their messages name the key the user wrote
@@ -69,5 +83,6 @@ def finalize(cfg: RLConfig, hooks: Sequence[ConfigHook]) -> RLConfig:
     cfg.actor_rollout_ref.rollout.validate()
     for hook in hooks:
         hook(cfg)
+    check_lora(cfg)
     check_config(cfg)
     return cfg

@@ -196,3 +196,20 @@ def test_bf16_base_keeps_float32_adapters(tiny, process_group):
     merged = dict(model.iter_full_params())
     base = AutoModelForCausalLM.from_pretrained(tiny).state_dict()
     assert set(merged) == set(base) and merged["model.layers.0.self_attn.q_proj.weight"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["actor_rollout_ref.model.lora_rank=-1"], "must be >= 0"),
+        (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.rollout.lora_sync=native",
+          "actor_rollout_ref.rollout.name=hf"], "needs the vllm engine"),
+        (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.rollout.lora_sync=nope"], "lora_sync='nope'"),
+    ],
+)
+def test_lora_config_errors_name_the_key(overrides, message):
+    from rlkit.errors import UserError
+    from rlkit.trainer.run_config import load_config
+
+    with pytest.raises(UserError, match=message):
+        load_config("grpo", overrides)
