@@ -25,31 +25,54 @@ WORDS = (
 DIGITS = [str(d) for d in range(10)]
 
 
-def build_tiny_tokenizer():
-    """A word-level fast tokenizer (~70 tokens) with a chat template; EOS is `<|im_end|>`."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def build_tiny_tokenizer(words: list[str] | None = None, chat_template: str = CHAT_TEMPLATE,
+                         eos_token: str = "<|im_end|>", padding_side: str = "left",
+                         special_tokens: tuple[str, ...] = ("<|im_start|>", "</s>")):
+    """A word-level fast tokenizer (~70 tokens) with a chat template; EOS is `<|im_end|>`.
+
+    `words` (after the special tokens) and the other arguments build a second, different tokenizer when a test
+    needs one (e.g. a reward model whose ids and template differ from the policy's)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + WORDS + DIGITS)}
+    words = WORDS + DIGITS if words is None else words
+    vocab = {tok: i for i, tok in enumerate(dict.fromkeys(SPECIAL_TOKENS + words))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=True)]
     )
-    from tokenizers import decoders
-
     core.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,
         pad_token="<pad>",
         unk_token="<unk>",
         bos_token="<s>",
-        eos_token="<|im_end|>",
-        additional_special_tokens=["<|im_start|>", "</s>"],
-        padding_side="left",
+        eos_token=eos_token,
+        additional_special_tokens=list(special_tokens),
+        padding_side=padding_side,
     )
-    tok.chat_template = CHAT_TEMPLATE
-    tok.padding_side = "left"
+    tok.chat_template = chat_template
+    tok.padding_side = padding_side
     return tok
+
+
+def _tiny_llama_config(tokenizer, hidden_size: int, layers: int, heads: int, **extra):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        torch_dtype="float32",
+        **extra,
+    )
 
 
 def build_tiny_model(
@@ -62,23 +85,10 @@ def build_tiny_model(
     toy copy task learnable by RL from scratch in a couple of hundred steps.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     tokenizer = tokenizer or build_tiny_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=tie_embeddings,
-        torch_dtype="float32",
-    )
+    config = _tiny_llama_config(tokenizer, hidden_size, layers, heads, tie_word_embeddings=tie_embeddings)
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
 
@@ -108,23 +118,10 @@ def build_tiny_reward_model(tokenizer=None, hidden_size: int = 64, layers: int =
     """A random `LlamaForSequenceClassification` with one label (a scalar reward), pad_token_id set (transformers
     needs it to score a batch)."""
     import torch
-    from transformers import LlamaConfig, LlamaForSequenceClassification
+    from transformers import LlamaForSequenceClassification
 
     tokenizer = tokenizer or build_tiny_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        num_labels=1,
-        torch_dtype="float32",
-    )
+    config = _tiny_llama_config(tokenizer, hidden_size, layers, heads, num_labels=1)
     torch.manual_seed(seed)
     return LlamaForSequenceClassification(config)
 

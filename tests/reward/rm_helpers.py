@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from rlkit.protocol import Batch
-from rlkit.testing import DIGITS, SPECIAL_TOKENS, WORDS, build_tiny_tokenizer, save_tiny_reward_model
+from rlkit.testing import DIGITS, WORDS, build_tiny_tokenizer, save_tiny_reward_model
 
 #: a chat template unlike the policy's ChatML-style one: other markers, other order of role and text
 OTHER_TEMPLATE = (
@@ -18,27 +18,9 @@ OTHER_TEMPLATE = (
 def build_other_tokenizer():
     """A second word-level tokenizer: the same words in another id order (so the policy's ids mean other
     words here) and another chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = list(reversed(WORDS + DIGITS)) + ["[", "]"]
-    words = list(dict.fromkeys(words))
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + words)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=True)]
-    )
-    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token="<pad>",
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        padding_side="right",
-    )
-    tok.chat_template = OTHER_TEMPLATE
-    return tok
+    words = list(dict.fromkeys(list(reversed(WORDS + DIGITS)) + ["[", "]"]))
+    return build_tiny_tokenizer(words, chat_template=OTHER_TEMPLATE, eos_token="</s>", padding_side="right",
+                                special_tokens=())
 
 
 def save_rm(path: Path, tokenizer=None, seed: int = 0) -> Path:
