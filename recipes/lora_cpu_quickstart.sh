@@ -10,14 +10,7 @@
 # (a PEFT adapter folder; `rlkit eval OUT --data ...` takes either). Extra arguments go to `rlkit train`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RLKIT=${RLKIT:-.venv/bin/rlkit}
-DATA=${RLKIT_DATA_DIR:-$HOME/data/gsm8k}
-if [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/test.parquet" ]]; then
-  "$RLKIT" data gsm8k --out "$DATA"
-fi
-"$RLKIT" model pull smollm2-135m-instruct
-"$RLKIT" train grpo --config recipes/gsm8k_cpu_quickstart.yaml \
-  data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" \
+exec bash recipes/quickstart_cpu.sh \
   actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.lora_alpha=32 \
   actor_rollout_ref.model.target_modules=all-linear \
   actor_rollout_ref.actor.optim.lr=1e-3 \
