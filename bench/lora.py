@@ -80,9 +80,14 @@ def run_one(args: argparse.Namespace, rank: int, sync: str) -> dict:
     actor.setup_optimizer(OptimConfig(lr=1e-5), total_steps=args.steps)
     ref = None if rank else FSDPModel(path, FSDPConfig(), device)  # full fine-tuning: a second copy
     length = args.prompt_length + args.response_length
-    rollout_cfg = RolloutConfig(name=args.rollout, prompt_length=args.prompt_length,
-                                response_length=args.response_length, lora_sync=sync, max_lora_rank=rank,
-                                kv_cache_memory_mb=64)
+    rollout_cfg = RolloutConfig(
+        name=args.rollout,
+        prompt_length=args.prompt_length,
+        response_length=args.response_length,
+        lora_sync=sync,
+        max_lora_rank=rank,
+        kv_cache_memory_mb=64,
+    )
     engine = ROLLOUT_BACKENDS.get(args.rollout)(path, rollout_cfg)
     holder = type("Actor", (), {})()
     holder.model = actor
@@ -128,7 +133,9 @@ def run_one(args: argparse.Namespace, rank: int, sync: str) -> dict:
     if hasattr(engine, "close"):
         engine.close()
     return {
-        "rank": rank, "sync": sync, "rollout": args.rollout,
+        "rank": rank,
+        "sync": sync,
+        "rollout": args.rollout,
         "step_s": statistics.median(s["step_s"] for s in timed),
         "sync_s": statistics.median(s["sync_s"] for s in timed),
         "sync_mb": timed[-1]["sync_mb"],
@@ -145,17 +152,25 @@ def print_table(results: list[dict], args: argparse.Namespace, load: tuple[float
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"LoRA vs full fine-tuning: {args.model}, {args.rows} x {args.prompt_length}+"
-                        f"{args.response_length} tokens, {args.rollout} engine, median of steps 2..{args.steps}",
-                  caption=f"load average (1 min) before / after: {load[0]:.1f} / {load[1]:.1f}")
-    for col in ("run", "trained params", "optim state MB", "grads MB", "step s", "sync s", "sync MB",
-                "peak RSS MB"):
+    table = Table(
+        title=f"LoRA vs full fine-tuning: {args.model}, {args.rows} x {args.prompt_length}+"
+        f"{args.response_length} tokens, {args.rollout} engine, median of steps 2..{args.steps}",
+        caption=f"load average (1 min) before / after: {load[0]:.1f} / {load[1]:.1f}",
+    )
+    for col in ("run", "trained params", "optim state MB", "grads MB", "step s", "sync s", "sync MB", "peak RSS MB"):
         table.add_column(col, justify="right" if col != "run" else "left")
     for r in results:
         name = "full fine-tuning" if r["rank"] == 0 else f"LoRA r={r['rank']} ({r['sync']})"
-        table.add_row(name, f"{r['trainable_params'] / 1e6:.2f}M", f"{r['optimizer_state_mb']:.1f}",
-                      f"{r['grad_mb']:.1f}", f"{r['step_s']:.2f}", f"{r['sync_s']:.3f}", f"{r['sync_mb']:.1f}",
-                      f"{r['peak_rss_mb']:.0f}")
+        table.add_row(
+            name,
+            f"{r['trainable_params'] / 1e6:.2f}M",
+            f"{r['optimizer_state_mb']:.1f}",
+            f"{r['grad_mb']:.1f}",
+            f"{r['step_s']:.2f}",
+            f"{r['sync_s']:.3f}",
+            f"{r['sync_mb']:.1f}",
+            f"{r['peak_rss_mb']:.0f}",
+        )
     Console().print(table)
 
 
@@ -174,7 +189,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
             raise SystemExit(f"{rank}:{sync} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-        results.append(json.loads(line[len("RESULT "):]))
+        results.append(json.loads(line[len("RESULT ") :]))
         print(f"done: rank {rank} {sync}", file=sys.stderr, flush=True)
     load = (load_before, os.getloadavg()[0])
     print_table(results, args, load)
@@ -182,12 +197,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "workload": {k: v for k, v in vars(args).items() if k not in ("one", "out")},
-        "results": results,
-        "env": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-                "omp_threads": env["OMP_NUM_THREADS"], "load_avg_1m_before_after": load},
-    }, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "workload": {k: v for k, v in vars(args).items() if k not in ("one", "out")},
+                "results": results,
+                "env": {
+                    "python": platform.python_version(),
+                    "torch": torch.__version__,
+                    "cpus": os.cpu_count(),
+                    "omp_threads": env["OMP_NUM_THREADS"],
+                    "load_avg_1m_before_after": load,
+                },
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
     return results
 

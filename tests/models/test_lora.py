@@ -120,7 +120,8 @@ def test_fsdp_lora_reference_optimizer_and_checkpoint(tiny, tmp_path, process_gr
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(".lora_" in k for k in changed)
     assert model.memory_report()["optimizer_state_mb"] * 2**20 == pytest.approx(
-        2 * 4 * sum(p.numel() for p in trained) + 4 * sum(1 for _ in trained), rel=0.01)  # exp_avg(_sq) + step
+        2 * 4 * sum(p.numel() for p in trained) + 4 * sum(1 for _ in trained), rel=0.01
+    )  # exp_avg(_sq) + step
 
     model.module.eval()
     with torch.no_grad():
@@ -152,8 +153,10 @@ def test_fsdp_lora_reference_optimizer_and_checkpoint(tiny, tmp_path, process_gr
 
     # export: the merged folder is the merged stream; the adapter folder loads with peft onto the base
     model.save(ckpt)  # the stepped state
-    merged_dir, adapter_dir = export_hf(ckpt, tmp_path / "merged"), export_hf(ckpt, tmp_path / "adapter",
-                                                                                adapter_only=True)
+    merged_dir, adapter_dir = (
+        export_hf(ckpt, tmp_path / "merged"),
+        export_hf(ckpt, tmp_path / "adapter", adapter_only=True),
+    )
     assert (adapter_dir / "adapter_config.json").is_file() and (adapter_dir / "adapter_model.safetensors").is_file()
     from peft import PeftModel
 
@@ -202,8 +205,14 @@ def test_bf16_base_keeps_float32_adapters(tiny, process_group):
     "overrides, message",
     [
         (["actor_rollout_ref.model.lora_rank=-1"], "must be >= 0"),
-        (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.rollout.lora_sync=native",
-          "actor_rollout_ref.rollout.name=hf"], "needs the vllm engine"),
+        (
+            [
+                "actor_rollout_ref.model.lora_rank=8",
+                "actor_rollout_ref.rollout.lora_sync=native",
+                "actor_rollout_ref.rollout.name=hf",
+            ],
+            "needs the vllm engine",
+        ),
         (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.rollout.lora_sync=nope"], "lora_sync='nope'"),
     ],
 )

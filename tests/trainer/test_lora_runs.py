@@ -79,9 +79,11 @@ def test_lora_grpo_learns_the_copy_task(lora_run):
     assert len(scores) == STEPS == summary.steps
     first, last = statistics.fmean(scores[:10]), statistics.fmean(scores[-20:])
     val_key = "val/rlkit/toy_copy/score/mean@1"
-    print(f"LoRA GRPO train reward first 10 {first:.3f} -> last 20 {last:.3f}; greedy val "
-          f"{summary.first_val[val_key]:.3f} -> {summary.last_val[val_key]:.3f}; "
-          f"median step {statistics.median(summary.step_seconds):.2f}s")
+    print(
+        f"LoRA GRPO train reward first 10 {first:.3f} -> last 20 {last:.3f}; greedy val "
+        f"{summary.first_val[val_key]:.3f} -> {summary.last_val[val_key]:.3f}; "
+        f"median step {statistics.median(summary.step_seconds):.2f}s"
+    )
     # measured (seeded): train 0.06 -> 0.24 over 100 steps, greedy val 0.00 -> 0.20 (the untrained model scores
     # ~0.05; full fine-tuning, test_learning.py, gets further: it also trains the embeddings and norms)
     assert first < 0.1
@@ -119,13 +121,26 @@ def test_lora_checkpoint_exports_merged_and_adapter_and_evals(lora_run, toy_data
     with_adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(lora_base), str(adapter_dir))
     ids = torch.randint(3, 60, (2, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        torch.testing.assert_close(with_adapter(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5,
-                                   rtol=0)
+        torch.testing.assert_close(with_adapter(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5, rtol=0)
 
     # `rlkit eval ADAPTER_FOLDER`: base + adapter, scored like validation (the trained model copies digits)
-    res = CliRunner().invoke(app, ["eval", str(adapter_dir), "--data", str(toy_data / "test.parquet"), "--limit",
-                                   "32", "--backend", "hf", "--max-response-length", "3",
-                                   "--out", str(tmp_path / "eval.jsonl")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            str(adapter_dir),
+            "--data",
+            str(toy_data / "test.parquet"),
+            "--limit",
+            "32",
+            "--backend",
+            "hf",
+            "--max-response-length",
+            "3",
+            "--out",
+            str(tmp_path / "eval.jsonl"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "score/mean@1" in res.output
     rows = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
@@ -146,12 +161,17 @@ def test_two_workers_match_one_worker_with_lora(ray_local, toy_data, tiny_model,
     )
 
     overrides = toy_overrides(
-        toy_data, tiny_model, tmp_path,
-        data__train_batch_size=PROMPTS, actor_rollout_ref__rollout__n=N,
+        toy_data,
+        tiny_model,
+        tmp_path,
+        data__train_batch_size=PROMPTS,
+        actor_rollout_ref__rollout__n=N,
         actor_rollout_ref__actor__ppo_mini_batch_size=PROMPTS // 2,
         actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=3,
-        actor_rollout_ref__actor__optim__lr=1e-2, actor_rollout_ref__actor__grad_clip=1e6,
-        actor_rollout_ref__actor__use_kl_loss=True, actor_rollout_ref__actor__kl_loss_coef=0.1,
+        actor_rollout_ref__actor__optim__lr=1e-2,
+        actor_rollout_ref__actor__grad_clip=1e6,
+        actor_rollout_ref__actor__use_kl_loss=True,
+        actor_rollout_ref__actor__kl_loss_coef=0.1,
         **LORA,
     )
     state2, norms2, batch = run_update(overrides, 2, handmade_batch())
