@@ -222,3 +222,23 @@ def test_lora_config_errors_name_the_key(overrides, message):
 
     with pytest.raises(UserError, match=message):
         load_config("grpo", overrides)
+
+
+def test_lora_adapter_path_starts_from_that_adapter(tiny, tmp_path):
+    """`lora_adapter_path`: the run starts from an existing PEFT adapter (its config wins), trainable."""
+    wrapped = wrap_lora(AutoModelForCausalLM.from_pretrained(tiny), dataclasses.replace(LORA, lora_rank=2))
+    randomize_adapter(wrapped.hf_model, seed=5)
+    out = save_adapter_folder(
+        tmp_path / "start", wrapped.config, adapter_state_dict(wrapped.hf_model.state_dict().items())
+    )
+    started = wrap_lora(AutoModelForCausalLM.from_pretrained(tiny), ModelConfig(lora_adapter_path=str(out)))
+    assert started.config.r == 2 and started.trainable_parameters()
+    assert all(".lora_" in n for n, p in started.hf_model.named_parameters() if p.requires_grad)
+    ids = tokens()
+    torch.testing.assert_close(
+        log_probs(started.peft_model, ids), log_probs(wrapped.peft_model, ids), atol=1e-6, rtol=0
+    )
+    from rlkit.errors import UserError
+
+    with pytest.raises(UserError, match="no adapter_config.json"):
+        wrap_lora(AutoModelForCausalLM.from_pretrained(tiny), ModelConfig(lora_adapter_path=str(tmp_path)))
