@@ -45,6 +45,9 @@ class ModelConfig:
                                  "mask); off: padded rows, shared left padding trimmed (faster here, "
                                  "docs/performance.md)")
     response_logits_only: bool = f(True, "LM head only where response tokens are predicted (no prompt/pad logits)")
+    fused_lm_head: bool = f(False, "log-probs/entropy straight from the hidden states, the LM head run in chunks of "
+                            "logits_chunk_size rows and recomputed in backward, so no (tokens x vocab) logits are "
+                            "kept for backward (needs response_logits_only; docs/performance.md)")
     trust_remote_code: bool = f(False, "allow custom model code from the model folder")
     attn_implementation: str = f("sdpa", "attention kernel passed to transformers")
     lora_rank: int = f(0, "LoRA rank (peft); 0 = full fine-tuning. With LoRA the base is frozen, the optimizer "

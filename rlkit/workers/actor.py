@@ -42,7 +42,7 @@ class _PolicyScorer(Worker):
             mb["input_ids"], mb["attention_mask"], mb["position_ids"], response_length,
             temperature=self.temperature, with_entropy=with_entropy,
             remove_padding=self.model_cfg.use_remove_padding, chunk_size=self.logits_chunk_size,
-            response_logits_only=self.model_cfg.response_logits_only,
+            response_logits_only=self.model_cfg.response_logits_only, fused_lm_head=self.model_cfg.fused_lm_head,
         )
 
     def _log_probs(self, batch: Batch, micro: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

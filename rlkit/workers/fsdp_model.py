@@ -13,6 +13,7 @@ False): same API, same checkpoints (DCP reshards them for any later world size).
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,7 +39,9 @@ from rlkit.models.lora import (
     write_lora_info,
 )
 from rlkit.utils.lr_schedule import lr_lambda
+from rlkit.workers.fused_lm_head import fused_lm_head_logprob, unfusable_reason
 
+log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
@@ -202,12 +205,15 @@ class FSDPModel:
         remove_padding: bool = True,
         chunk_size: int = 1024,
         response_logits_only: bool = True,
+        fused_lm_head: bool = False,
     ) -> ForwardOut:
         """Log-probs (and entropy) of the response tokens, or values when this is a critic.
 
         `response_logits_only` runs the LM head only where a response token is predicted (the
         model's `logits_to_keep`), so no (rows x length x vocab) logits exist for prompt or pad
         positions; other response positions get log-prob 0 (they are masked by `response_mask`).
+        `fused_lm_head` (with `response_logits_only`) computes them from the hidden states in chunks
+        without keeping the logits for backward (rlkit/workers/fused_lm_head.py).
         """
         input_ids, attention_mask, position_ids = (t.to(self.device) for t in (input_ids, attention_mask, position_ids))
         if not remove_padding:  # padded rows: at least skip the columns no row uses
@@ -215,7 +221,10 @@ class FSDPModel:
                 input_ids, attention_mask, position_ids, response_length)
         if response_logits_only and not self.value_head and self._has_logits_to_keep:
             return self._forward_response_logits(input_ids, attention_mask, position_ids, response_length,
-                                                 temperature, with_entropy, remove_padding, chunk_size)
+                                                 temperature, with_entropy, remove_padding, chunk_size,
+                                                 fused_lm_head and self._can_fuse_head())
+        if fused_lm_head and not self.value_head:
+            self._log_unfused("response_logits_only is off or the model takes no logits_to_keep")
         if remove_padding:
             valid, mask4d = pack_mask(attention_mask)
             out = self.module(
@@ -246,39 +255,72 @@ class FSDPModel:
 
     def _forward_response_logits(
         self, input_ids, attention_mask, position_ids, response_length, temperature, with_entropy, remove_padding,
-        chunk_size,
+        chunk_size, fused_lm_head=False,
     ) -> ForwardOut:
         length = input_ids.shape[1]
         # logits at column c predict token c+1: keep c where c+1 is a (non-pad) response token
         need = torch.zeros_like(attention_mask, dtype=torch.bool)
         need[:, length - response_length - 1 : length - 1] = attention_mask[:, length - response_length :].bool()
         need &= attention_mask.bool()
+        resp_need = need[:, length - response_length - 1 : length - 1]
+        labels = input_ids[:, length - response_length :][resp_need]
         if remove_padding:
             valid, mask4d = pack_mask(attention_mask)
             packed_pos = valid.reshape(-1).long().cumsum(0).view_as(valid) - 1  # index in the packed sequence
-            logits = self.module(
-                input_ids=input_ids[valid].unsqueeze(0),
-                position_ids=position_ids[valid].unsqueeze(0),
-                attention_mask=mask4d,
-                use_cache=False,
-                logits_to_keep=packed_pos[need],
-            ).logits[0]  # (K, V)
+            kwargs = dict(input_ids=input_ids[valid].unsqueeze(0), position_ids=position_ids[valid].unsqueeze(0),
+                          attention_mask=mask4d, use_cache=False, logits_to_keep=packed_pos[need])
+            rows = lambda kept: kept[0]  # noqa: E731  (1, K, X) -> (K, X)
         else:
-            logits = self.module(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-                logits_to_keep=response_length + 1,
-            ).logits[:, :-1][need[:, length - response_length - 1 : length - 1]]  # (K, V)
-        if temperature != 1.0:
-            logits = logits / temperature
-        resp_need = need[:, length - response_length - 1 : length - 1]
-        labels = input_ids[:, length - response_length :][resp_need]
-        lp = logits.new_zeros(resp_need.shape, dtype=torch.float32)
-        lp[resp_need] = logprobs_from_logits(logits, labels, chunk_size=chunk_size)
-        ent = None
-        if with_entropy:
-            ent = logits.new_zeros(resp_need.shape, dtype=torch.float32)
-            ent[resp_need] = entropy_from_logits(logits, chunk_size=chunk_size)
+            kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=False, logits_to_keep=response_length + 1)
+            rows = lambda kept: kept[:, :-1][resp_need]  # noqa: E731  (b, R+1, X) -> (K, X)
+        lp = torch.zeros(resp_need.shape, dtype=torch.float32, device=input_ids.device)
+        ent = torch.zeros_like(lp) if with_entropy else None
+        if fused_lm_head:
+            k_lp, k_ent = self._fused_head_forward(kwargs, rows, labels, temperature, with_entropy, chunk_size)
+        else:
+            logits = rows(self.module(**kwargs).logits)  # (K, V)
+            if temperature != 1.0:
+                logits = logits / temperature
+            k_lp = logprobs_from_logits(logits, labels, chunk_size=chunk_size)
+            k_ent = entropy_from_logits(logits, chunk_size=chunk_size) if with_entropy else None
+        lp[resp_need] = k_lp
+        if ent is not None:
+            ent[resp_need] = k_ent
         return ForwardOut(log_probs=lp, entropy=ent)
+
+    def _fused_head_forward(self, model_kwargs, rows, labels, temperature, with_entropy, chunk_size):
+        """The model's forward with its LM head standing in as the fused log-prob of `labels`.
+
+        The head is called inside the top module's forward, where FSDP2 has gathered the root unit's
+        parameters (the head's weight, tied to the embedding or not), and its gradient flows through
+        the same unsharded parameter as the plain path's, so sharding and grad reduction are unchanged.
+        """
+        head = self.module.get_output_embeddings()
+        out: dict[str, Any] = {}
+
+        def fused_head(kept: torch.Tensor) -> torch.Tensor:
+            out["lp"], out["ent"] = fused_lm_head_logprob(rows(kept), head.weight, head.bias, labels, temperature,
+                                                          chunk_size, with_entropy)
+            return kept.new_zeros((*kept.shape[:-1], 1))  # the "logits" the model returns: unused
+
+        head.forward = fused_head
+        try:
+            self.module(**model_kwargs)
+        finally:
+            del head.forward  # back to the class's forward
+        return out["lp"], out["ent"]
+
+    def _can_fuse_head(self) -> bool:
+        reason = unfusable_reason(self.module)
+        if reason is not None:
+            self._log_unfused(reason)
+        return reason is None
+
+    def _log_unfused(self, reason: str) -> None:
+        if not getattr(self, "_unfused_logged", False):
+            log.warning("fused_lm_head: using the plain LM head path (%s)", reason)
+            self._unfused_logged = True
 
     # ------------------------------------------------------- weights out
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
