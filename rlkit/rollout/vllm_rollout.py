@@ -293,7 +293,7 @@ class VLLMRollout(RolloutBackend):
     def load_adapter(self, peft_config: dict, tensors: dict[str, torch.Tensor]) -> int:
         """LoRA, `rollout.lora_sync=native`: later generations use this adapter on the base weights the engine
         loaded from its folder. The adapter is written as a PEFT folder (a few MB) and served as a new
-        `LoRARequest` id (vLLM caches adapters by id); the previous one is removed."""
+        `LoRARequest` id (vLLM caches adapters by id), loaded at once; the previous one is removed."""
         from vllm.lora.request import LoRARequest
 
         from rlkit.models.lora import save_adapter_folder
@@ -308,6 +308,7 @@ class VLLMRollout(RolloutBackend):
             atexit.register(shutil.rmtree, self._adapter_root, ignore_errors=True)
         folder = save_adapter_folder(Path(self._adapter_root) / f"adapter-{lora_id}", peft_config, tensors)
         self.lora_request = LoRARequest(f"rlkit-{lora_id}", lora_id, str(folder))
+        self.llm.llm_engine.add_lora(self.lora_request)  # load now: a bad adapter fails here, timed as the sync
         if old is not None:
             with contextlib.suppress(Exception):  # never loaded (no generation since): nothing to remove
                 self.llm.llm_engine.remove_lora(old.lora_int_id)
