@@ -50,6 +50,10 @@ def check_config(cfg: RLConfig) -> None:
         raise UserError(f"trainer.device='{cfg.trainer.device}' must be auto | cpu | cuda")
     if cfg.algorithm.filter_groups.enable and n < 2:
         raise UserError("algorithm.filter_groups.enable needs actor_rollout_ref.rollout.n >= 2")
+    model = cfg.actor_rollout_ref.model
+    if model.fused_lm_head and not model.response_logits_only:
+        raise UserError("actor_rollout_ref.model.fused_lm_head=true needs actor_rollout_ref.model.response_logits_only="
+                        "true (the fused head computes the response tokens' log-probs only)")
 
 
 def _largest_divisor_at_most(total: int, cap: int) -> int:

@@ -207,6 +207,17 @@ def test_fsdp_forward_fused_matches_plain(process_group, model_path, remove_padd
     assert out.log_probs.grad_fn is None
 
 
+def test_fsdp_forward_fused_matches_plain_moe_untied(process_group, tmp_path):
+    """A tiny Qwen3-MoE with its own (untied) LM head: the head's weight gets its gradient alone."""
+    from rlkit.testing import save_tiny_moe
+
+    path = save_tiny_moe(tmp_path / "moe", "qwen3_moe", sharpen=1.0, hidden=64, heads=1, experts=4, tie=False)
+    model = FSDPModel(str(path), FSDPConfig(shard_single_worker=True), torch.device("cpu"))
+    assert model.module.get_output_embeddings().weight is not model.module.get_input_embeddings().weight
+    for remove_padding in (False, True):
+        compare_fused_to_plain(model, handmade_batch(), remove_padding)
+
+
 def _two_rank_worker(rank: int, store_path: str, model_path: str, results) -> None:
     import torch.distributed as dist
 
@@ -343,3 +354,14 @@ def test_bench_writes_its_table(tmp_path):
     naive, fused = json.loads(out.read_text())["rows"]
     assert (naive["variant"], fused["variant"]) == ("naive", "fused")
     assert fused["saved_for_backward_mb"] * 10 < naive["saved_for_backward_mb"]
+
+
+def test_config_rejects_fused_head_without_response_logits_only(toy_data, model_path, tmp_path):
+    from rlkit.errors import UserError
+    from rlkit.trainer.run_config import load_config
+    from tests.trainer.conftest import toy_overrides
+
+    base = toy_overrides(toy_data, model_path, tmp_path, actor_rollout_ref__model__fused_lm_head=True)
+    assert load_config("grpo", base).actor_rollout_ref.model.fused_lm_head is True
+    with pytest.raises(UserError, match="fused_lm_head=true needs actor_rollout_ref.model.response_logits_only"):
+        load_config("grpo", [*base, "actor_rollout_ref.model.response_logits_only=false"])
