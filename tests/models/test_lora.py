@@ -242,3 +242,15 @@ def test_lora_adapter_path_starts_from_that_adapter(tiny, tmp_path):
 
     with pytest.raises(UserError, match="no adapter_config.json"):
         wrap_lora(AutoModelForCausalLM.from_pretrained(tiny), ModelConfig(lora_adapter_path=str(tmp_path)))
+
+
+def test_run_summary_lines_show_what_trains_and_the_optimizer_state():
+    from rlkit.trainer.launch import memory_rows
+
+    lora = {"params": 135e6, "trainable_params": 2.44e6, "optimizer_state_mb": 18.6, "grad_mb": 9.3, "lora_rank": 8.0}
+    rows = dict(memory_rows(lora))
+    assert rows["trainable parameters"] == "2.44M of 135.00M (1.81%, LoRA rank 8)"
+    assert rows["optimizer state + grads (all ranks)"] == "18.6 MB + 9.3 MB"
+    full = dict(memory_rows({**lora, "trainable_params": 135e6, "lora_rank": 0.0}))
+    assert full["trainable parameters"].endswith("(100.00%, full fine-tuning)")
+    assert memory_rows(None) == []
