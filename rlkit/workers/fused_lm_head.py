@@ -93,7 +93,7 @@ class ChunkedLMHeadLogProb(torch.autograd.Function):
         t = ctx.temperature
         for sl in _row_chunks(hidden.shape[0], ctx.chunk_size):
             z = _chunk_logits(hidden[sl], weight, bias, t)
-            p = torch.exp(z - lse[sl, None])
+            p = z.sub(lse[sl, None]).exp_()  # one (rows x V) buffer besides z
             # grad wrt z: g_lp (onehot - p) + g_ent (-p (z - E)), built in place on z's buffer
             coef = grad_lp[sl, None]
             if use_ent:
