@@ -89,6 +89,26 @@ def test_entropy_alone_has_gradients():
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_bfloat16_inputs_give_float32_outputs_and_bf16_grads():
+    """Mixed precision (FSDP2's bf16 compute on GPU): logits upcast per chunk, grads in the inputs' dtype,
+    close to the float32 result (bf16 has ~3 significant digits)."""
+    g = torch.Generator().manual_seed(4)
+    hidden32 = torch.randn(T, H, generator=g)
+    weight32 = 0.3 * torch.randn(V, H, generator=g)
+    labels = torch.randint(0, V, (T,), generator=g)
+    hidden, weight = hidden32.bfloat16().requires_grad_(), weight32.bfloat16().requires_grad_()
+    lp, ent = fused(hidden, weight, None, labels, 1.0, True)
+    assert lp.dtype == ent.dtype == torch.float32
+    (lp.sum() + ent.sum()).backward()
+    assert hidden.grad.dtype == weight.grad.dtype == torch.bfloat16
+    ref = [hidden32.clone().requires_grad_(), weight32.clone().requires_grad_()]
+    lp_ref, ent_ref = naive(ref[0], ref[1], None, labels, 1.0, True)
+    (lp_ref.sum() + ent_ref.sum()).backward()
+    torch.testing.assert_close(lp, lp_ref.detach(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(hidden.grad.float(), ref[0].grad, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(weight.grad.float(), ref[1].grad, atol=0.05, rtol=0.05)
+
+
 def test_tied_embeddings_get_both_gradients():
     """The head weight is the input embedding: its gradient is the head's plus the embedding lookup's."""
     g = torch.Generator().manual_seed(2)
