@@ -186,3 +186,45 @@ def save_tiny_moe(path: str | Path, family: str = "qwen3_moe", seed: int = 0, sh
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return Path(path)
+
+
+def save_upcycled_moe(path: str | Path, experts: int = 4, noise: float = 0.01, seed: int = 0) -> Path:
+    """A tiny Mixtral "upcycled" from the tiny tied-embedding Llama (heads=2): the same attention, norms and
+    embeddings, and every expert a copy of the dense MLP plus `noise` (relative) so the router has something to
+    choose. It starts as (almost) the dense model, so it keeps the copy bias that makes the toy task learnable
+    (random tiny MoEs barely learn it); head_dim 32 works with vLLM's CPU attention."""
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    dense = build_tiny_model(tokenizer, heads=2, tie_embeddings=True, seed=seed)
+    d = dense.config
+    config = MixtralConfig(
+        vocab_size=d.vocab_size, hidden_size=d.hidden_size, intermediate_size=d.intermediate_size,
+        num_hidden_layers=d.num_hidden_layers, num_attention_heads=d.num_attention_heads,
+        num_key_value_heads=d.num_key_value_heads, head_dim=d.hidden_size // d.num_attention_heads,
+        num_local_experts=experts, num_experts_per_tok=2, max_position_embeddings=d.max_position_embeddings,
+        tie_word_embeddings=True, rms_norm_eps=d.rms_norm_eps, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    moe = MixtralForCausalLM(config)
+    state, src = moe.state_dict(), dense.state_dict()
+    state.update({k: v.clone() for k, v in src.items() if k in state})
+    gen = torch.Generator().manual_seed(seed)
+
+    def copies(weight: torch.Tensor) -> torch.Tensor:
+        return torch.stack([weight + noise * weight.std() * torch.randn(weight.shape, generator=gen)
+                            for _ in range(experts)])
+
+    for layer in range(d.num_hidden_layers):
+        mlp = f"model.layers.{layer}.mlp."
+        gate_up = torch.cat([src[mlp + "gate_proj.weight"], src[mlp + "up_proj.weight"]])  # (2I, H)
+        state[mlp + "experts.gate_up_proj"] = copies(gate_up)
+        state[mlp + "experts.down_proj"] = copies(src[mlp + "down_proj.weight"])
+    moe.load_state_dict(state)
+    moe.generation_config.eos_token_id = tokenizer.eos_token_id
+    moe.generation_config.pad_token_id = tokenizer.pad_token_id
+    moe.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return Path(path)
