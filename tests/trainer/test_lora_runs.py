@@ -174,8 +174,9 @@ def test_two_workers_match_one_worker_with_lora(ray_local, toy_data, tiny_model,
         actor_rollout_ref__actor__kl_loss_coef=0.1,
         **LORA,
     )
-    state2, norms2, batch = run_update(overrides, 2, handmade_batch())
-    state1, norms1, _ = run_update(overrides, 1, same_minibatches_on_one_worker(batch, 2, 2))
+    state2, metrics2, batch = run_update(overrides, 2, handmade_batch())
+    state1, metrics1, _ = run_update(overrides, 1, same_minibatches_on_one_worker(batch, 2, 2))
+    norms1, norms2 = metrics1["actor/grad_norm"], metrics2["actor/grad_norm"]
     assert len(norms1) == 2 and len(norms2) == 4
     assert norms2[:2] == pytest.approx(norms2[2:], rel=1e-6)
     assert norms2[:2] == pytest.approx(norms1, rel=1e-5)
