@@ -131,7 +131,7 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
                 trainer.tracker = tracker
                 summary = trainer.fit()
             summary.log_dir = log_dir
-            summary.memory = actor_memory(trainer.workers.actor)  # type: ignore[attr-defined]
+            summary.memory = {**(actor_memory(trainer.workers.actor) or {}), **moe_params(trainer.model_path)}
             summary.wall_s = time.perf_counter() - started  # type: ignore[attr-defined]
             console.print(summary_table(summary))
             return summary
@@ -207,13 +207,34 @@ def actor_memory(actor: Any) -> dict[str, float] | None:
     return total
 
 
+def moe_params(model_path: str) -> dict[str, float]:
+    """Matmul weights a token uses (active experts) and in total, for a mixture-of-experts policy; {} if dense."""
+    from transformers import AutoConfig
+
+    from rlkit.utils.flops import matmul_params_per_token, matmul_params_total
+
+    try:
+        config = AutoConfig.from_pretrained(model_path)
+        active, total = matmul_params_per_token(config), matmul_params_total(config)
+    except Exception:  # a summary line must never fail a finished run
+        return {}
+    return {} if active == total else {"moe_active_params": float(active), "moe_total_params": float(total)}
+
+
 def memory_rows(memory: dict[str, float] | None) -> list[tuple[str, str]]:
-    """Run-summary lines: what trains (full or LoRA) and what its optimizer holds."""
+    """Run-summary lines: what trains (full or LoRA), what its optimizer holds, and an MoE's active weights."""
     if not memory:
         return []
+    moe = []
+    if memory.get("moe_total_params"):
+        active, total = memory["moe_active_params"], memory["moe_total_params"]
+        moe = [("MoE weights per token (matmuls)", f"{active / 1e6:.2f}M active of {total / 1e6:.2f}M total")]
+    if "params" not in memory:
+        return moe
     trained, params = memory["trainable_params"], memory["params"]
     lora = f", LoRA rank {int(memory['lora_rank'])}" if memory.get("lora_rank") else ", full fine-tuning"
     return [
         ("trainable parameters", f"{trained / 1e6:.2f}M of {params / 1e6:.2f}M ({100 * trained / params:.2f}%{lora})"),
         ("optimizer state + grads (all ranks)", f"{memory['optimizer_state_mb']:.1f} MB + {memory['grad_mb']:.1f} MB"),
+        *moe,
     ]

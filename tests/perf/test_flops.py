@@ -80,3 +80,16 @@ def test_moe_total_and_active_parameters_match_the_model(family):
     per_expert = sum(p.numel() for p in experts) // n_experts
     assert flops.matmul_params_per_token(cfg) == linear + per_expert * cfg.num_experts_per_tok
     assert flops.matmul_params_total(SMOL) == flops.matmul_params_per_token(SMOL)  # dense: the same
+
+
+def test_the_run_summary_shows_an_moe_policys_active_and_total_weights(tmp_path):
+    from rlkit.testing import save_tiny_model, save_tiny_moe
+    from rlkit.trainer.launch import memory_rows, moe_params
+
+    moe = moe_params(str(save_tiny_moe(tmp_path / "moe", "qwen3_moe")))
+    assert 0 < moe["moe_active_params"] < moe["moe_total_params"]
+    assert moe_params(str(save_tiny_model(tmp_path / "dense"))) == {}
+    rows = dict(memory_rows({"params": 1e6, "trainable_params": 1e6, "optimizer_state_mb": 8.0, "grad_mb": 4.0, **moe}))
+    line = rows["MoE weights per token (matmuls)"]
+    assert line.endswith("total") and "active of" in line
+    assert dict(memory_rows(moe)) == {"MoE weights per token (matmuls)": line}
