@@ -87,11 +87,17 @@ def train_sync_and_compare(tmp_path, steps: int, extra=(), check_group=None, sav
     ckpt = tmp_path / "ckpt" / f"global_step_{steps}" / "actor"
     exported = export_hf(ckpt, tmp_path / "exported", tokenizer_dir=ckpt / "tokenizer")
     rcfg = RolloutConfig(name="vllm", prompt_length=32, response_length=3, kv_cache_memory_mb=64)
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    # an engine built earlier in this process (another test) leaves vLLM's parallel state behind, without the
+    # expert-parallel group an MoE model needs: start this one from a clean state and leave one behind
+    cleanup_dist_env_and_memory()
     fresh = VLLMRollout(str(exported), rcfg)
     try:
         ref = fresh.generate(prompts, rcfg.to_val_sampling())
     finally:
         fresh.close()
+        cleanup_dist_env_and_memory()
     assert torch.equal(after["responses"], ref["responses"]), "synced engine != fresh engine from exported weights"
     assert not torch.equal(before["responses"], after["responses"]), "training + sync changed nothing"
     return gaps
