@@ -70,6 +70,10 @@ def check_lora(cfg: RLConfig) -> None:
     if lora and rollout.lora_sync == "native" and rollout.name not in (None, "vllm"):
         raise UserError(f"actor_rollout_ref.rollout.lora_sync=native needs the vllm engine (rollout.name="
                         f"{rollout.name} cannot load LoRA adapters); use lora_sync=merge")
+    if lora and rollout.lora_sync == "native" and cfg.trainer.one_step_off_policy:
+        raise UserError("actor_rollout_ref.rollout.lora_sync=native is for the colocated engine; with "
+                        "trainer.one_step_off_policy the separate engine receives the merged weights through "
+                        "the object store: use lora_sync=merge (the default)")
     if lora and rollout.lora_sync == "native" and model.lora_rank == 0:
         raise UserError("actor_rollout_ref.rollout.lora_sync=native sizes the engine's LoRA slots from "
                         "actor_rollout_ref.model.lora_rank: set it to the adapter's rank (lora_adapter_path)")

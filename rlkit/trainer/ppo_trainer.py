@@ -285,6 +285,10 @@ class RLTrainer:
 
         path = load_with_fallback(self.ckpt_root, self.cfg.trainer.resume_mode, self._load_checkpoint, log.warning)
         if path is None:
+            if self.cfg.trainer.one_step_off_policy and self.cfg.actor_rollout_ref.model.lora_adapter_path:
+                # the separate engine loaded the base folder; the actor starts from the adapter: push it first
+                # (colocated engines load it themselves when built: RolloutWorker.init_model)
+                self.workers.sync_weights(wait=True)
             return
         self.workers.sync_weights(wait=True)  # the resumed weights are in the engines before step 1
         self.resumed_from = path

@@ -131,19 +131,38 @@ def check_output_dirs(p: Preflight) -> None:
             p.problems.append(f"{key}: {problem}; choose a writable folder")
 
 
-def checkpoint_size(model_dir: Path, roles: int = 1) -> int:
+def _model_config(model_dir: Path) -> dict:
+    try:
+        return json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def lora_params_upper_bound(config: dict, rank: int) -> int:
+    """Adapter parameters of rank `rank` on every linear layer of a decoder (attention q/k/v/o and a gated
+    MLP): rank x (in + out) per layer (an upper bound when `target_modules` is narrower)."""
+    h = int(config.get("hidden_size") or 0)
+    heads = int(config.get("num_attention_heads") or 1)
+    head_dim = int(config.get("head_dim") or (h // heads if heads else 0))
+    kv = int(config.get("num_key_value_heads") or heads)
+    inter = int(config.get("intermediate_size") or 4 * h)
+    q, k = heads * head_dim, kv * head_dim
+    per_layer = (h + q) + 2 * (h + k) + (q + h) + 3 * (h + inter)
+    return rank * per_layer * int(config.get("num_hidden_layers") or 0)
+
+
+def checkpoint_size(model_dir: Path, roles: int = 1, lora_rank: int = 0) -> int:
     """Bytes of one checkpoint, estimated from the model's weight files: parameters (from their size and
-    dtype) x (fp32 weights + AdamW moments) x trained roles (actor, and critic when there is one)."""
+    dtype) x (fp32 weights + AdamW moments) x trained roles (actor, and critic when there is one).
+    With LoRA the actor's checkpoint holds the adapter and its optimizer state only."""
     from rlkit.models.loading import WEIGHT_GLOBS
 
     weights = sum(f.stat().st_size for g in WEIGHT_GLOBS if not g.endswith(".json") for f in model_dir.glob(g))
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        config = {}
+    config = _model_config(model_dir)
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     params = weights / DTYPE_BYTES.get(dtype, 2)
-    return int(params * BYTES_PER_PARAM_IN_CHECKPOINT * roles)
+    actor = lora_params_upper_bound(config, lora_rank) if lora_rank > 0 else params
+    return int((actor + params * (roles - 1)) * BYTES_PER_PARAM_IN_CHECKPOINT)
 
 
 def check_disk(p: Preflight) -> None:
@@ -151,17 +170,19 @@ def check_disk(p: Preflight) -> None:
     if p.model_dir is None or any(x.startswith("trainer.default_local_dir") for x in p.problems):
         return
     roles = 2 if critic_enabled(p.cfg) else 1
-    need = checkpoint_size(p.model_dir, roles)
+    lora_rank = int(p.cfg.actor_rollout_ref.model.lora_rank or 0)
+    need = checkpoint_size(p.model_dir, roles, lora_rank)
     root = p.cfg.trainer.default_local_dir
     free = free_bytes(root)
+    what = "the LoRA adapter + its AdamW state" if lora_rank > 0 else "fp32 weights + AdamW state"
     if free < need:
         p.problems.append(
             f"trainer.default_local_dir: {Path(root).expanduser()} has {human_bytes(free)} free, but one checkpoint "
-            f"of this model takes about {human_bytes(need)} (fp32 weights + AdamW state"
+            f"of this model takes about {human_bytes(need)} ({what}"
             f"{', actor and critic' if roles == 2 else ''}); free space or point it at a bigger disk"
         )
     else:
-        p.notes.append(f"checkpoint ~{human_bytes(need)} each, {human_bytes(free)} free")
+        p.notes.append(f"checkpoint ~{human_bytes(need)} each ({what}), {human_bytes(free)} free")
 
 
 def check_resume(p: Preflight) -> None:

@@ -214,6 +214,14 @@ def test_bf16_base_keeps_float32_adapters(tiny, process_group):
             "needs the vllm engine",
         ),
         (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.rollout.lora_sync=nope"], "lora_sync='nope'"),
+        (
+            [
+                "actor_rollout_ref.model.lora_rank=8",
+                "actor_rollout_ref.rollout.lora_sync=native",
+                "trainer.one_step_off_policy=true",
+            ],
+            "use lora_sync=merge",
+        ),
     ],
 )
 def test_lora_config_errors_name_the_key(overrides, message):

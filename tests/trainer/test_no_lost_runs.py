@@ -102,6 +102,24 @@ def test_dry_run_refuses_a_disk_without_room_for_one_checkpoint(toy_data, tiny_m
     assert "free, but one checkpoint of this model takes about 24.0 TB" in err
 
 
+def test_lora_checkpoint_estimate_counts_the_adapter_not_the_model(tiny_model):
+    """A LoRA actor checkpoint holds the adapter and its AdamW state: the estimate is rank x (in + out) per
+    linear layer, checked against peft's own count of an all-linear adapter on the same model."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.trainer.preflight import BYTES_PER_PARAM_IN_CHECKPOINT, checkpoint_size
+
+    full = checkpoint_size(tiny_model)
+    lora = checkpoint_size(tiny_model, lora_rank=8)
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
+                                LoraConfig(r=8, target_modules="all-linear"))
+    adapter = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert lora == adapter * BYTES_PER_PARAM_IN_CHECKPOINT
+    assert lora < full / 4
+    assert checkpoint_size(tiny_model, roles=2, lora_rank=8) == lora + full  # the critic trains in full
+
+
 # ------------------------------------------------------------------------------------------- export
 
 
