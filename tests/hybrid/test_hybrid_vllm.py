@@ -53,6 +53,24 @@ def toy_config(toy, model, tmp_path, steps, extra=()):
     ])
 
 
+def metric_rows(tmp_path) -> list[dict]:
+    """The run's logged rows (the file tracker's metrics.jsonl)."""
+    return [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+
+
+def fit_toy(cfg, tmp_path):
+    """Build the trainer of `cfg` (file tracker under tmp_path/logs), fit, always shut down; returns the summary."""
+    from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.utils.tracking import Tracking
+
+    trainer = RLTrainer(cfg, tracker=Tracking(["file"], log_dir=tmp_path / "logs"))
+    try:
+        return trainer.fit()
+    finally:
+        trainer.workers.shutdown()
+        trainer.tracker.finish()
+
+
 def train_sync_and_compare(tmp_path, steps: int, extra=(), check_group=None, save_model=None) -> list[float]:
     """Train `steps` GRPO steps with engine log-probs, then check the synced engine: its greedy
     output equals a fresh single-rank engine loaded from the exported checkpoint and differs from
@@ -80,8 +98,7 @@ def train_sync_and_compare(tmp_path, steps: int, extra=(), check_group=None, sav
         trainer.tracker.finish()
     assert summary.steps == steps and len(after) == len(prompts)
 
-    rows = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
-    gaps = [r["rollout/log_prob_abs_diff"] for r in rows if "rollout/log_prob_abs_diff" in r]
+    gaps = [r["rollout/log_prob_abs_diff"] for r in metric_rows(tmp_path) if "rollout/log_prob_abs_diff" in r]
     assert len(gaps) == steps and max(gaps) < 1e-3, gaps
 
     ckpt = tmp_path / "ckpt" / f"global_step_{steps}" / "actor"
@@ -109,17 +126,8 @@ def test_sync_matches_fresh_engine_and_logprobs_agree(tmp_path, ray_local):
 
 @pytest.mark.timeout(1800)
 def test_grpo_with_vllm_learns_toy(tmp_path, ray_local):
-    from rlkit.trainer.ppo_trainer import RLTrainer
-    from rlkit.utils.tracking import Tracking
-
     toy, model = make_toy_and_model(tmp_path)
-    cfg = toy_config(toy, model, tmp_path, steps=200)
-    trainer = RLTrainer(cfg, tracker=Tracking(["file"], log_dir=tmp_path / "logs"))
-    try:
-        summary = trainer.fit()
-    finally:
-        trainer.workers.shutdown()
-        trainer.tracker.finish()
+    summary = fit_toy(toy_config(toy, model, tmp_path, steps=200), tmp_path)
     scores = summary.train_scores
     first, last = float(np.mean(scores[:10])), float(np.mean(scores[-20:]))
     assert first < 0.2, scores[:10]

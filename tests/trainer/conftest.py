@@ -62,6 +62,18 @@ def toy_overrides(data: Path, model: Path, out: Path, **extra) -> list[str]:
     return [f"{k}={v}" for k, v in values.items()]
 
 
+def learning_overrides(data: Path, model: Path, out: Path, steps: int, **extra) -> list[str]:
+    """`toy_overrides` of a learning run: batches of 32 prompts, `steps` steps, validation before and after."""
+    values = dict(
+        data__val_files=data / "test.parquet",
+        data__train_batch_size=32,
+        actor_rollout_ref__actor__ppo_mini_batch_size=32,
+        trainer__total_training_steps=steps,
+        trainer__val_before_train=True,
+    )
+    return toy_overrides(data, model, out, **(values | extra))
+
+
 def read_metrics(log_dir: Path) -> list[dict]:
     path = Path(log_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

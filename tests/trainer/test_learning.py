@@ -18,7 +18,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.trainer.conftest import fit, toy_overrides, train_rows
+from tests.trainer.conftest import fit, learning_overrides, train_rows
 
 STEPS = 100
 
@@ -27,21 +27,11 @@ def _mean(xs):
     return statistics.fmean(xs)
 
 
-def _learning_overrides(toy_data, tiny_model, out, **extra):
-    values = dict(
-        data__val_files=toy_data / "test.parquet",
-        data__train_batch_size=32,
-        actor_rollout_ref__actor__ppo_mini_batch_size=32,
-        trainer__total_training_steps=STEPS,
-        trainer__val_before_train=True,
-    )
-    return toy_overrides(toy_data, tiny_model, out, **(values | extra))
-
-
 @pytest.fixture(scope="module")
 def grpo_run(toy_data, tiny_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("grpo")
-    summary, rows, state = fit("grpo", _learning_overrides(toy_data, tiny_model, out), out / "logs", keep_state=True)
+    overrides = learning_overrides(toy_data, tiny_model, out, STEPS)
+    summary, rows, state = fit("grpo", overrides, out / "logs", keep_state=True)
     return summary, rows, state, out
 
 
@@ -112,8 +102,8 @@ def test_ppo_with_a_critic_learns(toy_data, tiny_model, tmp_path):
     (mini-batch = batch) it learns too but slower and less reliably (0.22-0.74). The critic's mean
     value stays within 0.01 of the mean reward once trained.
     """
-    overrides = _learning_overrides(
-        toy_data, tiny_model, tmp_path,
+    overrides = learning_overrides(
+        toy_data, tiny_model, tmp_path, STEPS,
         actor_rollout_ref__rollout__n=8,
         actor_rollout_ref__actor__ppo_mini_batch_size=16,
         critic__optim__lr=1e-3,

@@ -15,7 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.trainer.conftest import fit, toy_overrides, train_rows
+from tests.trainer.conftest import fit, learning_overrides, toy_overrides, train_rows
 
 STEPS = 100
 LORA = dict(actor_rollout_ref__model__lora_rank=16, actor_rollout_ref__model__lora_alpha=16)
@@ -41,16 +41,11 @@ def lora_base(tmp_path_factory):
 
 def lora_overrides(toy_data, tiny_model, out, **extra) -> list[str]:
     values = dict(
-        data__val_files=toy_data / "test.parquet",
-        data__train_batch_size=32,
-        actor_rollout_ref__actor__ppo_mini_batch_size=32,
         actor_rollout_ref__actor__optim__lr=1e-2,
         actor_rollout_ref__actor__use_kl_loss=True,  # needs the reference: the actor with its adapter off
         actor_rollout_ref__actor__kl_loss_coef=0.001,
-        trainer__total_training_steps=STEPS,
-        trainer__val_before_train=True,
     )
-    return toy_overrides(toy_data, tiny_model, out, **(values | LORA | extra))
+    return learning_overrides(toy_data, tiny_model, out, STEPS, **(values | LORA | extra))
 
 
 def test_lora_layout_has_no_reference_worker(toy_data, tiny_model, tmp_path):
