@@ -94,6 +94,8 @@ class ActorConfig:
     router_aux_loss_coef: float | None = f(None, "MoE: weight of the router load-balancing loss added to the policy "
                                            "loss (logged as actor/router_aux_loss); null = the model config's "
                                            "router_aux_loss_coef; 0 = log it only")
+    router_replay: bool = f(False, "MoE: the trainer's forward uses the experts the rollout engine chose for each "
+                            "token (routing replay; the engine returns routed_experts, docs/moe.md)")
     optim: OptimConfig = f(factory=OptimConfig, help="optimizer")
     fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings")
 
