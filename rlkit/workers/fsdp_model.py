@@ -38,6 +38,7 @@ from rlkit.models.lora import (
     wrap_lora,
     write_lora_info,
 )
+from rlkit.models.moe_router import RouterTap
 from rlkit.utils.lr_schedule import lr_lambda
 from rlkit.workers.fused_lm_head import fused_lm_head_logprob, unfusable_reason
 
@@ -148,6 +149,7 @@ class FSDPModel:
         if offload is None:
             model.to(device)
         self.module = model
+        self.router_tap = RouterTap.attach(model)  # MoE: router hooks (aux loss, load metrics, replay); None if dense
         self._has_logits_to_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
@@ -206,6 +208,7 @@ class FSDPModel:
         chunk_size: int = 1024,
         response_logits_only: bool = True,
         fused_lm_head: bool = False,
+        routed_experts: torch.Tensor | None = None,
     ) -> ForwardOut:
         """Log-probs (and entropy) of the response tokens, or values when this is a critic.
 
@@ -214,11 +217,16 @@ class FSDPModel:
         positions; other response positions get log-prob 0 (they are masked by `response_mask`).
         `fused_lm_head` (with `response_logits_only`) computes them from the hidden states in chunks
         without keeping the logits for backward (rlkit/workers/fused_lm_head.py).
+        `routed_experts` (b, S, layers, k): MoE routing replay, the experts each token must use (-1 = its own).
         """
         input_ids, attention_mask, position_ids = (t.to(self.device) for t in (input_ids, attention_mask, position_ids))
         if not remove_padding:  # padded rows: at least skip the columns no row uses
             input_ids, attention_mask, position_ids = trim_left_padding(
                 input_ids, attention_mask, position_ids, response_length)
+        if routed_experts is not None:  # routing replay: one route per token the routers see, selected as the tokens
+            routes = routed_experts[:, -input_ids.shape[1] :].to(self.device)  # the columns trimming kept
+            assert self.router_tap is not None, "routed_experts given to a model without routers"
+            self.router_tap.replay(routes[attention_mask.bool()] if remove_padding else routes.flatten(0, 1))
         if response_logits_only and not self.value_head and self._has_logits_to_keep:
             return self._forward_response_logits(input_ids, attention_mask, position_ids, response_length,
                                                  temperature, with_entropy, remove_padding, chunk_size,
