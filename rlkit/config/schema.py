@@ -89,6 +89,8 @@ class ActorConfig:
     kl_loss_coef: float = f(0.001, "weight of the KL loss")
     kl_loss_type: str = f("low_var_kl", "KL estimator of the KL loss (rlkit.algo.KL_ESTIMATORS)")
     grad_clip: float = f(1.0, "max grad norm")
+    ulysses_sequence_parallel_size: int = f(1, "Ulysses sequence parallelism: groups of this many workers split each "
+                                           "packed micro-batch along the sequence (docs/long_context.md); 1 = off")
     logits_chunk_size: int = f(1024, "rows of logits turned into log-probs at a time (bounds memory)")
     recompute_old_log_prob: bool = f(False, "always recompute old log-probs; off = reuse when on-policy (ppo_epochs=1)")
     router_aux_loss_coef: float | None = f(None, "MoE: weight of the router load-balancing loss added to the policy "
@@ -103,6 +105,7 @@ class ActorConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = f(8, "sequences per reference forward")
+    ulysses_sequence_parallel_size: int = f(1, "sequence parallelism of the reference forward (as the actor's)")
     fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings of the frozen reference")
 
 
@@ -128,6 +131,7 @@ class CriticConfig:
     ppo_mini_batch_size: int | None = f(None, "null = the actor's")
     ppo_micro_batch_size_per_gpu: int = f(4, "sequences per forward/backward")
     ppo_epochs: int | None = f(None, "null = the actor's")
+    ulysses_sequence_parallel_size: int = f(1, "sequence parallelism of the critic (as the actor's)")
     cliprange_value: float = f(0.5, "value clipping range")
     loss_agg_mode: str = f("token-mean", "aggregation of the value loss")
     grad_clip: float = f(1.0, "max grad norm")
