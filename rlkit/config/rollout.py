@@ -36,6 +36,7 @@ class SamplingConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     calculate_log_probs: bool = False
     seed: int | None = None
+    return_routed_experts: bool = False  # MoE: also return `routed_experts` (actor.router_replay; hf backend)
 
 
 @dataclass

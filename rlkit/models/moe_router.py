@@ -1,19 +1,54 @@
 """What the routers of a mixture-of-experts model decided in one forward: the load-balancing loss and the
-expert-load metrics, read through forward hooks so no model's forward is copied or patched.
+expert-load metrics, read through forward hooks so no model's forward is copied or patched; and routing
+replay: the same hooks can replace a router's choice with given experts (the ones the rollout engine chose).
 
 A router here is a module returning `(router_logits (N, E), scores, indices (N, k))` from hidden states
 flattened to N tokens (transformers 5's `*TopKRouter`, e.g. Qwen3-MoE, Mixtral, OLMoE). Padding tokens
 also pass through the routers; the token mask comes from the top module's 2-D `attention_mask` (a packed
 forward with a 4-D block mask has no padding), so neither the loss nor the metrics count them.
+
+Routing replay (`actor_rollout_ref.actor.router_replay`): `replay(routes)` before a forward hands the tap one
+(N, layers, k) tensor of expert ids, one row per token the routers will see, in their order (the caller
+selects them like the tokens: packed or trimmed, rlkit/workers/fsdp_model.py); -1 rows keep the router's own
+choice. Each router's output becomes (its logits, scores of the given experts recomputed from those logits
+the way that router family normalises them, the given experts), so gradients still reach the router weights.
+The scoring rule is declared per router class (`ROUTE_SCORES`); a family without one is refused. The routes
+stay in force until the next forward of the top module, so a backward that recomputes checkpointed layers
+uses them too.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+
+from rlkit.errors import UserError
+from rlkit.registry import Registry
+
+RouteScorer = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+#: router class name -> scores (N, k) of given experts (N, k) from the router's logits (N, E)
+ROUTE_SCORES: Registry[RouteScorer] = Registry("MoE router scoring rule")
+
+
+def _softmax_gather(logits: torch.Tensor, indices: torch.Tensor, normalise: bool) -> torch.Tensor:
+    probs = torch.softmax(logits.float(), dim=-1).gather(-1, indices)
+    return probs / probs.sum(dim=-1, keepdim=True) if normalise else probs
+
+
+@ROUTE_SCORES.register("Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter", "OlmoeTopKRouter", "Qwen3NextTopKRouter")
+def _softmax_topk_flagged(router: torch.nn.Module, logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """softmax over all experts (float32), the chosen ones renormalised when `norm_topk_prob`, cast back to the
+    logits' dtype (transformers 5's Qwen3-MoE/Qwen2-MoE/OLMoE routers)."""
+    return _softmax_gather(logits, indices, bool(router.norm_topk_prob)).to(logits.dtype)
+
+
+@ROUTE_SCORES.register("MixtralTopKRouter", "MiniMaxTopKRouter")
+def _softmax_topk_normalised(router: torch.nn.Module, logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """softmax over all experts (float32), the chosen ones always renormalised, kept in float32 (Mixtral)."""
+    return _softmax_gather(logits, indices, True)
 
 
 def is_router(module: torch.nn.Module) -> bool:
@@ -36,9 +71,12 @@ class RouterTap:
         self._mask: torch.Tensor | None = None
         self.logits: list[torch.Tensor] = []
         self.indices: list[torch.Tensor] = []
+        self._layer = {id(router): i for i, router in enumerate(routers)}
+        self._pending: torch.Tensor | None = None  # routes for the next forward (`replay`)
+        self._forced: torch.Tensor | None = None  # routes of the current forward (and its recomputation)
         model.register_forward_pre_hook(self._take_mask, with_kwargs=True)
         for router in routers:
-            router.register_forward_hook(self._record)
+            router.register_forward_hook(self._on_router)
 
     @classmethod
     def attach(cls, model: torch.nn.Module) -> RouterTap | None:
@@ -46,13 +84,38 @@ class RouterTap:
         routers = [m for m in model.modules() if is_router(m)]
         return cls(model, routers) if routers else None
 
+    def replay(self, routes: torch.Tensor) -> None:
+        """Force the experts of the next forward: `routes` (N tokens, layers, k) long, -1 = the router's own."""
+        if routes.dim() != 3 or routes.shape[1:] != (len(self.routers), self.top_k):
+            raise ValueError(f"routes {tuple(routes.shape)} must be (tokens, {len(self.routers)} layers, "
+                             f"top_k {self.top_k})")
+        for router in self.routers:  # refuse a family with no declared scoring rule before any forward
+            _scorer(router)
+        self._pending = routes.long()
+
     def _take_mask(self, module: Any, args: tuple, kwargs: dict) -> None:
         mask = kwargs.get("attention_mask")
         self._mask = mask.reshape(-1).bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        self._forced, self._pending = self._pending, None
 
-    def _record(self, module: Any, args: tuple, output: Any) -> None:
-        if not self._on:
-            return
+    def _on_router(self, module: Any, args: tuple, output: Any) -> Any:
+        if self._forced is not None:
+            output = self._force(module, output)
+        if self._on:
+            self._record(output)
+        return output
+
+    def _force(self, router: Any, output: tuple) -> tuple:
+        logits, _, own = output
+        assert self._forced is not None
+        routes = self._forced[:, self._layer[id(router)]].to(own.device)
+        if routes.shape[0] != own.shape[0]:
+            raise RuntimeError(f"routing replay: {routes.shape[0]} routed tokens for a router that sees "
+                               f"{own.shape[0]}; the routes must be selected like the tokens (packed or trimmed)")
+        indices = torch.where(routes >= 0, routes, own)
+        return logits, _scorer(router)(router, logits, indices), indices
+
+    def _record(self, output: tuple) -> None:
         logits, _, indices = output
         if self._mask is not None and self._mask.numel() == logits.shape[0]:
             keep = self._mask.to(logits.device)
@@ -89,3 +152,52 @@ class RouterTap:
             return {}
         return {"moe/expert_load_max_over_mean": sum(ratios) / len(ratios),
                 "moe/dropped_or_unused_experts": sum(unused) / len(unused)}
+
+
+def _scorer(router: torch.nn.Module) -> RouteScorer:
+    name = type(router).__name__
+    if name not in ROUTE_SCORES:
+        raise UserError(f"actor_rollout_ref.actor.router_replay: no scoring rule declared for the router {name}; "
+                        f"add its class name to a rule in rlkit/models/moe_router.py (ROUTE_SCORES: "
+                        f"{', '.join(ROUTE_SCORES.names())}) after checking how its forward turns logits into "
+                        "scores, or set router_replay=false")
+    return ROUTE_SCORES.get(name)
+
+
+class RouteRecorder:
+    """The experts every router chose in each forward of `model`, unmasked and in call order, while `recording()`
+    is open: what a generating engine (the hf rollout) records for routing replay. `take()` returns one
+    (tokens of that forward, layers, k) tensor per forward (prefill, then one per decode step)."""
+
+    def __init__(self, routers: list[torch.nn.Module]) -> None:
+        self.routers = routers
+        self.top_k = int(routers[0].top_k)
+        self.num_experts = int(routers[0].num_experts)
+        self._on = False
+        self._calls: list[list[torch.Tensor]] = [[] for _ in routers]
+        for i, router in enumerate(routers):
+            router.register_forward_hook(lambda module, args, output, i=i: self._record(i, output))
+
+    @classmethod
+    def attach(cls, model: torch.nn.Module) -> RouteRecorder | None:
+        """A recorder on every router of `model`, or None for a dense model."""
+        routers = [m for m in model.modules() if is_router(m)]
+        return cls(routers) if routers else None
+
+    def _record(self, layer: int, output: Any) -> None:
+        if self._on:
+            self._calls[layer].append(output[2].detach())
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[RouteRecorder]:
+        self._calls, self._on = [[] for _ in self.routers], True
+        try:
+            yield self
+        finally:
+            self._on = False
+
+    def take(self) -> list[torch.Tensor]:
+        """Per forward: (N, layers, k) long, layer order = the routers' module order (as `RouterTap`'s)."""
+        calls = [torch.stack(per_layer, dim=1) for per_layer in zip(*self._calls, strict=True)]
+        self._calls = [[] for _ in self.routers]
+        return calls

@@ -9,10 +9,16 @@ top-p, the order vLLM uses) so that `rollout_log_probs` are exactly
 `log_softmax` of the scores the token was drawn from: the temperature-scaled,
 top-k/top-p-truncated and renormalised distribution (greedy: the raw model
 distribution). The vLLM backend returns the same quantity.
+
+For MoE routing replay (`sampling.return_routed_experts`, set by `actor.router_replay`) it records the experts
+every router chose for each prompt and response token (`routed_experts` (B, P+R, layers, k) int16, aligned with
+`input_ids`, -1 where no token was routed: padding, and a response's last token when generation stopped there,
+as it was never fed back; its route cannot change any log-prob).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -20,6 +26,7 @@ import torch
 
 from rlkit.config.rollout import RolloutConfig
 from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids, torch_dtype
+from rlkit.models.moe_router import RouteRecorder
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
 
@@ -58,6 +65,25 @@ def stop_mask(tokens: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
     return (stops_before == 0).long()
 
 
+def place_routes(out: torch.Tensor, calls: list[torch.Tensor], prompt_mask: torch.Tensor, keep: torch.Tensor) -> None:
+    """Lay one micro-batch's recorded routes into `out` (b, P+R, layers, k), in place: the prefill covers the last
+    columns of the prompt (generate saw the prompt without its all-padding leading columns), decode step t
+    fed response token t-1; -1 stays where no real token was routed (padding, tokens after the stop)."""
+    b, prompt_len = prompt_mask.shape
+    n = keep.shape[1]
+    if len(calls) != n or calls[0].shape[0] % b or any(c.shape[0] != b for c in calls[1:]):
+        raise RuntimeError(
+            f"routing record: {len(calls)} forwards ({[c.shape[0] for c in calls[:3]]} tokens) for "
+            f"{b} rows and {n} new tokens; expected one prefill and one forward per decode step"
+        )
+    fed = calls[0].shape[0] // b
+    out[:, prompt_len - fed : prompt_len] = calls[0].view(b, fed, *calls[0].shape[1:])
+    for t, call in enumerate(calls[1:]):
+        out[:, prompt_len + t] = call
+    out[:, :prompt_len][~prompt_mask.bool()] = -1
+    out[:, prompt_len : prompt_len + n][~keep.bool()] = -1
+
+
 @ROLLOUT_BACKENDS.register("hf")
 class HFRollout(RolloutBackend):
     """transformers `generate`, micro-batched by `config.max_num_seqs`."""
@@ -80,6 +106,7 @@ class HFRollout(RolloutBackend):
         model.generation_config = GenerationConfig(eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.weight_names = WeightNames(self.model)
+        self.route_recorder = RouteRecorder.attach(self.model)  # None for a dense model
         self._rng = torch.Generator().manual_seed(config.seed)
         self.last_update: dict[str, float] = {}
 
@@ -91,6 +118,7 @@ class HFRollout(RolloutBackend):
         mask = torch.zeros((rows, length), dtype=torch.long)
         log_probs = torch.zeros((rows, length), dtype=torch.float32) if sampling.calculate_log_probs else None
         stop_ids = merge_stop_ids(sampling.stop_token_ids, self.stop_ids)
+        routes = self._empty_routes(prompts, length) if sampling.return_routed_experts else None
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
         step = self.config.max_num_seqs
         devices = [self.device] if self.device.type == "cuda" else []
@@ -98,8 +126,12 @@ class HFRollout(RolloutBackend):
             torch.manual_seed(seed)
             for start in range(0, rows, step):
                 part = slice(start, min(start + step, rows))
-                ids, lps = self._generate_part(
-                    prompts.tensors["input_ids"][part], prompts.tensors["attention_mask"][part], sampling, stop_ids
+                ids, lps, calls = self._generate_part(
+                    prompts.tensors["input_ids"][part],
+                    prompts.tensors["attention_mask"][part],
+                    sampling,
+                    stop_ids,
+                    record_routes=routes is not None,
                 )
                 keep = stop_mask(ids, stop_ids)
                 n = ids.shape[1]
@@ -107,12 +139,33 @@ class HFRollout(RolloutBackend):
                 mask[part, :n] = keep
                 if log_probs is not None:
                     log_probs[part, :n] = torch.where(keep.bool(), lps, 0.0)  # -inf * 0 would be nan
-        return assemble_output(prompts, responses, mask, log_probs)
+                if routes is not None:
+                    place_routes(routes[part], calls, prompts.tensors["attention_mask"][part], keep)
+        out = assemble_output(prompts, responses, mask, log_probs)
+        if routes is not None:
+            out["routed_experts"] = routes
+        return out
+
+    def _empty_routes(self, prompts: Batch, response_length: int) -> torch.Tensor:
+        if self.route_recorder is None:
+            raise ValueError(
+                "return_routed_experts (actor.router_replay) needs a mixture-of-experts model; "
+                f"{self.model.config.model_type} has no router"
+            )
+        rec = self.route_recorder
+        rows, prompt_len = prompts.tensors["input_ids"].shape
+        return torch.full((rows, prompt_len + response_length, len(rec.routers), rec.top_k), -1, dtype=torch.int16)
 
     def _generate_part(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingConfig, stop_ids: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Generate for one micro-batch; returns (new tokens (b, L<=R) on CPU, their log-probs or None)."""
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        sampling: SamplingConfig,
+        stop_ids: list[int],
+        record_routes: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+        """Generate for one micro-batch; returns (new tokens (b, L<=R) on CPU, their log-probs or None, the
+        routes of each forward (`RouteRecorder.take`; empty unless `record_routes`))."""
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
         # drop leading columns that are padding for every row of this micro-batch
@@ -133,18 +186,21 @@ class HFRollout(RolloutBackend):
         if recorder is not None:
             processors.append(recorder)
         extra = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}  # sampling done by `processors`
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            max_new_tokens=sampling.response_length,
-            do_sample=not greedy,
-            eos_token_id=stop_ids,
-            pad_token_id=self.pad_id,
-            logits_processor=processors,
-            **extra,
-        )
+        recording = self.route_recorder.recording() if record_routes else contextlib.nullcontext()
+        with recording:
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=sampling.response_length,
+                do_sample=not greedy,
+                eos_token_id=stop_ids,
+                pad_token_id=self.pad_id,
+                logits_processor=processors,
+                **extra,
+            )
         new = out[:, input_ids.shape[1] :].cpu()
-        return new, (recorder.finish(new.to(self.device)).cpu() if recorder is not None else None)
+        calls = [c.cpu() for c in self.route_recorder.take()] if record_routes else []
+        return new, (recorder.finish(new.to(self.device)).cpu() if recorder is not None else None), calls
 
     # ------------------------------------------------------------- weight sync
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:

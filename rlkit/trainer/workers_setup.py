@@ -87,10 +87,10 @@ def rollout_role(cfg: RLConfig, model_path: str, colocated: bool) -> ClassWithIn
     (A separate engine never sleeps: finalize turns rollout.free_cache_engine off in that mode.)"""
     from rlkit.workers.rollout_worker import RolloutWorker
 
-    rollout = cfg.actor_rollout_ref.rollout
+    rollout, replay = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor.router_replay
     if colocated:
-        return ClassWithInitArgs(RolloutWorker, rollout, str(model_path), actor=Sibling("actor"))
-    return ClassWithInitArgs(RolloutWorker, rollout, str(model_path))
+        return ClassWithInitArgs(RolloutWorker, rollout, str(model_path), actor=Sibling("actor"), router_replay=replay)
+    return ClassWithInitArgs(RolloutWorker, rollout, str(model_path), router_replay=replay)
 
 
 def role_specs(cfg: RLConfig, layout: Layout, model_path: str, total_steps: int) -> list[dict[str, ClassWithInitArgs]]:

@@ -20,7 +20,7 @@ from rlkit.algo.utils import agg_loss, masked_mean
 from rlkit.config.schema import ActorConfig, ModelConfig, RefConfig
 from rlkit.controller import Dispatch, Worker, register
 from rlkit.debug import maybe_break
-from rlkit.models.moe_router import RouterTap
+from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.workers.fsdp_model import ForwardOut, FSDPModel
 from rlkit.workers.micro_batch import split_by_count
@@ -37,6 +37,7 @@ class _PolicyScorer(Worker):
     temperature: float  # the rollout's: log-probs of the distribution the samples were drawn from
     logits_chunk_size: int
 
+    router_replay: bool = False  # MoE: forward with the rollout's experts (`routed_experts`)
     def _forward(self, mb: Batch, response_length: int, with_entropy: bool) -> ForwardOut:
         return self.model.forward(
             mb["input_ids"], mb["attention_mask"], mb["position_ids"], response_length,
@@ -44,13 +45,23 @@ class _PolicyScorer(Worker):
             remove_padding=self.model_cfg.use_remove_padding, chunk_size=self.logits_chunk_size,
             response_logits_only=self.model_cfg.response_logits_only, fused_lm_head=self.model_cfg.fused_lm_head,
         )
+            routed_experts=self._routes(mb),
 
     def _log_probs(self, batch: Batch, micro: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _routes(self, mb: Batch) -> torch.Tensor | None:
+        if not self.router_replay:
+            return None
+        if "routed_experts" not in mb:
+            raise UserError("actor_rollout_ref.actor.router_replay=true but the rollout returned no routed_experts: "
+                            "use a rollout that records them (rollout.name=hf; docs/moe.md) or set router_replay=false")
+        return mb["routed_experts"]
+
         response_length = batch["responses"].shape[1]
         lps, ents = [], []
         self.model.module.eval()
         with torch.no_grad():
-            for mb in split_by_count(batch.select(FORWARD_KEYS), micro):
+            keys = FORWARD_KEYS + (["routed_experts"] if self.router_replay and "routed_experts" in batch else [])
+            for mb in split_by_count(batch.select(keys), micro):
                 out = self._forward(mb, response_length, with_entropy)
                 lps.append(out.log_probs.float().cpu())
                 if with_entropy:
@@ -74,6 +85,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
         self.rollout_is_threshold = rollout_is_threshold
         self.logits_chunk_size = actor.logits_chunk_size
 
+        self.router_replay = actor.router_replay
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict:
         start = time.perf_counter()
@@ -89,7 +101,10 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
             lora=self.model_cfg,
         )
         self.model.setup_optimizer(self.actor.optim, self.total_steps)
-        self.router_tap = RouterTap.attach(self.model.module)  # None for a dense model
+        self.router_tap = self.model.router_tap  # None for a dense model
+        if self.router_replay and self.router_tap is None:
+            raise UserError("actor_rollout_ref.actor.router_replay=true needs a mixture-of-experts model; "
+                            f"{self.model_cfg.path} has no router: set router_replay=false")
         coef = self.actor.router_aux_loss_coef
         if coef is None:
             coef = getattr(getattr(self.model.module, "config", None), "router_aux_loss_coef", 0.0)

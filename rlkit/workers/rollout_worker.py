@@ -22,18 +22,21 @@ from typing import Any
 from rlkit.config.rollout import RolloutConfig
 from rlkit.controller import Dispatch, Worker, register
 from rlkit.debug import maybe_break, set_step
+from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS
 from rlkit.rollout.lifecycle import ActorAdapter, ActorWeights, EngineLifecycle, StateDictWeights, sampling_seed
 
 
 class RolloutWorker(Worker):
-    def __init__(self, rollout: RolloutConfig, model_path: str, actor: Any = None) -> None:
+    def __init__(self, rollout: RolloutConfig, model_path: str, actor: Any = None, router_replay: bool = False) -> None:
         """`rollout`: the actor_rollout_ref.rollout section; `model_path`: a local HF folder; `actor`: the
         actor role in this process (colocated layout), whose weights `sync_weights` loads; None when the
-        weights arrive with `receive_weights` (separate layout)."""
+        weights arrive with `receive_weights` (separate layout); `router_replay` (actor.router_replay): training
+        rollouts also return the experts each token was routed to (`routed_experts`)."""
         super().__init__()
         self.rollout, self.model_path, self.actor = rollout, model_path, actor
+        self.router_replay = router_replay
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict:
@@ -88,7 +91,12 @@ class RolloutWorker(Worker):
         sampling = rollout.to_val_sampling() if validate else rollout.to_sampling(greedy=greedy)
         if rollout.seed is not None:
             sampling.seed = sampling_seed(rollout.seed, seed, self.dispatch_info().dp_rank)
+        sampling.return_routed_experts = self.router_replay and not validate
         out, memory = self.lifecycle.generate(batch, sampling, stay_awake=stay_awake)
+        if sampling.return_routed_experts and "routed_experts" not in out:
+            engine = f"{rollout.name} rollout" + (" with multi_turn" if rollout.multi_turn.enable else "")
+            raise UserError(f"actor_rollout_ref.actor.router_replay=true: the {engine} does not return the experts "
+                            "it routed each token to (docs/moe.md); use rollout.name=hf (single turn)")
         gen_s = time.perf_counter() - start
         tokens = float(out["response_mask"].sum())
         out.meta["metrics"] = {
