@@ -36,18 +36,17 @@ class _PolicyScorer(Worker):
     model_cfg: ModelConfig  # `path` is a local HF folder
     temperature: float  # the rollout's: log-probs of the distribution the samples were drawn from
     logits_chunk_size: int
-
     router_replay: bool = False  # MoE: forward with the rollout's experts (`routed_experts`)
+
     def _forward(self, mb: Batch, response_length: int, with_entropy: bool) -> ForwardOut:
         return self.model.forward(
             mb["input_ids"], mb["attention_mask"], mb["position_ids"], response_length,
             temperature=self.temperature, with_entropy=with_entropy,
             remove_padding=self.model_cfg.use_remove_padding, chunk_size=self.logits_chunk_size,
             response_logits_only=self.model_cfg.response_logits_only, fused_lm_head=self.model_cfg.fused_lm_head,
-        )
             routed_experts=self._routes(mb),
+        )
 
-    def _log_probs(self, batch: Batch, micro: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     def _routes(self, mb: Batch) -> torch.Tensor | None:
         if not self.router_replay:
             return None
@@ -56,6 +55,7 @@ class _PolicyScorer(Worker):
                             "use a rollout that records them (rollout.name=hf; docs/moe.md) or set router_replay=false")
         return mb["routed_experts"]
 
+    def _log_probs(self, batch: Batch, micro: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         response_length = batch["responses"].shape[1]
         lps, ents = [], []
         self.model.module.eval()
@@ -84,8 +84,8 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
         self.rollout_n, self.temperature, self.seed = rollout_n, temperature, seed
         self.rollout_is_threshold = rollout_is_threshold
         self.logits_chunk_size = actor.logits_chunk_size
-
         self.router_replay = actor.router_replay
+
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict:
         start = time.perf_counter()
