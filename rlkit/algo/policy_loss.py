@@ -7,10 +7,11 @@ Shared signature:
     -> {"pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"}
 
 `pg_loss` carries the gradient; the other entries are detached scalars for logging.
-`rollout_is_weights` (B, R), detached, multiply the per-token loss: truncated
-importance sampling that corrects for the rollout engine's numerics differing from
-the trainer's. A loss that reads `ref_log_prob` declares `@needs(ref=True)` under its
-registration (rlkit.algo.needs), so the reference model is built for it.
+`rollout_is_weights` (B, R), detached, multiply the per-token loss: the rollout correction
+(rlkit.algo.rollout_correction: truncated importance weights, 0 for rejected tokens) for the
+rollout engine's policy differing from the trainer's. A loss that reads `ref_log_prob`
+declares `@needs(ref=True)` under its registration (rlkit.algo.needs), so the reference
+model is built for it.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from rlkit.algo.advantages import ADV_ESTIMATORS
 from rlkit.algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from rlkit.algo.needs import NEED_WORDS, Needs, Unit, needs_of
 from rlkit.algo.policy_loss import POLICY_LOSSES
+from rlkit.algo.rollout_correction import RATIO_LEVELS
 from rlkit.algo.utils import LOSS_AGG
 from rlkit.errors import UserError
 from rlkit.registry import Registry
@@ -43,6 +44,8 @@ def algorithm_registries() -> dict[str, Registry[Any]]:
         "actor_rollout_ref.actor.kl_loss_type": KL_ESTIMATORS,
         "algorithm.kl_penalty": KL_ESTIMATORS,
         "algorithm.kl_ctrl.type": KL_CONTROLLERS,
+        "algorithm.rollout_is": RATIO_LEVELS,
+        "algorithm.rollout_rs": RATIO_LEVELS,
     }
 
 

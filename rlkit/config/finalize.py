@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from rlkit.config.bounds import check_bounds
 from rlkit.config.checks import check_config
+from rlkit.config.rollout_correction import check_rollout_correction, settle_rollout_correction
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
 
@@ -40,6 +41,7 @@ def derive(cfg: RLConfig) -> None:
         critic.ppo_epochs = actor.ppo_epochs
     if critic.model.path is None:
         critic.model.path = cfg.actor_rollout_ref.model.path
+    settle_rollout_correction(cfg)  # algorithm.rollout_is/rollout_rs: a level name or None, rejection bounds
 
 
 def apply_modes(cfg: RLConfig) -> None:
@@ -47,8 +49,9 @@ def apply_modes(cfg: RLConfig) -> None:
 
     `trainer.one_step_off_policy` (the rollout runs one batch ahead on a worker group of its own):
     the engine returns its log-probs and the loss corrects for the one-step lag with truncated
-    importance sampling (`algorithm.rollout_is`); the engine never sleeps (its processes hold
-    nothing else, so there is nothing to hand back); dynamic sampling is not supported.
+    importance sampling (`algorithm.rollout_is`: token unless a level is set); the engine never
+    sleeps (its processes hold nothing else, so there is nothing to hand back); dynamic sampling
+    is not supported.
     """
     if not cfg.trainer.one_step_off_policy:
         return
@@ -57,7 +60,7 @@ def apply_modes(cfg: RLConfig) -> None:
                         "turn one of them off")
     rollout = cfg.actor_rollout_ref.rollout
     rollout.calculate_log_probs = True
-    cfg.algorithm.rollout_is = True
+    cfg.algorithm.rollout_is = cfg.algorithm.rollout_is or "token"
     rollout.free_cache_engine = False
 
 
@@ -88,5 +91,6 @@ def finalize(cfg: RLConfig, hooks: Sequence[ConfigHook]) -> RLConfig:
     for hook in hooks:
         hook(cfg)
     check_lora(cfg)
+    check_rollout_correction(cfg)
     check_config(cfg)
     return cfg

@@ -168,8 +168,14 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = f(False, "fold KL(actor || ref) into the token rewards")
     kl_penalty: str = f("kl", "KL estimator of the in-reward KL (rlkit.algo.KL_ESTIMATORS)")
     kl_ctrl: KLCtrlConfig = f(factory=KLCtrlConfig, help="in-reward KL coefficient controller")
-    rollout_is: bool = f(False, "truncated importance sampling between rollout engine and trainer")
-    rollout_is_threshold: float = f(2.0, "upper bound of the importance weight")
+    rollout_is: Any = f(False, "importance sampling between rollout engine and trainer, weight min(pi_old / "
+                        "pi_rollout, rollout_is_threshold) at a level: token | sequence | geometric (true = token, "
+                        "false/null = off; needs rollout.calculate_log_probs; docs/algorithms.md)")
+    rollout_is_threshold: float = f(2.0, "upper bound (truncation) of the importance weight")
+    rollout_rs: str | None = f(None, "rejection: tokens/rows whose pi_old / pi_rollout at this level (token | sequence "
+                               "| geometric) is outside the bounds get weight 0; null = off")
+    rollout_rs_threshold: float | None = f(None, "upper rejection bound; null = rollout_is_threshold")
+    rollout_rs_threshold_lower: float | None = f(None, "lower rejection bound; null = 1 / upper")
     filter_groups: FilterGroupsConfig = f(factory=FilterGroupsConfig, help="DAPO dynamic sampling")
 
 

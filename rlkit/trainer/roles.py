@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from rlkit.algo.rollout_correction import RolloutCorrection
 from rlkit.config.schema import ModelConfig, RLConfig
 from rlkit.controller import ClassWithInitArgs
 
@@ -25,7 +26,7 @@ def actor_role(cfg: RLConfig, model_path: str, total_steps: int) -> ClassWithIni
     return ClassWithInitArgs(
         ActorWorker, arr.actor, policy_model(cfg, model_path), total_steps=total_steps, rollout_n=arr.rollout.n,
         temperature=arr.rollout.temperature, seed=cfg.trainer.seed,
-        rollout_is_threshold=algo.rollout_is_threshold if algo.rollout_is else None,
+        rollout_correction=RolloutCorrection.from_config(algo),
     )
 
 

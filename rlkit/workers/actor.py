@@ -16,6 +16,7 @@ import time
 import torch
 
 from rlkit.algo import KL_ESTIMATORS, POLICY_LOSSES
+from rlkit.algo.rollout_correction import RolloutCorrection
 from rlkit.algo.utils import agg_loss, masked_mean
 from rlkit.config.schema import ActorConfig, ModelConfig, RefConfig
 from rlkit.controller import Dispatch, Worker, register
@@ -73,16 +74,16 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
     """The trained policy. `update_actor` runs the shared update loop with the registered policy loss."""
 
     def __init__(self, actor: ActorConfig, model: ModelConfig, *, total_steps: int, rollout_n: int,
-                 temperature: float, seed: int, rollout_is_threshold: float | None = None) -> None:
+                 temperature: float, seed: int, rollout_correction: RolloutCorrection | None = None) -> None:
         """`actor`: actor_rollout_ref.actor; `model`: actor_rollout_ref.model with `path` resolved to a local
         folder. `total_steps` sizes the LR schedule; `rollout_n` (samples per prompt) turns
         ppo_mini_batch_size prompts into rows; `temperature` is the rollout's; `seed` seeds the init and the
-        epoch shuffles; `rollout_is_threshold` turns on truncated importance sampling against the engine's
-        `rollout_log_probs` (algorithm.rollout_is; None = off)."""
+        epoch shuffles; `rollout_correction` weighs the policy-gradient loss against the engine's
+        `rollout_log_probs` (algorithm.rollout_is / rollout_rs: importance weights, rejection; None = off)."""
         super().__init__()
         self.actor, self.model_cfg, self.total_steps = actor, model, total_steps
         self.rollout_n, self.temperature, self.seed = rollout_n, temperature, seed
-        self.rollout_is_threshold = rollout_is_threshold
+        self.rollout_correction = rollout_correction
         self.logits_chunk_size = actor.logits_chunk_size
         self.router_replay = actor.router_replay
 
@@ -154,9 +155,13 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
             lp = out.log_probs
             old = mb["old_log_probs"].to(self.device) if "old_log_probs" in mb else lp.detach()
             is_weights = None
-            if self.rollout_is_threshold is not None and "rollout_log_probs" in mb:
-                rollout_lp = mb["rollout_log_probs"].to(self.device)
-                is_weights = torch.exp(old - rollout_lp).clamp(max=self.rollout_is_threshold).detach()
+            if self.rollout_correction is not None:
+                if "rollout_log_probs" not in mb:
+                    raise RuntimeError("algorithm.rollout_is/rollout_rs is on but the batch has no "
+                                       "rollout_log_probs (rollout.calculate_log_probs: the engine returned none)")
+                corr = self.rollout_correction(old, mb["rollout_log_probs"].to(self.device), mask)
+                is_weights = corr.weights
+                metrics.update(corr.metrics)
             pg = pg_loss_fn(
                 old, lp, mb["advantages"].to(self.device), mask,
                 clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,

@@ -116,7 +116,7 @@ def test_cli_dry_run_prints_the_separate_rollout_layout(toy_data, tiny_model, tm
                               "trainer.one_step_off_policy=true", "trainer.rollout_workers_per_node=1"])
     assert res.exit_code == 0, res.output
     out = " ".join(res.output.split())
-    assert "calculate_log_probs: true" in out and "rollout_is: true" in out and "free_cache_engine: false" in out
+    assert "calculate_log_probs: true" in out and "rollout_is: token" in out and "free_cache_engine: false" in out
     assert "separate rollout (hf) workers" in out
     colocated = next(line for line in res.output.splitlines() if "colocated roles per worker" in line)
     assert "actor" in colocated and "rollout" not in colocated

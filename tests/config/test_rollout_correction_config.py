@@ -1,0 +1,89 @@
+"""The rollout-correction keys of `algorithm` (rlkit.config.rollout_correction): spelled one way after finalize,
+wrong settings refused with the key and the fix, and the actor's correction built from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlkit.algo.rollout_correction import RolloutCorrection
+from rlkit.errors import UserError
+from rlkit.trainer.run_config import load_config
+
+HF = ["actor_rollout_ref.rollout.name=hf"]
+LP = ["actor_rollout_ref.rollout.calculate_log_probs=true"]
+
+
+def algo(*overrides: str):
+    return load_config("grpo", HF + list(overrides)).algorithm
+
+
+def test_the_old_switch_still_means_token_level_truncated_is():
+    a = algo(*LP, "algorithm.rollout_is=true", "algorithm.rollout_is_threshold=3.0")
+    assert a.rollout_is == "token" and a.rollout_rs is None
+    assert RolloutCorrection.from_config(a) == RolloutCorrection(is_level="token", is_threshold=3.0)
+    off = algo("algorithm.rollout_is=false")
+    assert off.rollout_is is None and RolloutCorrection.from_config(off) is None
+
+
+def test_rejection_bounds_are_filled_in():
+    a = algo(*LP, "algorithm.rollout_rs=geometric", "algorithm.rollout_rs_threshold=1.001")
+    assert a.rollout_rs_threshold == 1.001 and a.rollout_rs_threshold_lower == pytest.approx(1 / 1.001)
+    default = algo(*LP, "algorithm.rollout_is=sequence", "algorithm.rollout_rs=sequence")  # upper = IS threshold
+    assert (default.rollout_rs_threshold_lower, default.rollout_rs_threshold) == (0.5, 2.0)
+    assert RolloutCorrection.from_config(default) == RolloutCorrection(
+        is_level="sequence", is_threshold=2.0, rs_level="sequence", rs_lower=0.5, rs_upper=2.0
+    )
+
+
+def test_one_step_off_policy_keeps_a_chosen_level():
+    a = algo("trainer.one_step_off_policy=true", "algorithm.rollout_is=sequence")
+    assert a.rollout_is == "sequence"
+    assert algo("trainer.one_step_off_policy=true").rollout_is == "token"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["algorithm.rollout_is=sequence"],
+            "algorithm.rollout_is=sequence compares .* set actor_rollout_ref.rollout.calculate_log_probs=true",
+        ),
+        (["algorithm.rollout_rs=token"], "algorithm.rollout_rs=token compares"),
+        (
+            LP + ["algorithm.rollout_rs=seq"],
+            r"algorithm.rollout_rs='seq' is not registered; choose one of "
+            r"\['geometric', 'sequence', 'token'\]",
+        ),
+        (LP + ["algorithm.rollout_rs=true"], "algorithm.rollout_rs='True' is not registered"),  # a str key
+        (LP + ["algorithm.rollout_is=3"], "algorithm.rollout_is=3: name a level .* or true/false, null"),
+        (
+            LP
+            + [
+                "algorithm.rollout_rs=token",
+                "algorithm.rollout_rs_threshold=2",
+                "algorithm.rollout_rs_threshold_lower=3",
+            ],
+            "0 < lower < upper",
+        ),
+        (
+            LP
+            + [
+                "algorithm.rollout_rs=token",
+                "algorithm.rollout_rs_threshold=2",
+                "algorithm.rollout_rs_threshold_lower=1.5",
+            ],
+            "must contain 1",
+        ),
+        (
+            LP + ["algorithm.rollout_rs=token", "algorithm.rollout_rs_threshold=0"],
+            "rollout_rs_threshold=0.0 must be > 0",
+        ),
+        (
+            LP + ["algorithm.rollout_is=token", "algorithm.rollout_is_threshold=-1"],
+            "rollout_is_threshold=-1.0 must be > 0",
+        ),
+    ],
+)
+def test_wrong_settings_name_the_key(overrides, message):
+    with pytest.raises(UserError, match=message):
+        load_config("grpo", HF + overrides)
