@@ -38,7 +38,7 @@ def test_colocated_layout_hands_the_actor_to_the_rollout(toy_data, tiny_model, t
     assert (group.name, group.per_node, group.nnodes, group.cpus_per_process) == ("rlkit", 2, 1, 0.5)
     [specs] = role_specs(cfg, layout, str(tiny_model), total_steps=3)
     rollout = specs["rollout"]
-    assert rollout.cls is RolloutWorker and rollout.kwargs == {"actor": Sibling("actor")}
+    assert rollout.cls is RolloutWorker and rollout.kwargs == {"actor": Sibling("actor"), "router_replay": False}
     assert rollout.args[0] is cfg.actor_rollout_ref.rollout and rollout.args[0].free_cache_engine
     assert "actor, rollout (hf), ref, critic" in _plan_text(cfg)
 
@@ -53,7 +53,8 @@ def test_separate_rollout_layout_has_a_group_of_its_own(toy_data, tiny_model, tm
     assert rollout_group.env["VLLM_CPU_OMP_THREADS_BIND"]  # the engine's threads are not pinned to the actor's cores
     trainer_specs, rollout_specs = role_specs(cfg, layout, str(tiny_model), total_steps=3)
     spec = rollout_specs["rollout"]
-    assert spec.kwargs == {} and spec.args[0] is cfg.actor_rollout_ref.rollout  # weights by the object store
+    assert spec.kwargs == {"router_replay": False}  # no actor: weights by the object store
+    assert spec.args[0] is cfg.actor_rollout_ref.rollout
     assert not cfg.actor_rollout_ref.rollout.free_cache_engine  # never sleeps: finalize set it, --dry-run shows it
     text = _plan_text(cfg)
     assert "actor, ref, critic" in text and "separate rollout (hf) workers" in text and "1 node(s) x 2 = 2" in text
