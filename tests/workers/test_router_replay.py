@@ -166,3 +166,24 @@ def test_trainer_replays_the_rollout_routes(moe_folders, process_group, remove_p
     forced = trainer_log_probs(model, out, remove_padding, foreign)
     assert torch.equal(torch.stack(model.router_tap.indices, dim=1), foreign[mask].long())
     assert not torch.allclose(forced, plain)
+
+
+def test_activation_checkpointing_recomputes_with_the_replayed_routes(moe_folders):
+    """The backward recomputes each layer; its routers must see the replayed routes again (else the gradients
+    would belong to other experts than the forward's)."""
+    from rlkit.config.schema import FSDPConfig
+
+    out = rollout(moe_folders[0])
+    foreign = teacher_forced_routes(moe_folders[1], out)
+    grads = []
+    for checkpointing in (False, True):
+        model = FSDPModel(str(moe_folders[0]), FSDPConfig(), torch.device("cpu"), gradient_checkpointing=checkpointing)
+        model.module.train()
+        lp = model.forward(
+            out["input_ids"], out["attention_mask"], out["position_ids"], R, routed_experts=foreign
+        ).log_probs
+        (lp * out["response_mask"]).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.module.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and any("gate" in n for n in grads[0])
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, atol=1e-6, rtol=1e-5, msg=name)
