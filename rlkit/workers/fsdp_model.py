@@ -24,23 +24,16 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from rlkit.algo.utils import entropy_from_logits, logprobs_from_logits
 from rlkit.config.schema import FSDPConfig, OptimConfig
-from rlkit.models.lora import (
-    ADAPTER_NAME,
-    LoraModel,
-    adapter_state_dict,
-    lora_enabled,
-    merged_named_tensors,
-    peft_config_from_dict,
-    read_lora_info,
-    save_adapter_folder,
-    wrap_lora,
-    write_lora_info,
-)
+from rlkit.models.lora import LoraModel, lora_enabled, merged_named_tensors, wrap_lora, write_lora_info
 from rlkit.models.moe_router import RouterTap
 from rlkit.utils.lr_schedule import lr_lambda
-from rlkit.workers.fused_lm_head import fused_lm_head_logprob, unfusable_reason
+from rlkit.workers import ulysses
+from rlkit.workers.hf_export import export_hf, export_lora  # noqa: F401  (re-exported: callers import them here)
+from rlkit.workers.log_prob_head import FusionGate, head_log_probs
+from rlkit.workers.packing import PackedRow, pack_mask, response_targets, trim_left_padding
+from rlkit.workers.varlen_attention import enable as enable_varlen
+from rlkit.workers.varlen_attention import packed_kwargs
 
 log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -59,6 +52,9 @@ class ForwardOut:
     entropy: torch.Tensor | None = None  # (b, R)
     values: torch.Tensor | None = None  # (b, R)
 
+    def rows(self, own: slice) -> ForwardOut:
+        return ForwardOut(*(None if t is None else t[own] for t in (self.log_probs, self.entropy, self.values)))
+
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated transformer blocks, each its own FSDP unit (so only one is gathered at a time)."""
@@ -69,28 +65,6 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
             if isinstance(layers, torch.nn.ModuleList):
                 return list(layers)
     return []
-
-
-def pack_mask(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block-diagonal causal mask for the valid tokens of each row, laid end to end (remove-padding)."""
-    valid = attention_mask.bool()
-    seq_id = torch.arange(attention_mask.shape[0], device=valid.device).unsqueeze(1).expand_as(valid)[valid]
-    t = seq_id.shape[0]
-    causal = torch.arange(t, device=valid.device)
-    allowed = (seq_id[:, None] == seq_id[None, :]) & (causal[:, None] >= causal[None, :])
-    return valid, allowed[None, None]
-
-
-def trim_left_padding(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Drop the leading columns that are padding in every row (prompts are left-padded to the
-    longest allowed prompt, usually much longer than this micro-batch's). Exact: those columns are
-    masked out of attention; the response columns (counted from the end) are never touched."""
-    has_token = attention_mask.bool().any(0)
-    first = int(has_token.int().argmax()) if bool(has_token.any()) else 0
-    first = min(first, max(0, input_ids.shape[1] - response_length - 1))
-    return input_ids[:, first:], attention_mask[:, first:], position_ids[:, first:]
 
 
 class FSDPModel:
@@ -108,9 +82,12 @@ class FSDPModel:
         trust_remote_code: bool = False,
         lora: Any = None,  # the model section (actor_rollout_ref.model): its lora_* keys turn LoRA on
         auto_class: str | None = None,
+        ulysses_sequence_parallel_size: int = 1,
     ) -> None:
         """`auto_class`: a transformers Auto class name to load instead (the reward model's
-        `AutoModelForSequenceClassification`); it gets the same wrapping, not `forward`'s heads."""
+        `AutoModelForSequenceClassification`); it gets the same wrapping, not `forward`'s heads.
+        `ulysses_sequence_parallel_size` > 1: groups of that many consecutive ranks split each packed row
+        along the sequence (rlkit/workers/ulysses.py); the caller gives the ranks of a group the same rows."""
         import transformers
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -120,8 +97,11 @@ class FSDPModel:
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         use_lora = lora is not None and lora_enabled(lora) and not value_head
         # a frozen LoRA base needs no float32 master copy: store it in the compute dtype
-        kwargs = dict(dtype=self.param_dtype if use_lora else torch.float32, attn_implementation=attn_implementation,
-                      trust_remote_code=trust_remote_code)
+        kwargs = dict(
+            dtype=self.param_dtype if use_lora else torch.float32,
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+        )
         if auto_class is not None:
             model = getattr(transformers, auto_class).from_pretrained(model_path, config=config, **kwargs)
         elif value_head:
@@ -129,6 +109,19 @@ class FSDPModel:
             model = AutoModelForTokenClassification.from_pretrained(model_path, config=config, **kwargs)
         else:
             model = AutoModelForCausalLM.from_pretrained(model_path, config=config, **kwargs)
+        self.varlen_reason = enable_varlen(model)  # None: packed rows attend per sequence without a mask
+        if self.varlen_reason is not None:
+            log.info("remove-padding packs with a block-diagonal mask: %s", self.varlen_reason)
+        self.sp = ulysses.SequenceParallel.create(ulysses_sequence_parallel_size)
+        if self.sp is not None:
+            if self.varlen_reason is not None:
+                raise ValueError(f"ulysses_sequence_parallel_size > 1 needs the varlen attention: {self.varlen_reason}")
+            ulysses.check_heads(
+                config.num_attention_heads,
+                getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+                self.sp.size,
+                "",
+            )
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.config = model.config
@@ -151,6 +144,7 @@ class FSDPModel:
         self.module = model
         self.router_tap = RouterTap.attach(model)  # MoE: router hooks (aux loss, load metrics, replay); None if dense
         self._has_logits_to_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
+        self._fusion = FusionGate()
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
 
@@ -212,123 +206,106 @@ class FSDPModel:
     ) -> ForwardOut:
         """Log-probs (and entropy) of the response tokens, or values when this is a critic.
 
+        `remove_padding` packs the valid tokens into one row (rlkit/workers/packing.py) whose sequences
+        attend only to themselves (varlen attention, no (T x T) mask; models it cannot serve get the
+        block-diagonal mask); with sequence parallelism the row is always packed and split over the group.
         `response_logits_only` runs the LM head only where a response token is predicted (the
         model's `logits_to_keep`), so no (rows x length x vocab) logits exist for prompt or pad
         positions; other response positions get log-prob 0 (they are masked by `response_mask`).
         `fused_lm_head` (with `response_logits_only`) computes them from the hidden states in chunks
         without keeping the logits for backward (rlkit/workers/fused_lm_head.py).
-        `routed_experts` (b, S, layers, k): MoE routing replay, the experts each token must use (-1 = its own).
+        `routed_experts` (b, S, layers, k): MoE routing replay (issue 18), the experts each token must use (-1 = its
+        own), handed to the router tap selected exactly as the tokens are (packed + SP slice, or trimmed).
         """
         input_ids, attention_mask, position_ids = (t.to(self.device) for t in (input_ids, attention_mask, position_ids))
-        if not remove_padding:  # padded rows: at least skip the columns no row uses
-            input_ids, attention_mask, position_ids = trim_left_padding(
-                input_ids, attention_mask, position_ids, response_length)
-        if routed_experts is not None:  # routing replay: one route per token the routers see, selected as the tokens
-            routes = routed_experts[:, -input_ids.shape[1] :].to(self.device)  # the columns trimming kept
-            assert self.router_tap is not None, "routed_experts given to a model without routers"
-            self.router_tap.replay(routes[attention_mask.bool()] if remove_padding else routes.flatten(0, 1))
-        if response_logits_only and not self.value_head and self._has_logits_to_keep:
-            return self._forward_response_logits(input_ids, attention_mask, position_ids, response_length,
-                                                 temperature, with_entropy, remove_padding, chunk_size,
-                                                 fused_lm_head and self._can_fuse_head())
-        if fused_lm_head and not self.value_head:
-            self._log_unfused("response_logits_only is off or the model takes no logits_to_keep")
-        if remove_padding:
-            valid, mask4d = pack_mask(attention_mask)
-            out = self.module(
-                input_ids=input_ids[valid].unsqueeze(0),
-                position_ids=position_ids[valid].unsqueeze(0),
-                attention_mask=mask4d,
-                use_cache=False,
+        routes = None if routed_experts is None else routed_experts.to(self.device).long()  # MoE routing replay
+        if routes is not None and self.sp is not None:  # routing replay: the group's rows, as gather_rows below
+            routes = self.sp.gather_rows(routes)[0][0]
+        keep = response_logits_only and not self.value_head and self._has_logits_to_keep
+        if fused_lm_head and not self.value_head and not keep:
+            self._fusion.log_unfused("response_logits_only is off or the model takes no logits_to_keep")
+        fused = fused_lm_head and keep and self._fusion.can_fuse(self.module)
+        head = dict(temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size, fused=fused)
+        if self.sp is not None:  # the group's micro-batches together, packed and split along the sequence
+            (input_ids, attention_mask, position_ids), own = self.sp.gather_rows(
+                input_ids, attention_mask, position_ids
             )
-            packed = out.logits[0]  # (T, V) or (T, 1)
-            full = packed.new_zeros((*input_ids.shape, packed.shape[-1]))
-            full[valid] = packed
-            logits = full
-        else:
-            logits = self.module(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-            ).logits
-        if self.value_head:
-            values = logits[:, -response_length - 1 : -1, 0].float()
-            return ForwardOut(values=values)
-        resp_logits = logits[:, -response_length - 1 : -1, :]
-        if temperature != 1.0:
-            resp_logits = resp_logits / temperature
-        responses = input_ids[:, -response_length:]
-        flat = resp_logits.reshape(-1, resp_logits.shape[-1])
-        lp = logprobs_from_logits(flat, responses.reshape(-1), chunk_size=chunk_size).view(responses.shape)
-        ent = entropy_from_logits(flat, chunk_size=chunk_size).view(responses.shape) if with_entropy else None
-        return ForwardOut(log_probs=lp, entropy=ent)
-
-    def _forward_response_logits(
-        self, input_ids, attention_mask, position_ids, response_length, temperature, with_entropy, remove_padding,
-        chunk_size, fused_lm_head=False,
-    ) -> ForwardOut:
-        length = input_ids.shape[1]
-        # logits at column c predict token c+1: keep c where c+1 is a (non-pad) response token
-        need = torch.zeros_like(attention_mask, dtype=torch.bool)
-        need[:, length - response_length - 1 : length - 1] = attention_mask[:, length - response_length :].bool()
-        need &= attention_mask.bool()
-        resp_need = need[:, length - response_length - 1 : length - 1]
-        labels = input_ids[:, length - response_length :][resp_need]
+            return self._packed_forward(
+                input_ids, attention_mask, position_ids, response_length, keep, head, routes
+            ).rows(own)
         if remove_padding:
-            valid, mask4d = pack_mask(attention_mask)
-            packed_pos = valid.reshape(-1).long().cumsum(0).view_as(valid) - 1  # index in the packed sequence
-            kwargs = dict(input_ids=input_ids[valid].unsqueeze(0), position_ids=position_ids[valid].unsqueeze(0),
-                          attention_mask=mask4d, use_cache=False, logits_to_keep=packed_pos[need])
-            rows = lambda kept: kept[0]  # noqa: E731  (1, K, X) -> (K, X)
-        else:
-            kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          use_cache=False, logits_to_keep=response_length + 1)
+            return self._packed_forward(input_ids, attention_mask, position_ids, response_length, keep, head, routes)
+        input_ids, attention_mask, position_ids = trim_left_padding(
+            input_ids, attention_mask, position_ids, response_length
+        )
+        if routes is not None:  # routing replay: the columns trimming kept, row-major as the routers see them
+            self._replay(routes[:, -input_ids.shape[1] :].flatten(0, 1))
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        if self.value_head:
+            return ForwardOut(values=self.module(**kwargs).logits[:, -response_length - 1 : -1, 0].float())
+        _, resp_need, labels = response_targets(input_ids, attention_mask, response_length)
+        if keep:
+            kwargs["logits_to_keep"] = response_length + 1
             rows = lambda kept: kept[:, :-1][resp_need]  # noqa: E731  (b, R+1, X) -> (K, X)
-        lp = torch.zeros(resp_need.shape, dtype=torch.float32, device=input_ids.device)
-        ent = torch.zeros_like(lp) if with_entropy else None
-        if fused_lm_head:
-            k_lp, k_ent = self._fused_head_forward(kwargs, rows, labels, temperature, with_entropy, chunk_size)
         else:
-            logits = rows(self.module(**kwargs).logits)  # (K, V)
-            if temperature != 1.0:
-                logits = logits / temperature
-            k_lp = logprobs_from_logits(logits, labels, chunk_size=chunk_size)
-            k_ent = entropy_from_logits(logits, chunk_size=chunk_size) if with_entropy else None
+            rows = lambda logits: logits[:, -response_length - 1 : -1][resp_need]  # noqa: E731
+        return self._scatter(resp_need, *head_log_probs(self.module, kwargs, rows, labels, **head))
+
+    def _packed_forward(
+        self, input_ids, attention_mask, position_ids, response_length, keep, head, routes=None
+    ) -> ForwardOut:
+        """The packed row, or under SP this rank's slice of it; outputs gathered back to (b, R)."""
+        sp = self.sp
+        packed = PackedRow.pack(input_ids, attention_mask, position_ids, multiple_of=sp.size if sp else 1)
+        lo, hi = sp.slice(packed.length) if sp else (0, packed.length)
+        if routes is not None:  # routing replay: the packed tokens' routes (-1 on the end padding), this rank's slice
+            end = routes.new_full((packed.length - packed.tokens, *routes.shape[2:]), -1)
+            self._replay(torch.cat([routes[packed.valid], end])[lo:hi])
+        kwargs: dict[str, Any] = dict(
+            input_ids=packed.input_ids[:, lo:hi], position_ids=packed.position_ids[:, lo:hi], use_cache=False
+        )
+        if self.varlen_reason is None:
+            kwargs.update(packed_kwargs(packed.cu_seqlens, packed.max_len))
+            if sp is not None:
+                kwargs[ulysses.GROUP_KWARG] = sp.group
+        else:
+            kwargs["attention_mask"] = pack_mask(attention_mask, self.param_dtype)
+        if self.value_head:
+            values = self.module(**kwargs).logits[0, :, 0]  # (hi - lo,)
+            per_token = packed.unpack(sp.gather(values) if sp else values)  # (b, L)
+            return ForwardOut(values=per_token[:, -response_length - 1 : -1].float())
+        need, resp_need, labels = response_targets(input_ids, attention_mask, response_length)
+        kept = packed.index()[need]  # (K,) packed positions whose logits are needed, row-major
+        local = (kept >= lo) & (kept < hi)
+        at = kept[local] - lo
+        if keep:
+            kwargs["logits_to_keep"] = at
+            rows = lambda out: out[0]  # noqa: E731  (1, K_local, X) -> (K_local, X)
+        else:
+            rows = lambda logits: logits[0, at]  # noqa: E731
+        k_lp, k_ent = head_log_probs(self.module, kwargs, rows, labels[local], **head)
+        if sp is not None:  # each rank holds the values at its slice's kept positions: gather the whole row's
+            k_lp, k_ent = (
+                None if v is None else sp.gather(v.new_zeros(hi - lo).index_put((at,), v))[kept] for v in (k_lp, k_ent)
+            )
+        return self._scatter(resp_need, k_lp, k_ent)
+
+    def _replay(self, routes: torch.Tensor) -> None:
+        """MoE routing replay: the next forward's routers use `routes` (tokens in the routers' order, layers, k)."""
+        if self.router_tap is None:
+            raise ValueError("routed_experts given to a model without routers")
+        self.router_tap.replay(routes)
+
+    @staticmethod
+    def _scatter(resp_need: torch.Tensor, k_lp: torch.Tensor, k_ent: torch.Tensor | None) -> ForwardOut:
+        """(K,) values at the needed response positions -> (b, R), 0 elsewhere."""
+        lp = torch.zeros(resp_need.shape, dtype=torch.float32, device=resp_need.device)
         lp[resp_need] = k_lp
-        if ent is not None:
+        ent = None
+        if k_ent is not None:
+            ent = torch.zeros_like(lp)
             ent[resp_need] = k_ent
         return ForwardOut(log_probs=lp, entropy=ent)
-
-    def _fused_head_forward(self, model_kwargs, rows, labels, temperature, with_entropy, chunk_size):
-        """The model's forward with its LM head standing in as the fused log-prob of `labels`.
-
-        The head is called inside the top module's forward, where FSDP2 has gathered the root unit's
-        parameters (the head's weight, tied to the embedding or not), and its gradient flows through
-        the same unsharded parameter as the plain path's, so sharding and grad reduction are unchanged.
-        """
-        head = self.module.get_output_embeddings()
-        out: dict[str, Any] = {}
-
-        def fused_head(kept: torch.Tensor) -> torch.Tensor:
-            out["lp"], out["ent"] = fused_lm_head_logprob(rows(kept), head.weight, head.bias, labels, temperature,
-                                                          chunk_size, with_entropy)
-            return kept.new_zeros((*kept.shape[:-1], 1))  # the "logits" the model returns: unused
-
-        head.forward = fused_head
-        try:
-            self.module(**model_kwargs)
-        finally:
-            del head.forward  # back to the class's forward
-        return out["lp"], out["ent"]
-
-    def _can_fuse_head(self) -> bool:
-        reason = unfusable_reason(self.module)
-        if reason is not None:
-            self._log_unfused(reason)
-        return reason is None
-
-    def _log_unfused(self, reason: str) -> None:
-        if not getattr(self, "_unfused_logged", False):
-            log.warning("fused_lm_head: using the plain LM head path (%s)", reason)
-            self._unfused_logged = True
 
     # ------------------------------------------------------- weights out
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -351,12 +328,13 @@ class FSDPModel:
 
     def memory_report(self) -> dict[str, float]:
         """Parameters (all / trained), this rank's optimizer-state and gradient bytes (the run summary)."""
+
         def local(t: torch.Tensor) -> torch.Tensor:
             return t.to_local() if hasattr(t, "to_local") else t
 
         params, trainable = list(self.module.parameters()), self.trainable_parameters()
         state_bytes = 0
-        for state in (self.optimizer.state.values() if self.optimizer is not None else []):
+        for state in self.optimizer.state.values() if self.optimizer is not None else []:
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     state_bytes += local(value).numel() * local(value).element_size()
@@ -420,60 +398,3 @@ class FSDPModel:
         sched = path / "scheduler.pt"
         if self.scheduler is not None and sched.exists():
             self.scheduler.load_state_dict(torch.load(sched, weights_only=False))
-
-
-def export_hf(checkpoint_actor_dir: Path, out_dir: Path, tokenizer_dir: Path | None = None,
-              adapter_only: bool = False) -> Path:
-    """Turn a sharded actor checkpoint into a plain HF folder, in one process (no cluster needed).
-
-    A LoRA checkpoint (it holds the adapter only) is merged into its base model; `adapter_only`
-    writes the PEFT adapter folder instead (`PeftModel.from_pretrained(base, out_dir)` loads it)."""
-    import torch.distributed.checkpoint as dcp
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    lora_info = read_lora_info(checkpoint_actor_dir)
-    if adapter_only and lora_info is None:
-        raise ValueError(f"{checkpoint_actor_dir} is a full fine-tuning checkpoint: it has no adapter to export "
-                         "(drop --adapter-only)")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if lora_info is not None:
-        export_lora(checkpoint_actor_dir, out_dir, lora_info, adapter_only)
-    else:
-        config = AutoConfig.from_pretrained(checkpoint_actor_dir / "hf_config")
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        state = {"model": model.state_dict()}
-        dcp.load(state, checkpoint_id=str(checkpoint_actor_dir), no_dist=True)
-        model.load_state_dict(state["model"])
-        model.save_pretrained(out_dir)
-    if tokenizer_dir is not None and tokenizer_dir.exists():
-        from transformers import AutoTokenizer
-
-        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
-    return out_dir
-
-
-def export_lora(checkpoint_actor_dir: Path, out_dir: Path, lora_info: dict, adapter_only: bool) -> None:
-    """The adapter of a LoRA checkpoint on its base model (`lora.json` names both): merged HF folder, or the
-    PEFT adapter folder alone."""
-    import torch.distributed.checkpoint as dcp
-    from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = lora_info["base_model"]
-    if not Path(base).is_dir():
-        raise ValueError(f"the checkpoint's base model {base} is not a folder here; the LoRA checkpoint holds only "
-                         "the adapter, so export needs the base it was trained on")
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    peft_model = get_peft_model(model, peft_config_from_dict(lora_info["peft_config"]))
-    adapter = {k: v for k, v in model.state_dict().items() if ".lora_" in k}
-    state = {"model": adapter}
-    dcp.load(state, checkpoint_id=str(checkpoint_actor_dir), no_dist=True)
-    missing = set(adapter) - set(state["model"])
-    if missing:
-        raise ValueError(f"adapter tensors missing from the checkpoint: {sorted(missing)[:4]}")
-    model.load_state_dict(state["model"], strict=False)
-    if adapter_only:
-        save_adapter_folder(out_dir, peft_model.peft_config[ADAPTER_NAME], adapter_state_dict(adapter.items()),
-                            base_model=base)
-    else:
-        peft_model.merge_and_unload().save_pretrained(out_dir)
