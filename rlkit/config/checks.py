@@ -46,6 +46,7 @@ def check_config(cfg: RLConfig) -> None:
                 f"critic.ppo_mini_batch_size * rollout.n must split over {ws} workers"
             )
     check_tensor_parallel(cfg, tp_backends=None)
+    check_sequence_parallel(cfg)
     if cfg.trainer.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"trainer.device='{cfg.trainer.device}' must be auto | cpu | cuda")
     if cfg.algorithm.filter_groups.enable and n < 2:
@@ -54,6 +55,21 @@ def check_config(cfg: RLConfig) -> None:
     if model.fused_lm_head and not model.response_logits_only:
         raise UserError("actor_rollout_ref.model.fused_lm_head=true needs actor_rollout_ref.model.response_logits_only="
                         "true (the fused head computes the response tokens' log-probs only)")
+
+
+def check_sequence_parallel(cfg: RLConfig) -> None:
+    """Ulysses SP groups are `sp` consecutive workers of a role's group: `sp` must divide the worker count (the
+    model's head counts are checked by the pre-flight and by the worker, which read the model's config)."""
+    ws = world_size(cfg)
+    sizes = {
+        "actor_rollout_ref.actor": cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size,
+        "actor_rollout_ref.ref": cfg.actor_rollout_ref.ref.ulysses_sequence_parallel_size,
+        "critic": cfg.critic.ulysses_sequence_parallel_size,
+    }
+    for key, sp in sizes.items():
+        if sp < 1 or ws % sp:
+            raise UserError(f"{key}.ulysses_sequence_parallel_size={sp} must be >= 1 and divide the {ws} workers "
+                            "(trainer.nnodes * trainer.n_gpus_per_node)")
 
 
 def _largest_divisor_at_most(total: int, cap: int) -> int:

@@ -212,7 +212,30 @@ def check_custom_reward(p: Preflight) -> None:
         p.problems.append(str(exc))
 
 
-CHECKS: list[Check] = [check_data, check_model, check_output_dirs, check_disk, check_resume, check_custom_reward]
+def check_sequence_parallel(p: Preflight) -> None:
+    """Ulysses SP splits the attention heads over the group: the model's head counts must allow it."""
+    if p.model_dir is None:
+        return
+    config = _model_config(p.model_dir)
+    heads = int(config.get("num_attention_heads") or 0)
+    kv = int(config.get("num_key_value_heads") or heads)
+    sizes = {
+        "actor_rollout_ref.actor": p.cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size,
+        "actor_rollout_ref.ref": p.cfg.actor_rollout_ref.ref.ulysses_sequence_parallel_size,
+        "critic": p.cfg.critic.ulysses_sequence_parallel_size,
+    }
+    for key, sp in sizes.items():
+        if sp > 1 and heads and heads % sp:
+            p.problems.append(f"{key}.ulysses_sequence_parallel_size={sp} must divide the model's "
+                              f"num_attention_heads={heads} (each worker of a group attends with heads/sp of them)")
+        elif sp > 1 and kv % sp:
+            p.notes.append(f"{key}.ulysses_sequence_parallel_size={sp}: the model's {kv} key/value heads do not split "
+                           f"over {sp} workers; each worker repeats them up to the query heads (more traffic)")
+
+
+CHECKS: list[Check] = [
+    check_data, check_model, check_output_dirs, check_disk, check_resume, check_custom_reward, check_sequence_parallel
+]
 
 
 def preflight(cfg: RLConfig, allow_download: bool = True) -> Preflight:

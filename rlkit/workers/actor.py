@@ -100,6 +100,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
             attn_implementation=self.model_cfg.attn_implementation,
             trust_remote_code=self.model_cfg.trust_remote_code,
             lora=self.model_cfg,
+            ulysses_sequence_parallel_size=self.actor.ulysses_sequence_parallel_size,
         )
         self.model.setup_optimizer(self.actor.optim, self.total_steps)
         self.router_tap = self.model.router_tap  # None for a dense model
@@ -230,6 +231,7 @@ class RefWorker(_PolicyScorer):
         self.model = FSDPModel(
             self.model_cfg.path, self.ref.fsdp_config, self.device,
             attn_implementation=self.model_cfg.attn_implementation, trust_remote_code=self.model_cfg.trust_remote_code,
+            ulysses_sequence_parallel_size=self.ref.ulysses_sequence_parallel_size,
         )
         for p in self.model.module.parameters():
             p.requires_grad_(False)

@@ -36,6 +36,7 @@ class CriticWorker(Worker, TrainableModelRole):
             c.model.path, c.fsdp_config, self.device, value_head=True,
             gradient_checkpointing=c.model.enable_gradient_checkpointing,
             attn_implementation=self.attn_implementation,
+            ulysses_sequence_parallel_size=c.ulysses_sequence_parallel_size,
         )
         self.model.setup_optimizer(c.optim, self.total_steps)
 
