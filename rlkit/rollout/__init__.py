@@ -15,6 +15,11 @@ def tensor_parallel_backends() -> list[str]:
     return [name for name in ROLLOUT_BACKENDS.names() if ROLLOUT_BACKENDS.get(name).tensor_parallel]
 
 
+def route_returning_backends() -> list[str]:
+    """The registered backends that return each token's MoE routing (`returns_routed_experts`)."""
+    return [name for name in ROLLOUT_BACKENDS.names() if ROLLOUT_BACKENDS.get(name).returns_routed_experts]
+
+
 __all__ = [
     "ROLLOUT_BACKENDS",
     "HFRollout",
@@ -26,5 +31,6 @@ __all__ = [
     "assemble_output",
     "default_backend_name",
     "prepare_vllm_env",
+    "route_returning_backends",
     "tensor_parallel_backends",
 ]

@@ -36,6 +36,8 @@ class RolloutBackend(ABC):
     needs_weight_sync: bool = True
     #: whether consecutive workers may form one engine (rollout.tensor_model_parallel_size > 1)
     tensor_parallel: bool = False
+    #: whether `generate` can return the experts an MoE model routed each token to (actor.router_replay)
+    returns_routed_experts: bool = False
 
     @abstractmethod
     def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:

@@ -88,6 +88,8 @@ def place_routes(out: torch.Tensor, calls: list[torch.Tensor], prompt_mask: torc
 class HFRollout(RolloutBackend):
     """transformers `generate`, micro-batched by `config.max_num_seqs`."""
 
+    returns_routed_experts = True
+
     def __init__(
         self,
         model_path: str | Path,

@@ -52,6 +52,25 @@ def tensor_parallel_backend(cfg: RLConfig) -> None:
     check_tensor_parallel(cfg, tensor_parallel_backends())
 
 
+def router_replay_backend(cfg: RLConfig) -> None:
+    """`actor.router_replay` needs the rollout's routing: a backend that returns it, and no agent loop
+    (it does not record routes yet); vLLM 0.32 returns none on CPU (docs/moe.md)."""
+    from rlkit.errors import UserError
+    from rlkit.rollout import route_returning_backends
+
+    rollout = cfg.actor_rollout_ref.rollout
+    if not cfg.actor_rollout_ref.actor.router_replay:
+        return
+    able = route_returning_backends()
+    if rollout.name not in able:
+        raise UserError(f"actor_rollout_ref.actor.router_replay=true needs the experts the engine chose for each "
+                        f"token; the '{rollout.name}' backend does not return them (docs/moe.md): set "
+                        f"actor_rollout_ref.rollout.name={' | '.join(able)} or router_replay=false")
+    if rollout.multi_turn.enable:
+        raise UserError("actor_rollout_ref.actor.router_replay=true: the multi-turn agent loop does not record "
+                        "routes yet; turn off rollout.multi_turn.enable or router_replay")
+
+
 def agent_names(cfg: RLConfig) -> None:
     multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
     if multi_turn.enable:
@@ -63,7 +82,8 @@ def agent_names(cfg: RLConfig) -> None:
 #: in order: the backend default before the tensor-parallel check; all run before the config's own
 #: checks, which read the resolved `critic.enable`
 HOOKS: tuple[ConfigHook, ...] = (
-    default_rollout_backend, break_at_rules, named_entries, tensor_parallel_backend, agent_names,
+    default_rollout_backend, break_at_rules, named_entries, tensor_parallel_backend, router_replay_backend,
+    agent_names,
 )
 
 

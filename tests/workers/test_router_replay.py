@@ -187,3 +187,21 @@ def test_activation_checkpointing_recomputes_with_the_replayed_routes(moe_folder
     assert grads[0].keys() == grads[1].keys() and any("gate" in n for n in grads[0])
     for name, g in grads[0].items():
         torch.testing.assert_close(grads[1][name], g, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["actor_rollout_ref.rollout.name=vllm"], "backend does not return them"),
+        (["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.multi_turn.enable=true"],
+         "agent loop does not record routes"),
+    ],
+)
+def test_router_replay_config_errors_name_the_key(overrides, message):
+    """Refused when the config is loaded, not at the first rollout."""
+    from rlkit.errors import UserError
+    from rlkit.trainer.run_config import load_config
+
+    with pytest.raises(UserError, match=message):
+        load_config("grpo", ["actor_rollout_ref.actor.router_replay=true", *overrides])
+    load_config("grpo", ["actor_rollout_ref.actor.router_replay=true", "actor_rollout_ref.rollout.name=hf"])
