@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # CPU quickstart, LoRA variant: the same GRPO-on-GSM8K run as recipes/quickstart_cpu.sh, training a
 # rank-16 LoRA adapter (all linear layers) on SmolLM2-135M-Instruct instead of all its weights.
-# Hardware: 2 CPU cores, ~4 GiB RAM, no GPU. Expected (not measured end to end yet): a step no slower than
-# full fine-tuning (bench/lora.py measured the actor step on this model), the training reward rising as in
-# the full run (the format bonus first), and a run summary that shows the trained parameters (~3.6% of the
-# model at rank 16) and the optimizer state (~25x smaller than full fine-tuning's).
+# Hardware: 2 CPU cores, ~4 GiB RAM, no GPU. Measured with this script (2026-11-30, 2 cores shared with other
+# jobs: load 2 for the first steps, 5-10 later): train reward (first 5 -> last 5 steps) 0.045 -> 0.203 and
+# validation score 0.025 -> 0.194 on 32 test prompts (the format bonus: it learns to end with "#### <n>";
+# exact-answer accuracy stays ~0 in 16 steps), 4.88M of 139.4M parameters trained (3.50%, rank 16),
+# optimizer state + grads 37.3 MB + 18.6 MB (full fine-tuning: 1.5 GB, bench/lora.py), ~65-80 s per step
+# while the machine had a spare core (median 81 s, wall 48 min under the later load).
 # The LoRA learning rate is ~100x the full-fine-tuning one (1e-3 vs 1e-5): the adapter starts at zero.
 # After the run: `rlkit export checkpoints/quickstart_lora OUT` (merged model) or `... --adapter-only`
 # (a PEFT adapter folder; `rlkit eval OUT --data ...` takes either). Extra arguments go to `rlkit train`.
