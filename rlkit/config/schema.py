@@ -41,9 +41,9 @@ class DataConfig:
 class ModelConfig:
     path: str = f("smollm2-135m-instruct", "HF folder, hub id, .gguf file or alias (see `rlkit model list`)")
     enable_gradient_checkpointing: bool = f(False, "recompute activations in backward to save memory")
-    use_remove_padding: bool = f(False, "pack the valid tokens of a micro-batch into one row (block-diagonal "
-                                 "mask); off: padded rows, shared left padding trimmed (faster here, "
-                                 "docs/performance.md)")
+    use_remove_padding: bool = f(True, "pack the valid tokens of a micro-batch into one row, each sequence attending "
+                                 "only to itself (varlen attention, no T x T mask); off: padded rows, shared left "
+                                 "padding trimmed (measured slower on CPU, docs/long_context.md)")
     response_logits_only: bool = f(True, "LM head only where response tokens are predicted (no prompt/pad logits)")
     fused_lm_head: bool = f(False, "log-probs/entropy straight from the hidden states, the LM head run in chunks of "
                             "logits_chunk_size rows and recomputed in backward, so no (tokens x vocab) logits are "
