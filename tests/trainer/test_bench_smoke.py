@@ -1,4 +1,4 @@
-"""`bench/grpo_step.py` runs end to end on the tiny model (2 short steps) and writes its JSON."""
+"""The benchmarks run end to end at toy sizes and write their JSON (grpo_step, gpu_check, moe_step)."""
 
 from __future__ import annotations
 
@@ -49,3 +49,18 @@ def test_gpu_check_runs_its_cpu_mode(tmp_path):
     bad = subprocess.run([sys.executable, "bench/gpu_check.py", "--checks", "nope"], capture_output=True, text=True,
                          env=cli_env(), cwd=REPO)
     assert bad.returncode == 2
+
+
+@pytest.mark.slow
+def test_moe_step_bench_compares_equal_active_sizes(tmp_path):
+    """bench/moe_step.py: the dense and the MoE model it times pass the same matmul weights per token, and the
+    MoE holds more in total (its experts)."""
+    out = tmp_path / "moe_step.json"
+    cmd = [sys.executable, "bench/moe_step.py", "--hidden", "128", "--layers", "1", "--rows", "2", "--length", "32",
+           "--reps", "1", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=cli_env(), cwd=REPO)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    dense, moe = json.loads(out.read_text())["results"]
+    assert dense["active_matmul_params_per_token"] == moe["active_matmul_params_per_token"]
+    assert moe["matmul_params_total"] > dense["matmul_params_total"]
+    assert dense["step_s_median"] > 0 and moe["step_s_median"] > 0
