@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
 
 from tests.skip_guard import (  # noqa: F401  (hooks: an unlisted skip fails the run)
     pytest_collectreport,
@@ -16,6 +17,12 @@ from tests.skip_guard import (  # noqa: F401  (hooks: an unlisted skip fails the
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# property tests draw the same examples on every machine (CI fails on a bug, not on a lucky draw);
+# HYPOTHESIS_PROFILE=explore draws new ones, as a local bug hunt
+settings.register_profile("rlkit", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "rlkit"))
 
 
 @pytest.fixture

@@ -197,11 +197,15 @@ def _groups(uids):
 @settings(**MAX)
 @given(grouped_outcomes())
 def test_grpo_zero_mean_per_group(case):
-    uids, _scores, rewards, mask = case
+    uids, scores, rewards, mask = case
     adv, _ = ADV_ESTIMATORS.get("grpo")(rewards, mask, index=uids)
     rows = T(per_row(adv, mask))
     for idx in _groups(uids).values():
-        assert rows[idx].sum().item() == pytest.approx(0.0, abs=1e-4)
+        # float32 rounding of (r - mean) is ~1e-7 |r|, then divided by the group's std: scores that differ by
+        # 1e-3 (0.9023, 0.9004, 0.9) sum to ~1e-4 instead of 0
+        group = scores[idx]
+        tol = 1e-5 + 1e-6 * len(idx) * float(group.abs().max()) / (float(group.std(unbiased=False)) + 1e-6)
+        assert rows[idx].sum().item() == pytest.approx(0.0, abs=tol)
         if len(idx) == 1:
             assert rows[idx[0]] == 0
 
