@@ -108,6 +108,10 @@ def test_ppo_with_a_critic_learns(toy_data, tiny_model, tmp_path):
         actor_rollout_ref__actor__ppo_mini_batch_size=16,
         critic__optim__lr=1e-3,
         critic__ppo_micro_batch_size_per_gpu=64,
+        # calibrated on padded rows; packed rows (the default since issue 19) agree to 1e-5
+        # (tests/workers/test_varlen_attention.py), but this PPO trajectory is seed-sensitive: packed, data seeds
+        # 1/2/3 gave +0.12/+0.56/+0.12 (padded seed 1: +0.37), so the test keeps the path it was calibrated on
+        actor_rollout_ref__model__use_remove_padding=False,
     )
     summary, rows, _ = fit("ppo", overrides, tmp_path / "logs")
     steps = train_rows(rows)
