@@ -14,7 +14,6 @@ import logging
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
 from rlkit.algo.utils import agg_loss, entropy_from_logits, logprobs_from_logits
@@ -22,6 +21,7 @@ from rlkit.config.schema import FSDPConfig, ModelConfig
 from rlkit.testing import save_tiny_model
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.fused_lm_head import fused_lm_head_logprob, unfusable_reason
+from tests.gloo_workers import run_on_gloo_workers
 from tests.perf.test_forward_equivalence import RESPONSE, handmade_batch
 
 T, H, V = 37, 16, 50  # 37 rows in chunks of 8: a short last chunk
@@ -259,18 +259,7 @@ def _two_rank_worker(rank: int, store_path: str, model_path: str, results) -> No
 def test_two_gloo_ranks_fused_matches_plain(model_path, tmp_path):
     """FSDP2 over 2 ranks shards the (tied) head weight; the fused head runs inside the root's forward, where it
     is gathered, and its gradient is reduce-scattered as the plain path's is."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_two_rank_worker, args=(r, str(tmp_path / "store"), str(model_path), results))
-        for r in range(2)
-    ]
-    for p in procs:
-        p.start()
-    got = dict(results.get(timeout=240) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-    assert got == {0: "ok", 1: "ok"}, got
+    run_on_gloo_workers(_two_rank_worker, str(model_path), tmp_path, timeout_s=240)
 
 
 def test_lora_model_uses_the_fused_head(process_group, model_path):

@@ -5,14 +5,12 @@ SP=1 (data-parallel) forward on the same routes, and the routes changed the log-
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rlkit.config.schema import FSDPConfig
+from tests.gloo_workers import run_on_gloo_workers
 from tests.workers.test_ulysses import compare, rank_batch, step
 
 
@@ -60,13 +58,4 @@ def test_replay_under_sp2_matches_sp1(tmp_path):
     from rlkit.testing import save_tiny_moe
 
     path = save_tiny_moe(tmp_path / "moe", family="qwen3_moe", sharpen=1.0, hidden=128, heads=2, experts=4)
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    os.environ["OMP_NUM_THREADS"] = "1"
-    procs = [ctx.Process(target=_worker, args=(r, str(tmp_path / "store"), str(path), results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(results.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-    assert got == {0: "ok", 1: "ok"}, got
+    run_on_gloo_workers(_worker, str(path), tmp_path)

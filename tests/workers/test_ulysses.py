@@ -14,16 +14,14 @@ Config-time: an SP size that does not divide the workers, or the heads, is refus
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rlkit.algo.utils import agg_loss
 from rlkit.config.schema import FSDPConfig
 from rlkit.errors import UserError
+from tests.gloo_workers import run_on_gloo_workers
 from tests.workers.test_varlen_attention import handmade_batch
 
 R = 7
@@ -133,17 +131,7 @@ def model_paths(tmp_path_factory):
 
 @pytest.mark.slow
 def test_sp2_matches_sp1_on_two_gloo_workers(model_paths, tmp_path):
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    env = {"OMP_NUM_THREADS": "1"}
-    os.environ.update(env)
-    procs = [ctx.Process(target=_sp_worker, args=(r, str(tmp_path / "store"), model_paths, results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(results.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-    assert got == {0: "ok", 1: "ok"}, got
+    run_on_gloo_workers(_sp_worker, model_paths, tmp_path)
 
 
 def test_config_refuses_sp_that_does_not_divide_the_workers(toy_data, tmp_path):

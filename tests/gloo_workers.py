@@ -1,0 +1,37 @@
+"""Run a test body on N spawned processes joined in one gloo group, and collect each rank's verdict.
+
+A worker is `worker(rank, store_path, payload, results)`: it joins the group through the file store at
+`store_path`, runs its checks and puts `(rank, "ok")` or `(rank, "<error>")` on `results` (exceptions do
+not cross processes, so the parent asserts on the strings).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+
+
+def run_on_gloo_workers(worker: Callable[..., None], payload: Any, tmp_path: Path, world: int = 2,
+                        timeout_s: float = 600) -> None:
+    """Spawn `world` ranks of `worker` (one OpenMP thread each: they share the machine) and assert all said ok."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(r, str(tmp_path / "store"), payload, results)) for r in range(world)]
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # the spawned ranks inherit it; this process gets its own value back
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if before is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
+    got = dict(results.get(timeout=timeout_s) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert got == {r: "ok" for r in range(world)}, got
