@@ -144,6 +144,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", default="1024,2048,4096", help="response lengths R (the second sample has R/2)")
     ap.add_argument("--levers", default=",".join(LEVERS))
+    ap.add_argument(
+        "--lever-lengths",
+        action="append",
+        default=[],
+        metavar="LEVER=R1,R2,...",
+        help="other lengths for one lever (e.g. padded=256,512,1024: its attention is quadratic)",
+    )
     ap.add_argument("--layers", type=int, default=30, help="SmolLM2-135M has 30")
     ap.add_argument("--budget-gib", type=float, default=16.0)
     ap.add_argument("--threads", type=int, default=2)
@@ -159,6 +166,10 @@ def main() -> None:
 
     lengths = [int(x) for x in args.lengths.split(",")]
     levers = args.levers.split(",")
+    per_lever = {lever: lengths for lever in levers}
+    for item in args.lever_lengths:
+        lever, _, values = item.partition("=")
+        per_lever[lever] = [int(x) for x in values.split(",")]
     unknown = set(levers) - set(LEVERS)
     if unknown:
         raise SystemExit(f"unknown lever(s) {sorted(unknown)}; choose from {list(LEVERS)}")
@@ -167,7 +178,7 @@ def main() -> None:
         model_dir = str(Path(tmp) / "model")
         save_model(Path(model_dir), args.layers)
         for lever in levers:
-            for response in lengths:
+            for response in per_lever[lever]:
                 cmd = [
                     sys.executable,
                     __file__,
@@ -190,11 +201,7 @@ def main() -> None:
                 )
     budget_mb = args.budget_gib * 1024
     table = []
-    print(
-        f"\n{'lever':9} "
-        + " ".join(f"{'peak MiB R=' + str(r):>15}" for r in lengths)
-        + f" {'max R in ' + str(args.budget_gib) + ' GiB':>17} {'ms/token':>9}"
-    )
+    print(f"\n{'lever':9} {'peak MiB at response length R':>44} {'max R in budget':>16} {'ms/token':>9}")
     for lever in levers:
         mine = [r for r in rows if r["lever"] == lever]
         longest = max(mine, key=lambda r: r["response"])
@@ -207,15 +214,13 @@ def main() -> None:
             "ms_per_token": 1000 * longest["seconds"] / longest["tokens"],
         }
         table.append(entry)
-        print(
-            f"{lever:9} "
-            + " ".join(f"{r['peak_rss_mb']:15.0f}" for r in mine)
-            + f" {entry['max_response_in_budget_extrapolated']:17.0f} {entry['ms_per_token']:9.2f}"
-        )
+        peaks = ", ".join(f"{r['response']}: {r['peak_rss_mb']:.0f}" for r in mine)
+        longest_r = entry["max_response_in_budget_extrapolated"]
+        print(f"{lever:9} {peaks:>44} {longest_r:16.0f} {entry['ms_per_token']:9.2f}")
     record = {
         "workload": {
             "layers": args.layers,
-            "lengths": lengths,
+            "lengths": per_lever,
             "prompts": PROMPTS,
             "threads": args.threads,
             "budget_gib": args.budget_gib,
