@@ -544,7 +544,9 @@ def test_helper_stops_in_the_callers_frame_under_debugpy(tmp_path):
                     raise
                 time.sleep(0.2)
         top = session.stack()[0]
-        assert (top.name, top.line) == ("main", 7)  # the line after the call, in the caller
+        # in the caller, never inside rlkit.debug: usually on the line after the call (7); on a loaded machine
+        # debugpy has been seen to report the pause still on the call's line (6)
+        assert top.name == "main" and top.line in (6, 7), (top.name, top.line)
         assert session.evaluate("here", top.id).value == "'driver under debugpy'"
         session.detach()
         out, _ = proc.communicate(timeout=30)
