@@ -7,11 +7,15 @@ not cross processes, so the parent asserts on the strings).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
@@ -35,3 +39,18 @@ def run_on_gloo_workers(worker: Callable[..., None], payload: Any, tmp_path: Pat
     for p in procs:
         p.join(timeout=60)
     assert got == {r: "ok" for r in range(world)}, got
+
+
+@contextlib.contextmanager
+def gloo_rank(rank: int, store_path: str, results: Any, world: int = 2) -> Iterator[None]:
+    """Inside a worker: join the group (one thread), run the block, report `(rank, "ok")` or the error with its
+    traceback to the parent, leave the group. The block's exception is reported, not raised."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    try:
+        yield
+        results.put((rank, "ok"))
+    except BaseException as exc:  # report to the parent, which asserts
+        results.put((rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"))
+    finally:
+        dist.destroy_process_group()

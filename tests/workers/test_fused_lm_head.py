@@ -21,7 +21,7 @@ from rlkit.config.schema import FSDPConfig, ModelConfig
 from rlkit.testing import save_tiny_model
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.fused_lm_head import fused_lm_head_logprob, unfusable_reason
-from tests.gloo_workers import run_on_gloo_workers
+from tests.gloo_workers import gloo_rank, run_on_gloo_workers
 from tests.perf.test_forward_equivalence import RESPONSE, handmade_batch
 
 T, H, V = 37, 16, 50  # 37 rows in chunks of 8: a short last chunk
@@ -239,20 +239,11 @@ def test_fsdp_forward_fused_matches_plain_moe_untied(process_group, tmp_path):
 
 
 def _two_rank_worker(rank: int, store_path: str, model_path: str, results) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
-    try:
+    with gloo_rank(rank, store_path, results):
         model = FSDPModel(model_path, FSDPConfig(), torch.device("cpu"))
         batch = {k: v[rank * 3 : rank * 3 + 3] for k, v in handmade_batch().items()}  # each rank its 3 rows
         for remove_padding in (False, True):
             compare_fused_to_plain(model, batch, remove_padding)
-        results.put((rank, "ok"))
-    except BaseException as exc:  # report to the parent, which asserts
-        results.put((rank, f"{type(exc).__name__}: {exc}"))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlkit.config.schema import FSDPConfig
-from tests.gloo_workers import run_on_gloo_workers
+from tests.gloo_workers import gloo_rank, run_on_gloo_workers
 from tests.workers.test_ulysses import compare, rank_batch, step
 
 
@@ -28,9 +27,7 @@ def foreign_routes(batch: dict, experts: int, layers: int, seed: int) -> torch.T
 def _worker(rank: int, store_path: str, path: str, results) -> None:
     from rlkit.workers.fsdp_model import FSDPModel
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
-    try:
+    with gloo_rank(rank, store_path, results):
         batch = rank_batch(rank)
         valid = batch["response_mask"].bool()
         cpu = torch.device("cpu")
@@ -44,13 +41,6 @@ def _worker(rank: int, store_path: str, path: str, results) -> None:
         assert torch.equal(torch.stack(tap.indices, dim=1), routes[batch["attention_mask"].bool()])
         assert not torch.allclose(own[0][valid], replayed[0][valid], atol=1e-3)
         compare(replayed, step(sp, batch, routed_experts=routes), valid, "moe/replay")
-        results.put((rank, "ok"))
-    except BaseException as exc:  # report to the parent, which asserts
-        import traceback
-
-        results.put((rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from rlkit.algo.utils import agg_loss
 from rlkit.config.schema import FSDPConfig
 from rlkit.errors import UserError
-from tests.gloo_workers import run_on_gloo_workers
+from tests.gloo_workers import gloo_rank, run_on_gloo_workers
 from tests.workers.test_varlen_attention import handmade_batch
 
 R = 7
@@ -78,10 +78,7 @@ def compare(a: tuple, b: tuple, valid: torch.Tensor, what: str) -> None:
 def _sp_worker(rank: int, store_path: str, paths: dict[str, str], results) -> None:
     from rlkit.workers.fsdp_model import FSDPModel
 
-    torch.set_num_threads(1)
-    store = dist.FileStore(store_path, 2)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-    try:
+    with gloo_rank(rank, store_path, results):
         batch = rank_batch(rank)
         valid = batch["response_mask"].bool()
         cpu = torch.device("cpu")
@@ -102,13 +99,6 @@ def _sp_worker(rank: int, store_path: str, paths: dict[str, str], results) -> No
             with torch.no_grad():
                 v1, v2 = (c.forward(*args, R).values for c in critics)
             assert torch.allclose(v1[valid], v2[valid], atol=1e-5, rtol=0), f"{kind} values"
-        results.put((rank, "ok"))
-    except BaseException as exc:  # report to the parent, which asserts
-        import traceback
-
-        results.put((rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
