@@ -88,13 +88,19 @@ def measure_one(
         model.module.config._attn_implementation = "sdpa"
         model.varlen_reason = "forced by the benchmark"
     ids, mask, pos, r_mask = make_batch(rows, prompt, response)
+    from rlkit.utils.memory_peak import PhasePeaks
+
+    phases = PhasePeaks()  # the forward's and the backward's own peaks (the step summary's per-phase report)
     start_rss = rss_bytes()
     t0 = time.perf_counter()
-    out = model.forward(ids, mask, pos, response, remove_padding=variant != "padded", fused_lm_head=fused_head)
+    with phases.measure("forward"):
+        out = model.forward(ids, mask, pos, response, remove_padding=variant != "padded", fused_lm_head=fused_head)
     t1 = time.perf_counter()
-    (-(out.log_probs * r_mask).sum() / r_mask.sum()).backward()
+    with phases.measure("backward"):
+        (-(out.log_probs * r_mask).sum() / r_mask.sum()).backward()
     t2 = time.perf_counter()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peaks = {phase: row.get("rss_peak_gb", 0.0) * 2**30 for phase, row in phases.pop().items()}
+    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, *peaks.values())
     return {
         "variant": variant,
         "rows": rows,
@@ -103,6 +109,8 @@ def measure_one(
         "backward_s": t2 - t1,
         "total_s": t2 - t0,
         "peak_rss_above_start_mb": max(0, peak - start_rss) / 2**20,
+        "forward_peak_above_start_mb": max(0, peaks.get("forward", 0) - start_rss) / 2**20,
+        "backward_peak_above_start_mb": max(0, peaks.get("backward", 0) - start_rss) / 2**20,
     }
 
 
@@ -158,12 +166,14 @@ def main() -> None:
                 r = results[-1]
                 print(
                     f"{variant:13s} rows={rows:3d} T={r['tokens']:6d}  fwd {r['forward_s']:6.2f}s  "
-                    f"bwd {r['backward_s']:6.2f}s  peak +{r['peak_rss_above_start_mb']:8.1f} MiB",
+                    f"bwd {r['backward_s']:6.2f}s  peak +{r['peak_rss_above_start_mb']:8.1f} MiB "
+                    f"(fwd +{r['forward_peak_above_start_mb']:.1f}, bwd +{r['backward_peak_above_start_mb']:.1f})",
                     flush=True,
                 )
     by = {(r["variant"], r["rows"]): r for r in results}
     print(
-        f"\n{'variant':13s} {'rows':>4s} {'tokens':>6s} | {'total s':>8s} {'peak MiB':>9s} | "
+        f"\n{'variant':13s} {'rows':>4s} {'tokens':>6s} | {'total s':>8s} {'peak MiB':>9s} {'fwd MiB':>8s} "
+        f"{'bwd MiB':>8s} | "
         f"{'x2 rows: time':>13s} {'memory':>7s}"
     )
     for r in results:
@@ -176,7 +186,8 @@ def main() -> None:
         )
         print(
             f"{r['variant']:13s} {r['rows']:4d} {r['tokens']:6d} | {r['total_s']:8.2f} "
-            f"{r['peak_rss_above_start_mb']:9.1f} | {growth}"
+            f"{r['peak_rss_above_start_mb']:9.1f} {r['forward_peak_above_start_mb']:8.1f} "
+            f"{r['backward_peak_above_start_mb']:8.1f} | {growth}"
         )
     out = {
         "model": "SmolLM2-135M shape, random init",

@@ -31,6 +31,10 @@ from rlkit.controller.resource_pool import ResourcePool
 from rlkit.controller.worker import free_port, node_ip
 from rlkit.debug.breakpoints import set_step
 from rlkit.registry import extension_modules, import_plugins
+from rlkit.utils.memory_peak import PhasePeaks
+
+# calls too small to be a phase of a step: their memory peaks would only add noise to the metrics
+UNMEASURED_METHODS = frozenset({"dispatch_info", "where", "memory_report"})
 
 
 @dataclass
@@ -60,6 +64,7 @@ class _WorkerHost:
         os.environ.update(env)
         import_plugins(plugins, strict=False)
         self._roles = {}
+        self._peaks = PhasePeaks()  # each call's peak memory, popped by the driver once per step
         for name, spec in roles.items():
             args = [self._sibling(name, a) for a in spec.args]
             kwargs = {k: self._sibling(name, v) for k, v in spec.kwargs.items()}
@@ -76,7 +81,14 @@ class _WorkerHost:
     def call(self, role: str, method: str, step: int | None, /, *args: Any, **kwargs: Any) -> Any:
         if step is not None:
             set_step(step)  # the driver's global step, for break_at's `step=` in whichever role runs
-        return getattr(self._roles[role], method)(*args, **kwargs)
+        if method in UNMEASURED_METHODS:
+            return getattr(self._roles[role], method)(*args, **kwargs)
+        with self._peaks.measure(method):
+            return getattr(self._roles[role], method)(*args, **kwargs)
+
+    def pop_memory_peaks(self) -> dict[str, dict[str, float]]:
+        """Peak memory per called method since the last pop (rlkit.utils.memory_peak)."""
+        return self._peaks.pop()
 
     def master_address(self) -> tuple[str, int]:
         return node_ip(), free_port()
@@ -159,6 +171,10 @@ class RayWorkerGroup:
         if item.startswith("_") or "" not in self.__dict__.get("roles", {}):
             raise AttributeError(item)
         return getattr(self.role(""), item)
+
+    def pop_memory_peaks(self) -> list[dict[str, dict[str, float]]]:
+        """Each worker's peak memory per called method since the last pop (one dict per rank)."""
+        return ray.get([a.pop_memory_peaks.remote() for a in self.actors], timeout=self.get_timeout_s)
 
     def shutdown(self) -> None:
         for a in self.actors:

@@ -61,6 +61,10 @@ class OneStepOffPolicyTrainer(RLTrainer):
             self._lookahead.append(next(self._source))
         return self._lookahead[0]
 
+    def busy_groups(self) -> tuple[Any, ...]:
+        """The rollout group while the next batch is being generated (its memory is popped once idle)."""
+        return (self.workers.rollout.group,) if self._pending is not None else ()
+
     # ----------------------------------------------------------- rollout
     def _launch(self, prompts: Batch, stale: int) -> tuple[Any, Batch, int, Any, Batch]:
         """Generate the batch of step `global_step + stale` (its step and seed: break_at and resume see
@@ -100,6 +104,10 @@ class OneStepOffPolicyTrainer(RLTrainer):
 
 
 def build_trainer(cfg: RLConfig, **kwargs: Any) -> RLTrainer:
-    """The trainer a config asks for: synchronous (hybrid engine) or one-step-off-policy."""
-    cls = OneStepOffPolicyTrainer if cfg.trainer.one_step_off_policy else RLTrainer
+    """The trainer a config asks for: synchronous (hybrid engine), one-step-off-policy or fully async
+    (rlkit/trainer/fully_async_trainer.py; finalize has refused both async switches at once)."""
+    from rlkit.trainer.fully_async_trainer import FullyAsyncTrainer
+
+    t = cfg.trainer
+    cls = FullyAsyncTrainer if t.fully_async else OneStepOffPolicyTrainer if t.one_step_off_policy else RLTrainer
     return cls(cfg, **kwargs)

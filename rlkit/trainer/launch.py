@@ -179,7 +179,7 @@ def summary_table(summary: Any) -> Table:
             first, last = sum(values[:k]) / k, sum(values[-k:]) / k
             table.add_row(f"{name} (first {k} -> last {k} steps)", f"{first:.3f} -> {last:.3f}")
     for key in sorted(set(summary.first_val) | set(summary.last_val)):
-        if key.startswith("timing_s"):
+        if key.startswith(("timing_s", "memory/")):
             continue
         before, after = summary.first_val.get(key), summary.last_val.get(key)
         fmt = lambda v: "-" if v is None else f"{v:.3f}"
@@ -190,9 +190,25 @@ def summary_table(summary: Any) -> Table:
         table.add_row("wall time", f"{summary.wall_s:.0f}s")
     for what, value in memory_rows(getattr(summary, "memory", None)):
         table.add_row(what, value)
+    for what, value in phase_memory_rows(getattr(summary, "memory_peaks", None)):
+        table.add_row(what, value)
     table.add_row("checkpoint", str(summary.checkpoint))
     table.add_row("logs", str(summary.log_dir))
     return table
+
+
+PHASE_MEMORY_LINES = {"rss_peak_gb": "peak RSS per phase (GB)", "cuda_peak_allocated_gb": "peak CUDA per phase (GB)"}
+
+
+def phase_memory_rows(peaks: dict[str, float] | None) -> list[tuple[str, str]]:
+    """Run-summary lines: each worker call's peak memory over the run (the largest worker's), per kind."""
+    rows = []
+    for name, label in PHASE_MEMORY_LINES.items():
+        cells = [f"{key.split('/')[1]} {value:.2f}" for key, value in sorted((peaks or {}).items())
+                 if key.endswith("/" + name) and key.count("/") == 2]
+        if cells:
+            rows.append((label, ", ".join(cells)))
+    return rows
 
 
 def actor_memory(actor: Any) -> dict[str, float] | None:

@@ -49,6 +49,7 @@ class FitSummary:
     step_seconds: list[float] = field(default_factory=list)
     checkpoint: str | None = None
     log_dir: str | None = None
+    memory_peaks: dict[str, float] = field(default_factory=dict)  # memory/<method>/<name>: the max over steps
 
 
 class RLTrainer:
@@ -104,6 +105,10 @@ class RLTrainer:
             result = self.train_step(prompts)
             step_s = time.perf_counter() - start
             metrics = result.log_row(step_s, self.mfu_meter)
+            metrics.update(self.memory_metrics())
+            for key, value in metrics.items():
+                if key.startswith("memory/"):
+                    summary.memory_peaks[key] = max(summary.memory_peaks.get(key, 0.0), value)
             metrics["training/epoch"] = self.train_loader.epoch
             summary.train_scores.append(metrics.get("critic/score/mean", float("nan")))
             if "reward/acc/mean" in metrics:
@@ -255,7 +260,19 @@ class RLTrainer:
             if key.startswith("reward/") and key.endswith("/mean") and key.count("/") == 2 and values:
                 metrics[f"val/{key}"] = float(np.mean(values))
         metrics["timing_s/validate"] = time.perf_counter() - start
+        for key, value in self.memory_metrics().items():  # validation's own peaks, apart from the step's
+            name = "memory/validate/" + key.rsplit("/", 1)[1]
+            metrics[name] = max(metrics.get(name, 0.0), value)
         return metrics
+
+    def memory_metrics(self) -> dict[str, float]:
+        """Each worker call's peak memory since the last pop (`memory/<method>/rss_peak_gb`, and the CUDA
+        allocator's on GPU), max over workers; groups still generating (async modes) are left for later."""
+        return self.workers.memory_peaks(skip=self.busy_groups())
+
+    def busy_groups(self) -> tuple[Any, ...]:
+        """Worker groups with a call in flight between steps: none in the synchronous loop."""
+        return ()
 
     # ---------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
@@ -285,7 +302,7 @@ class RLTrainer:
 
         path = load_with_fallback(self.ckpt_root, self.cfg.trainer.resume_mode, self._load_checkpoint, log.warning)
         if path is None:
-            if self.cfg.trainer.one_step_off_policy and self.cfg.actor_rollout_ref.model.lora_adapter_path:
+            if self.cfg.trainer.separate_rollout and self.cfg.actor_rollout_ref.model.lora_adapter_path:
                 # the separate engine loaded the base folder; the actor starts from the adapter: push it first
                 # (colocated engines load it themselves when built: RolloutWorker.init_model)
                 self.workers.sync_weights(wait=True)

@@ -5,7 +5,7 @@
   loads the weights in memory (`InProcessRoute`);
 - the reward model (`reward_model.enable`, a style with a worker role) is one more role of the
   trainer group, or, with `reward_model.enable_resource_pool`, a group of its own;
-- separate rollout (`trainer.one_step_off_policy`): actor [+ ref] [+ critic] on one group, the
+- separate rollout (`trainer.one_step_off_policy` or `trainer.fully_async`): actor [+ ref] [+ critic] on one group, the
   rollout engines on a second group of their own processes; the weights travel through Ray's
   object store (`ObjectStoreRoute`).
 
@@ -28,6 +28,7 @@ from rlkit.errors import UserError
 from rlkit.models.lora import lora_enabled
 from rlkit.reward.model_styles import model_style
 from rlkit.rollout.lifecycle import InProcessRoute, ObjectStoreRoute, WeightRoute
+from rlkit.utils.memory_peak import phase_metrics
 
 TRAINER_GROUP, ROLLOUT_GROUP = "rlkit", "rlkit-rollout"  # Ray actor names: "rlkit:0", "rlkit-rollout:0"
 REWARD_GROUP = "rlkit-reward"  # reward_model.enable_resource_pool: the RM's own group
@@ -56,7 +57,7 @@ def plan_layout(cfg: RLConfig) -> Layout:
     """The groups of this config's layout (see the module docstring). Pure: the printed resource plan
     (`--dry-run`) reads it too."""
     t = cfg.trainer
-    separate = bool(t.one_step_off_policy)
+    separate = t.separate_rollout
     roles = ["actor"] if separate else ["actor", "rollout"]  # the rollout after the actor: it is handed it
     # LoRA: the actor is its own reference (adapter off), so no second copy of the base
     roles += ["ref"] if ref_needed(cfg) and not lora_enabled(cfg.actor_rollout_ref.model) else []
@@ -129,6 +130,12 @@ class WorkerHandles:
     def sync_weights(self, **kwargs: Any) -> list[dict[str, float]]:
         """The actor's current weights -> every engine (the layout's route; see its `push`)."""
         return self.weights.push(**kwargs)
+
+    def memory_peaks(self, skip: tuple[RayWorkerGroup, ...] = ()) -> dict[str, float]:
+        """`memory/<method>/<name>` peaks of every call since the last pop, max over workers
+        (rlkit.utils.memory_peak). `skip`: groups with a call in flight (their pop would wait for it)."""
+        peaks = [p for group in self.groups if group not in skip for p in group.pop_memory_peaks()]
+        return phase_metrics(peaks)
 
     def shutdown(self) -> None:
         for group in reversed(self.groups):

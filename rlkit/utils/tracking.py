@@ -212,7 +212,7 @@ CONSOLE_KEYS = [
     "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/lr",
     "response_length/mean", "response_length/clip_ratio", "prompt_length/mean",
     "timing_s/step", "timing_s/gen", "timing_s/update_actor", "timing_s/ref", "timing_s/update_critic",
-    "perf/throughput", "perf/mfu", "val/*",
+    "perf/throughput", "perf/mfu", "memory/*/rss_peak_gb", "memory/*/cuda_peak_allocated_gb", "val/*",
 ]
 CONSOLE_FALLBACK_ROWS = 16  # when none of CONSOLE_KEYS is present, the first keys alphabetically
 # Console row labels by key prefix (default: the key's first part). The field's names put the reward and
@@ -226,8 +226,16 @@ CONSOLE_GROUPS = {"critic/score/": "reward", "critic/rewards/": "reward", "criti
 PROGRESS_EVERY_S = float(os.environ.get("RLKIT_PROGRESS_EVERY_S", "10"))
 
 
+# `memory/<method>/<name>` (rlkit.utils.memory_peak): one row per kind of peak, a cell per worker call
+CONSOLE_MEMORY_ROWS = {"rss_peak_gb": "peak RSS GB", "rss_end_gb": "RSS GB", "cuda_peak_allocated_gb": "peak CUDA GB"}
+
+
 def console_group(key: str) -> tuple[str, str]:
     """(row label, cell name) of a metric key in the console table."""
+    if key.startswith("memory/") and key.count("/") == 2:
+        _, method, name = key.split("/")
+        if name in CONSOLE_MEMORY_ROWS:
+            return CONSOLE_MEMORY_ROWS[name], method
     for prefix, label in CONSOLE_GROUPS.items():
         if key.startswith(prefix):
             return label, key.split("/", 1)[1]

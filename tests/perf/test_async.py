@@ -54,3 +54,7 @@ def test_one_step_off_policy_learns_the_copy_task(toy_data, tiny_model, tmp_path
     assert cfg.algorithm.rollout_is and cfg.actor_rollout_ref.rollout.calculate_log_probs
     assert all("timing_s/rollout_load_weights" in r for r in rows[1:])
     assert statistics.median(r["timing_s/gen_overlapped"] for r in rows[1:]) > 0
+    # the actor's peaks every step; the rollout group's only once it is idle (the last step), never by waiting
+    assert all("memory/update_actor/rss_peak_gb" in r for r in rows)
+    assert "memory/generate_sequences/rss_peak_gb" in rows[-1]
+    assert not any("memory/generate_sequences/rss_peak_gb" in r for r in rows[1:-1])

@@ -57,6 +57,12 @@ def test_grpo_learns_the_copy_task(grpo_run):
                 "timing_s/update_actor", "timing_s/step", "perf/throughput", "timing_s/generate_sequences"):
         assert key in step, key
     assert step["timing_s/generate_sequences"] <= step["timing_s/gen"]  # the engine's time, inside the driver's
+    # each worker call's own peak RSS (GB), in every step row and, max over the run, in the summary
+    for phase in ("generate_sequences", "update_actor", "sync_weights"):
+        key = f"memory/{phase}/rss_peak_gb"
+        assert all(0.05 < r[key] < 24 for r in train_rows(rows)), key
+        assert summary.memory_peaks[key] == max(r[key] for r in train_rows(rows))
+    assert "memory/dispatch_info/rss_peak_gb" not in step  # bookkeeping calls are not phases
     assert summary.checkpoint is not None and summary.checkpoint.endswith(f"global_step_{STEPS}")
 
 
