@@ -55,6 +55,7 @@ class RolloutConfig:
     """Rollout engine + sampling settings. See the module docstring for the CPU defaults."""
 
     name: str | None = None  # rollout backend (ROLLOUT_BACKENDS); None -> default_backend_name()
+    mode: str = "sync"  # multi_turn server: sync = tick batching, async = continuous batching on vllm (docs/agents.md)
     n: int = 1  # samples per prompt; the driver repeats rows, backends see one row per sample
     prompt_length: int = 512  # longest prompt in tokens (set from data.max_prompt_length)
     response_length: int = 512  # max new tokens (set from data.max_response_length)

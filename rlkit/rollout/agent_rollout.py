@@ -2,9 +2,14 @@
 
 The rollout worker wraps its engine in this when `rollout.multi_turn.enable` is
 set; weight sync, sleep and wake go straight to the wrapped engine, and
-`generate` runs one coroutine per row (rlkit/rollout/agent/loop.py) against a
-`BatchingServer` that batches the conversations' turns into the engine's own
-token-in/token-out `generate`. Works for every registered backend (hf, vllm).
+`generate` runs one coroutine per row (rlkit/rollout/agent/loop.py) against the
+server `rollout.mode` names in `ENGINE_SERVERS`: `sync`, a `BatchingServer` that
+batches the conversations' turns into the engine's own token-in/token-out
+`generate` (every registered backend); `async`, a `ContinuousServer` that submits
+each turn to the in-process vLLM engine as soon as it is ready (continuous
+batching; other backends fall back to tick batching, logged once). The server of
+one `generate` is shut down before it returns, so the engine is idle for weight
+sync and sleep.
 
 The driver sends the rows' `raw_prompt` (re-rendered with the tool schemas),
 `tools_kwargs`, `interaction_kwargs` and `reward_model` along with the prompt
@@ -19,10 +24,12 @@ from typing import Any
 import torch
 
 from rlkit.config.rollout import RolloutConfig
+from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.rollout.agent.chat import ChatRenderer
 from rlkit.rollout.agent.check import check_multi_turn
-from rlkit.rollout.agent.engine import BatchingServer
+from rlkit.rollout.agent.continuous import ContinuousServer  # noqa: F401  (registers mode "async")
+from rlkit.rollout.agent.engine import ENGINE_SERVERS
 from rlkit.rollout.agent.interaction import INTERACTIONS
 from rlkit.rollout.agent.loop import AgentLoop
 from rlkit.rollout.agent.parser import TOOL_PARSERS
@@ -41,6 +48,12 @@ class AgentRollout(RolloutBackend):
     def __init__(self, backend: RolloutBackend, tokenizer: Any, config: RolloutConfig) -> None:
         mt = config.multi_turn
         check_multi_turn(mt)
+        if config.mode not in ENGINE_SERVERS:
+            raise UserError(
+                f"actor_rollout_ref.rollout.mode='{config.mode}' is not registered; "
+                f"choose from {ENGINE_SERVERS.names()}"
+            )
+        self.make_server = ENGINE_SERVERS.get(config.mode)
         self.backend, self.tokenizer, self.config, self.mt = backend, tokenizer, config, mt
         self.needs_weight_sync = backend.needs_weight_sync
         self.tools = build_tools(list(mt.tools), mt.tool_config)
@@ -54,10 +67,7 @@ class AgentRollout(RolloutBackend):
         self._last_call_s = 0.0
 
     def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:
-        server = BatchingServer(
-            self.backend, sampling, self.extra_stop_ids, wait_s=self.mt.batch_wait_ms / 1000,
-            context_limit=self.config.model_len, last_call_s=self._last_call_s,
-        )  # fmt: skip
+        server = self.make_server(self.backend, sampling, self.extra_stop_ids, self.config, self._last_call_s)
         loop = AgentLoop(server, self.tokenizer, self.mt, self.tools, self.parser, self.renderer, self.interaction)
         try:
             out = loop.generate(prompts, sampling.response_length, sampling.calculate_log_probs)

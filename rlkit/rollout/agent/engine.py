@@ -10,6 +10,10 @@ while the others generate. The wait grows to a quarter of the last generate call
 when that is longer: on a slow engine a straggler is worth waiting for. Requests
 whose context + budget would not fit the engine's context window together are
 split into several calls of the tick.
+
+`ENGINE_SERVERS` maps `actor_rollout_ref.rollout.mode` to the server an agent rollout runs against:
+`sync` is the `BatchingServer` here, `async` the continuous-batching server of
+rlkit/rollout/agent/continuous.py.
 """
 
 from __future__ import annotations
@@ -18,14 +22,16 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
 
+from rlkit.config.rollout import RolloutConfig
 from rlkit.protocol import Batch
+from rlkit.registry import Registry
 from rlkit.rollout.base import RolloutBackend, SamplingConfig
 
 WAIT_FRACTION = 0.25  # of the last generate call's duration, see BatchingServer._serve
@@ -56,22 +62,32 @@ class AsyncEngine(Protocol):
 
 @dataclass
 class ServerStats:
+    """What a server did in one rollout. A tick is one engine call (tick batching) or one engine step
+    (continuous batching); `batch_sizes` are the requests each tick served."""
+
     ticks: int = 0
-    calls: int = 0
+    calls: int = 0  # engine calls (tick batching) or turn requests (continuous batching)
     batch_sizes: list[int] = field(default_factory=list)
     max_in_flight: int = 0  # most conversations alive at once
+    max_concurrency: int = 0  # most turn requests inside the engine at once
     gen_s: float = 0.0
     tokens: int = 0
+    prompt_tokens: int = 0  # continuous batching: context tokens of the requests, and those the prefix cache held
+    cached_tokens: int = 0
 
     def metrics(self) -> dict[str, float]:
         sizes = self.batch_sizes or [0]
-        return {
+        out = {
             "agent/gen_calls": float(self.calls),
             "agent/batch_size/mean": float(sum(sizes) / len(sizes)),
             "agent/batch_size/max": float(max(sizes)),
             "agent/in_flight/max": float(self.max_in_flight),
+            "agent/engine_max_concurrency": float(max(self.max_concurrency, *sizes)),
             "agent/gen_tokens_per_s": self.tokens / self.gen_s if self.gen_s > 0 else 0.0,
         }
+        if self.prompt_tokens:
+            out["agent/prefix_cache_hit"] = self.cached_tokens / self.prompt_tokens
+        return out
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> Batch:
@@ -80,8 +96,8 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> Batch:
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
         if r:
-            ids[i, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
-            mask[i, width - len(r):] = 1
+            ids[i, width - len(r) :] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, width - len(r) :] = 1
     pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
     return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": pos})
 
@@ -131,8 +147,9 @@ class BatchingServer:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         threads = torch.get_num_threads()  # the generation thread uses the caller's intra-op thread count
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlkit-agent-gen",
-                                            initializer=torch.set_num_threads, initargs=(threads,))
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="rlkit-agent-gen", initializer=torch.set_num_threads, initargs=(threads,)
+        )
 
     # ------------------------------------------------------------ sessions
     @contextlib.asynccontextmanager
@@ -218,7 +235,9 @@ class BatchingServer:
             if seed is not None:
                 seed = (seed + 7919 * self.stats.calls) % 2**31
             sampling = replace(
-                self.sampling, response_length=budget, seed=seed,
+                self.sampling,
+                response_length=budget,
+                seed=seed,
                 stop_token_ids=list(dict.fromkeys([*self.sampling.stop_token_ids, *self.extra_stop_ids])),
             )
             start = time.perf_counter()
@@ -235,6 +254,32 @@ class BatchingServer:
                 self.stats.tokens += len(ids)
                 outs[i] = TurnOutput(ids, lp, stopped=bool(ids) and ids[-1] in stops)
         return outs  # type: ignore[return-value]
+
+
+EngineServerFactory = Callable[[RolloutBackend, SamplingConfig, Sequence[int], RolloutConfig, float], AsyncEngine]
+#: `actor_rollout_ref.rollout.mode` -> a factory of the server one agent rollout runs against:
+#: (backend, sampling, extra stop ids, rollout config, the previous server's last call duration).
+#: "sync" is here; "async" (continuous batching) in rlkit/rollout/agent/continuous.py.
+ENGINE_SERVERS: Registry[EngineServerFactory] = Registry("rollout mode")
+
+
+@ENGINE_SERVERS.register("sync")
+def batching_server(
+    backend: RolloutBackend,
+    sampling: SamplingConfig,
+    extra_stop_ids: Sequence[int],
+    config: RolloutConfig,
+    last_call_s: float,
+) -> AsyncEngine:
+    """`mode=sync`: tick batching over any backend's `generate`."""
+    return BatchingServer(
+        backend,
+        sampling,
+        extra_stop_ids,
+        wait_s=config.multi_turn.batch_wait_ms / 1000,
+        context_limit=config.model_len,
+        last_call_s=last_call_s,
+    )
 
 
 def run_coroutine(coro: Any) -> Any:
