@@ -90,7 +90,7 @@ def check_tensor_parallel(cfg: RLConfig, tp_backends: list[str] | None) -> None:
         raise UserError(f"{key}={tp} needs rollout.name={' | '.join(able)} (the '{rollout.name}' backend runs one "
                         f"full model per worker); set it to 1 or use {' | '.join(able)}")
     workers = world_size(cfg)
-    if cfg.trainer.one_step_off_policy:  # the rollout has its own group
+    if cfg.trainer.separate_rollout:  # the rollout has its own group
         workers = cfg.trainer.rollout_workers_per_node * cfg.trainer.nnodes
     if workers % tp:
         raise UserError(f"{key}={tp} must divide the {workers} rollout workers")

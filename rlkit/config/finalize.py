@@ -47,21 +47,42 @@ def derive(cfg: RLConfig) -> None:
 def apply_modes(cfg: RLConfig) -> None:
     """What a run mode implies for other keys.
 
-    `trainer.one_step_off_policy` (the rollout runs one batch ahead on a worker group of its own):
-    the engine returns its log-probs and the loss corrects for the one-step lag with truncated
-    importance sampling (`algorithm.rollout_is`: token unless a level is set); the engine never
-    sleeps (its processes hold nothing else, so there is nothing to hand back); dynamic sampling
-    is not supported.
+    `trainer.one_step_off_policy` (the rollout runs one batch ahead on a worker group of its own) and
+    `trainer.fully_async` (a separate rollout group streams samples into a buffer, at most
+    `trainer.staleness_threshold` policy versions old): the engine returns its log-probs and the loss
+    corrects for the lag with truncated importance sampling (`algorithm.rollout_is`: token unless a
+    level is set); the engine never sleeps (its processes hold nothing else, so there is nothing to
+    hand back); dynamic sampling is not supported. The two modes exclude each other.
     """
-    if not cfg.trainer.one_step_off_policy:
+    t = cfg.trainer
+    if not t.separate_rollout:
         return
+    if t.one_step_off_policy and t.fully_async:
+        raise UserError("trainer.one_step_off_policy and trainer.fully_async are two async modes; pick one (fully "
+                        "async with trainer.staleness_threshold=1 bounds the lag as one-step-off does)")
+    mode = "trainer.fully_async" if t.fully_async else "trainer.one_step_off_policy"
     if cfg.algorithm.filter_groups.enable:
-        raise UserError("trainer.one_step_off_policy does not support algorithm.filter_groups (dynamic sampling); "
-                        "turn one of them off")
+        raise UserError(f"{mode} does not support algorithm.filter_groups (dynamic sampling); turn one of them off")
     rollout = cfg.actor_rollout_ref.rollout
+    if t.fully_async:
+        check_fully_async(cfg)
     rollout.calculate_log_probs = True
     cfg.algorithm.rollout_is = cfg.algorithm.rollout_is or "token"
     rollout.free_cache_engine = False
+
+
+def check_fully_async(cfg: RLConfig) -> None:
+    """Keys `trainer.fully_async` cannot run with; each message names the fix."""
+    t, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
+    if cfg.data.train_batch_size % t.rollout_chunk_prompts:
+        raise UserError(f"trainer.rollout_chunk_prompts={t.rollout_chunk_prompts} must divide data.train_batch_size="
+                        f"{cfg.data.train_batch_size} (a batch is whole chunks); e.g. trainer.rollout_chunk_prompts=1")
+    if t.partial_rollout_segment and rollout.multi_turn.enable:
+        raise UserError("trainer.partial_rollout_segment: multi-turn rollouts (rollout.multi_turn.enable) run whole "
+                        "episodes per request; set trainer.partial_rollout_segment=0")
+    if t.partial_rollout_segment and cfg.actor_rollout_ref.actor.router_replay:
+        raise UserError("trainer.partial_rollout_segment: actor.router_replay needs each response's routes from one "
+                        "request; set trainer.partial_rollout_segment=0")
 
 
 def check_lora(cfg: RLConfig) -> None:
@@ -73,10 +94,10 @@ def check_lora(cfg: RLConfig) -> None:
     if lora and rollout.lora_sync == "native" and rollout.name not in (None, "vllm"):
         raise UserError(f"actor_rollout_ref.rollout.lora_sync=native needs the vllm engine (rollout.name="
                         f"{rollout.name} cannot load LoRA adapters); use lora_sync=merge")
-    if lora and rollout.lora_sync == "native" and cfg.trainer.one_step_off_policy:
+    if lora and rollout.lora_sync == "native" and cfg.trainer.separate_rollout:
         raise UserError("actor_rollout_ref.rollout.lora_sync=native is for the colocated engine; with "
-                        "trainer.one_step_off_policy the separate engine receives the merged weights through "
-                        "the object store: use lora_sync=merge (the default)")
+                        "trainer.one_step_off_policy or fully_async the separate engine receives the merged "
+                        "weights through the object store: use lora_sync=merge (the default)")
     if lora and rollout.lora_sync == "native" and model.lora_rank == 0:
         raise UserError("actor_rollout_ref.rollout.lora_sync=native sizes the engine's LoRA slots from "
                         "actor_rollout_ref.model.lora_rank: set it to the adapter's rank (lora_adapter_path)")

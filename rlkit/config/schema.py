@@ -211,11 +211,29 @@ class TrainerConfig:
         False, "async: a separate rollout group generates batch k+1 while the actor trains on batch k "
         "(turns on rollout log-probs and algorithm.rollout_is; see docs/performance.md)"
     )
-    rollout_workers_per_node: int = f(1, "one_step_off_policy: rollout worker processes per node")
-    rollout_cpus_per_worker: float = f(1.0, "one_step_off_policy: CPU cores reserved per rollout worker")
+    fully_async: bool = f(
+        False, "fully asynchronous training: a separate rollout group streams samples into a buffer while the actor "
+        "trains on full batches from it, at most trainer.staleness_threshold policy versions old (turns on rollout "
+        "log-probs and algorithm.rollout_is; see docs/algorithms.md)"
+    )
+    staleness_threshold: int = f(1, "fully_async: most policy versions a trained sample may lag the policy it updates "
+                                    "(0 = on-policy; older samples are dropped and counted: rollout/dropped_stale)")
+    partial_rollout_segment: int = f(0, "fully_async: generate in segments of at most this many tokens, so a weight "
+                                        "update lands between segments and unfinished samples continue under the "
+                                        "new weights (token_policy_version per token); 0 = whole responses")
+    rollout_chunk_prompts: int = f(2, "fully_async: prompts (whole groups of rollout.n samples) per generation "
+                                      "request the pump keeps in flight; must divide data.train_batch_size")
+    rollout_workers_per_node: int = f(1, "one_step_off_policy / fully_async: rollout worker processes per node")
+    rollout_cpus_per_worker: float = f(1.0, "one_step_off_policy / fully_async: CPU cores reserved per rollout "
+                                            "worker")
     plugins: list = f(factory=list, help="modules imported first, by the driver and every worker: register your "
                       "own estimators, losses, reward managers there (dotted names, found from the current dir)")
     debug: DebugConfig = f(factory=DebugConfig, help="debugging switches")
+
+    @property
+    def separate_rollout(self) -> bool:
+        """Whether the rollout engines have a worker group of their own (an async mode) instead of the actor's."""
+        return bool(self.one_step_off_policy or self.fully_async)
 
 
 @dataclass

@@ -5,7 +5,7 @@ Two layouts (rlkit/trainer/workers_setup.py), one class:
 - colocated (hybrid engine): the worker shares its process with the actor and is handed that
   actor at construction; `sync_weights` streams the actor's full tensors into the engine one
   parameter at a time, so the process never holds a second full copy of the model in flight;
-- separate rollout (`trainer.one_step_off_policy`): the worker has its own process and
+- separate rollout (`trainer.one_step_off_policy` or `trainer.fully_async`): the worker has its own process and
   `receive_weights` loads the full state dict the driver routed through Ray's object store.
 
 Tensor parallel (`rollout.tensor_model_parallel_size` = t > 1): consecutive ranks form TP groups
@@ -74,7 +74,8 @@ class RolloutWorker(Worker):
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def generate_sequences(self, batch: Batch, step: int | None = None, seed: int = 0, validate: bool = False,
-                           greedy: bool = False, stay_awake: bool = False) -> Batch:
+                           greedy: bool = False, stay_awake: bool = False, response_length: int | None = None
+                           ) -> Batch:
         """One response per row.
 
         `step`: the trainer step this batch is trained at (break_at's `step=`; in the one-step-off mode
@@ -82,13 +83,16 @@ class RolloutWorker(Worker):
         `seed` (the driver's `call_seed(step, attempt)`) seeds sampling with `rollout.seed` and the dp
         rank: reproducible on resume, never the same draws twice. `greedy=True` decodes with argmax
         under the training settings (ReMax's baseline response). `stay_awake=True` skips the sleep after
-        generating (more calls follow at once: validation in chunks)."""
+        generating (more calls follow at once: validation in chunks). `response_length`: at most this many new
+        tokens instead of `rollout.response_length` (a segment of a partial rollout, trainer.fully_async)."""
         if step is not None:
             set_step(step)
         maybe_break("rollout.validate" if validate else "rollout.generate")
         rollout = self.rollout
         start = time.perf_counter()
         sampling = rollout.to_val_sampling() if validate else rollout.to_sampling(greedy=greedy)
+        if response_length is not None:
+            sampling.response_length = response_length
         if rollout.seed is not None:
             sampling.seed = sampling_seed(rollout.seed, seed, self.dispatch_info().dp_rank)
         sampling.return_routed_experts = self.router_replay and not validate
