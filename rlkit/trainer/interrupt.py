@@ -1,9 +1,12 @@
-"""Ctrl-C during a run: stop cleanly and say in one line where the run stands and how to go on.
+"""Ctrl-C (or a scheduler's SIGTERM) during a run: stop cleanly and say in one line where the run stands
+and how to go on.
 
 A terminal's Ctrl-C reaches the whole foreground process group, so Ray's workers may die of it a
 moment before the driver's own KeyboardInterrupt arrives; the driver then sees a worker failure.
 `InterruptWatch` remembers that SIGINT was received, so such a failure is reported as the
-interruption it is, not as a crash with a traceback.
+interruption it is, not as a crash with a traceback. SIGTERM (`kill`, Slurm, Kubernetes) takes the
+same path; `ray.init()` installs a C++ failure handler for SIGTERM that prints stack dumps and exits
+without our shutdown, so the watch is re-armed after Ray starts (`rearm`).
 """
 
 from __future__ import annotations
@@ -20,9 +23,15 @@ from typing import Any
 class TrainingInterrupted(Exception):
     """The run was stopped by Ctrl-C; carries the step it was in and the last complete checkpoint."""
 
-    def __init__(self, step: int | None, total: int | None, checkpoint: Path | None) -> None:
-        self.step, self.total, self.checkpoint = step, total, checkpoint
+    def __init__(self, step: int | None, total: int | None, checkpoint: Path | None,
+                 signum: int = signal.SIGINT) -> None:
+        self.step, self.total, self.checkpoint, self.signum = step, total, checkpoint, signum
         super().__init__(self.line())
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal, the shell's convention: 130 for Ctrl-C, 143 for SIGTERM."""
+        return 128 + int(self.signum)
 
     def line(self, command: Sequence[str] | None = None) -> str:
         """The one line printed for the user; with `command` (the argv that started the run) it ends
@@ -33,6 +42,8 @@ class TrainingInterrupted(Exception):
             where = "interrupted before the first step"
         else:
             where = f"interrupted at step {self.step}" + (f" of {self.total}" if self.total else "")
+        if self.signum != signal.SIGINT:
+            where += f" by {signal.Signals(self.signum).name}"
         if self.checkpoint is None:
             text = f"{where}; no checkpoint saved yet"
             return text + (f"; start again with: {rerun_command(command, resume=False)}" if command else "")
@@ -48,22 +59,35 @@ def rerun_command(argv: Sequence[str], resume: bool) -> str:
     return shlex.join([prog, *args, *(["trainer.resume_mode=auto"] if resume else [])])
 
 
+WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 class InterruptWatch:
-    """Within the block, SIGINT still raises KeyboardInterrupt (as Python's default does) and is remembered."""
+    """Within the block, SIGINT and SIGTERM raise KeyboardInterrupt (as Python's default does for SIGINT) and
+    are remembered (`hit`, `signum`)."""
 
     def __init__(self) -> None:
         self.hit = False
-        self._previous: Any = None
+        self.signum: int = signal.SIGINT
+        self._previous: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if not self.hit:  # the first signal names the stop (a SIGINT after a SIGTERM is still a SIGTERM stop)
+            self.signum = signum
         self.hit = True
         raise KeyboardInterrupt
 
+    def rearm(self) -> None:
+        """Install the handlers again: call after a library (Ray) replaced them at the C level."""
+        if self._previous and threading.current_thread() is threading.main_thread():
+            for signum in WATCHED_SIGNALS:
+                signal.signal(signum, self._handler)
+
     def __enter__(self) -> InterruptWatch:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
+            self._previous = {signum: signal.signal(signum, self._handler) for signum in WATCHED_SIGNALS}
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)

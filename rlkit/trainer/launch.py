@@ -124,6 +124,7 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
         try:
             if owns_ray:
                 init_ray(cfg, opts, console)
+                watch.rearm()  # ray.init put a C++ SIGTERM handler (stack dumps, no shutdown) over ours
             with console.status("starting workers (model load, FSDP, rollout engine)..."):
                 trainer = build_trainer(cfg)
             with Tracking(cfg.trainer.logger, cfg.trainer.project_name, cfg.trainer.experiment_name, log_dir,
@@ -141,7 +142,7 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
                 raise
             step = None if trainer is None else trainer.global_step
             total = None if trainer is None else trainer.total_steps
-            interrupted = TrainingInterrupted(step, total, None)
+            interrupted = TrainingInterrupted(step, total, None, watch.signum)
         finally:
             _stop(trainer, owns_ray)
     interrupted.checkpoint = find_latest_checkpoint(cfg.trainer.default_local_dir)

@@ -48,7 +48,8 @@ def train(
     that the checkpoint and log folders are writable and that the disk can hold a checkpoint.
 
     Exit status: 0 when training finished, 1 on a config/input error or a worker failure,
-    130 when stopped with Ctrl-C (the last line then says how to resume).
+    130 when stopped with Ctrl-C, 143 with SIGTERM (kill, Slurm, Kubernetes); the last line then says
+    how to resume.
     """
     from rlkit.config.load import to_yaml
     from rlkit.trainer.launch import LaunchOptions, resource_plan, run_training
@@ -79,7 +80,7 @@ def train(
         run_training(cfg, LaunchOptions(address=address, debug=mode, num_cpus=num_cpus), console)
     except TrainingInterrupted as stop:
         Console(stderr=True, soft_wrap=True).print(stop.line(sys.argv), markup=False, highlight=False)
-        raise typer.Exit(130) from None
+        raise typer.Exit(stop.exit_code) from None
     except WorkerError as exc:
         from rich.text import Text
 
