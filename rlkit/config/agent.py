@@ -29,6 +29,7 @@ class MultiTurnConfig:
     tool_config: dict = field(default_factory=dict)  # tool name -> constructor kwargs, e.g. {python: {wall_s: 3}}
     interaction: str | None = None  # simulated user (rlkit.rollout.agent.INTERACTIONS) answering tool-free turns
     interaction_config: dict = field(default_factory=dict)  # constructor kwargs of the interaction
+    interaction_reward_weight: float = 0.0  # x the episode's interaction reward, added to the score (0: only logged)
     batch_wait_ms: float = 20.0  # batching server: wait for conversations still in tools (>= 1/4 of the last call)
 
     def __post_init__(self) -> None:

@@ -27,6 +27,7 @@ import torch
 
 from rlkit.errors import UserError
 from rlkit.protocol import METRICS_KEY, Batch
+from rlkit.reward.interaction_reward import with_interaction_reward
 from rlkit.reward.model_styles import RULE, Component, all_components, model_style
 from rlkit.reward.placement import on_last_token
 from rlkit.reward.registry import RewardFn, build_reward_manager
@@ -172,13 +173,16 @@ def build_reward_fn(
     `workers`: worker role name -> the view the style's component calls (the trainer's `reward_model`);
     `manager`: the reward manager if already built (else built here)."""
     manager = manager if manager is not None else build_reward_manager(cfg, tokenizer)
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    weight = mt.interaction_reward_weight if mt.enable else 0.0
     style = model_style(cfg)
     if style is None:
-        return manager
+        return with_interaction_reward(manager, weight)
     weights = MixWeights(cfg.reward_model.mix)
     worker = (workers or {}).get(style.worker_role) if style.worker_role else None
     component = style.build(cfg, tokenizer, worker)
-    return RewardMix(manager if weights.ever_used(RULE) else None, {style.component: component}, weights)
+    mix = RewardMix(manager if weights.ever_used(RULE) else None, {style.component: component}, weights)
+    return with_interaction_reward(mix, weight)
 
 
 def describe(cfg: RLConfig) -> str:

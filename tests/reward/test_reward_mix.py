@@ -189,3 +189,14 @@ def test_judge_style_mixes_with_rule_scores(tmp_path):
     assert metrics["reward/judge/mean"] == [pytest.approx(0.25)]
     assert metrics["reward/judge/errors"] == [1.0]
     assert metrics["reward/rule/mean"] == [pytest.approx(float(RULE.mean()))]
+
+
+def test_interaction_reward_weight_wraps_the_reward_stage_only_for_agent_runs():
+    from rlkit.reward.interaction_reward import WithInteractionReward
+
+    tok = build_tiny_tokenizer()
+    base = ["data.train_files=x.parquet", "actor_rollout_ref.rollout.multi_turn.interaction_reward_weight=0.5"]
+    plain = build_reward_fn(load_config("grpo", base), tok)
+    assert not isinstance(plain, WithInteractionReward)  # no agent loop: no interaction reward to add
+    agent = build_reward_fn(load_config("grpo", [*base, "actor_rollout_ref.rollout.multi_turn.enable=true"]), tok)
+    assert isinstance(agent, WithInteractionReward) and agent.weight == 0.5

@@ -1,5 +1,6 @@
-"""Built-in tools: `calculator` (safe arithmetic, parsed with `ast`, never `eval`) and `python`
-(runs a program in the reward sandbox and returns its output)."""
+"""Built-in tools: `calculator` (safe arithmetic, parsed with `ast`, never `eval`), `python`
+(runs a program in the reward sandbox and returns its output) and `notepad` (per-episode notes:
+the built-in example of a stateful tool)."""
 
 from __future__ import annotations
 
@@ -147,3 +148,44 @@ class PythonTool(Tool):
             parts.append(f"[{res.status}]")
         text = "\n".join(parts) if parts else "(no output)"
         return ToolResult(text, None if res.ok else res.status)
+
+
+@TOOLS.register("notepad")
+class Notepad(Tool):
+    """Notes that last for one episode: `write` keeps a line, `read` returns the lines so far. Each episode
+    has its own pad (a stateful tool), so concurrent episodes never see each other's notes."""
+
+    name = "notepad"
+    description = "Keep notes during this task: action 'write' saves the text, action 'read' returns every note."
+    parameters = {
+        "type": "object",
+        "properties": {
+            "action": {"type": "string", "enum": ["write", "read"]},
+            "text": {"type": "string", "description": "the note to save (for write)"},
+        },
+        "required": ["action"],
+    }
+    stateful = True
+
+    def __init__(self, max_notes: int = 32) -> None:
+        self.max_notes = max_notes
+        self.notes: list[str] | None = None  # None: the configured template, not an episode's instance
+
+    def reset(self) -> None:
+        self.notes = []
+
+    def release(self) -> None:
+        self.notes = None
+
+    def call(self, arguments: dict[str, Any], **kwargs: Any) -> ToolResult:
+        if self.notes is None:
+            raise RuntimeError("notepad called outside an episode (the loop calls each episode's own instance)")
+        action = arguments.get("action")
+        if action == "read":
+            return ToolResult("\n".join(f"{i + 1}. {note}" for i, note in enumerate(self.notes)) or "(no notes yet)")
+        if action != "write":
+            return ToolResult(f"Error: unknown action {action!r}; use 'write' or 'read'", "bad_arguments")
+        if len(self.notes) >= self.max_notes:
+            return ToolResult(f"Error: the notepad holds at most {self.max_notes} notes", "full")
+        self.notes.append(str(arguments.get("text", "")))
+        return ToolResult(f"saved note {len(self.notes)}")

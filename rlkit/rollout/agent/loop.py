@@ -38,7 +38,7 @@ from rlkit.rollout.agent.chat import ChatRenderer
 from rlkit.rollout.agent.engine import AsyncEngine, TurnRequest, run_coroutine
 from rlkit.rollout.agent.interaction import Interaction
 from rlkit.rollout.agent.parser import ToolCall, ToolParser
-from rlkit.rollout.agent.tools import Tool, ToolResult, run_tool
+from rlkit.rollout.agent.tools import Tool, ToolResult, release_tool, run_tool
 from rlkit.rollout.base import assemble_output
 
 logger = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ class Trajectory:
     finish: str = "stop"  # stop | max_turns | length
     interaction_reward: float = 0.0
     interaction_errors: int = 0
+    tool_release_errors: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, ids: Sequence[int], model: bool, log_probs: Sequence[float] | None = None) -> None:
@@ -121,6 +122,20 @@ class AgentLoop:
     # ------------------------------------------------------------ one sample
     async def run_sample(self, sample: Sample, response_length: int) -> Trajectory:
         traj = Trajectory(list(sample.prompt_ids), messages=[dict(m) for m in sample.messages])
+        episode: dict[str, Tool] = {}  # this episode's instances of the tools it called (stateful: its own)
+        try:
+            await self._run_turns(sample, response_length, traj, episode)
+        finally:
+            for name, tool in episode.items():
+                if tool.stateful:
+                    error = await release_tool(tool)
+                    if error is not None:
+                        traj.tool_release_errors += 1
+                        _log_once(f"tool '{name}': release() failed ({error}); counted in tool_release_errors/sum")
+        return traj
+
+    async def _run_turns(self, sample: Sample, response_length: int, traj: Trajectory,
+                         episode: dict[str, Tool]) -> None:
         cfg = self.config
         async with self.engine.session():
             for turn in range(cfg.max_turns):
@@ -145,7 +160,7 @@ class AgentLoop:
                     if last_turn:
                         traj.finish = "max_turns"
                         break
-                    results = await self._run_calls(parsed.calls, sample.tools_kwargs)
+                    results = await self._run_calls(parsed.calls, sample.tools_kwargs, episode)
                     traj.tool_errors += sum(not r.ok for r in results)
                     new = [
                         {"role": "tool", "name": c.name or "error", "content": self._clip(r.text)}
@@ -182,22 +197,27 @@ class AgentLoop:
                     break
                 traj.add(delta, False)
                 traj.messages.extend(new)
-        return traj
 
     def _clip(self, text: str) -> str:
         limit = self.config.max_tool_response_chars
         return text if len(text) <= limit else text[:limit] + "...(truncated)"
 
-    async def _run_calls(self, calls: list[ToolCall], tools_kwargs: Mapping[str, Any]) -> list[ToolResult]:
-        return list(await asyncio.gather(*(self._run_call(c, tools_kwargs) for c in calls)))
+    async def _run_calls(self, calls: list[ToolCall], tools_kwargs: Mapping[str, Any],
+                         episode: dict[str, Tool]) -> list[ToolResult]:
+        return list(await asyncio.gather(*(self._run_call(c, tools_kwargs, episode) for c in calls)))
 
-    async def _run_call(self, call: ToolCall, tools_kwargs: Mapping[str, Any]) -> ToolResult:
+    async def _run_call(self, call: ToolCall, tools_kwargs: Mapping[str, Any], episode: dict[str, Tool]) -> ToolResult:
         if call.error is not None:
             return ToolResult(f"Error: {call.error}", "parse_error")
-        tool = self.tools.get(call.name)
-        if tool is None:
+        if call.name not in self.tools:
             known = ", ".join(sorted(self.tools)) or "none"
             return ToolResult(f"Error: unknown tool '{call.name}'; available tools: {known}", "unknown_tool")
+        if call.name not in episode:
+            try:
+                episode[call.name] = self.tools[call.name].episode()
+            except Exception as exc:  # a tool that cannot start its episode is an error result, like a failed call
+                return ToolResult(f"Error: '{call.name}' could not start: {type(exc).__name__}: {exc}", "exception")
+        tool = episode[call.name]
         assert self._tool_sem is not None
         async with self._tool_sem:
             start = time.perf_counter()
@@ -324,6 +344,7 @@ def agent_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "tool_errors/sum": float(sum(t.tool_errors for t in trajs)),
         "interaction/reward/mean": float(np.mean([t.interaction_reward for t in trajs])),
         "interaction/errors/sum": float(sum(t.interaction_errors for t in trajs)),
+        "tool_release_errors/sum": float(sum(t.tool_release_errors for t in trajs)),
     }
     for reason in ("stop", "max_turns", "length"):
         out[f"agent/finish_{reason}/frac"] = float(np.mean([t.finish == reason for t in trajs]))

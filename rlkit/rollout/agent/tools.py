@@ -10,11 +10,18 @@ from the dataset's `tools_kwargs` column.
 `call` may be `async def` (awaited) or a plain function (run in a thread).
 `run_tool` never raises: an exception, a timeout or bad arguments become a
 `ToolResult` with `error` set, whose text is shown to the model.
+
+Stateful tools (`stateful = True`: a notepad, a REPL, a browser, a game) get one instance per
+episode: the loop calls `episode()` at the episode's first call of the tool (a copy of the
+configured instance, `reset()` to a fresh state), routes every later call of that episode to it,
+and calls `release()` once when the episode ends, however it ends. Stateless tools are shared by
+every episode, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib
 import inspect
 from dataclasses import dataclass
@@ -57,6 +64,23 @@ class Tool:
 
     def call(self, arguments: dict[str, Any], **kwargs: Any) -> str | ToolResult:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    stateful: ClassVar[bool] = False  # True: each episode calls its own instance (episode / reset / release)
+
+    def episode(self) -> Tool:
+        """The instance one episode calls: for a stateful tool a copy of this configured one, reset to a fresh
+        state; a stateless tool is shared."""
+        if not self.stateful:
+            return self
+        instance = copy.copy(self)
+        instance.reset()
+        return instance
+
+    def reset(self) -> None:  # noqa: B027 - optional hook
+        """Set up a fresh per-episode state (stateful tools)."""
+
+    def release(self) -> None:  # noqa: B027 - optional hook; may also be `async def`
+        """Free what the episode's instance holds; called once when the episode ends, also after errors."""
 
 
 TOOLS: Registry[type[Tool]] = Registry("tool")
@@ -102,3 +126,14 @@ async def run_tool(tool: Tool, arguments: Any, kwargs: dict[str, Any] | None, ti
     if isinstance(out, ToolResult):
         return out
     return ToolResult(str(out))
+
+
+async def release_tool(tool: Tool) -> str | None:
+    """`tool.release()`, awaited if async; never raises: returns the error text instead."""
+    try:
+        out = tool.release()
+        if inspect.isawaitable(out):
+            await out
+    except Exception as exc:  # a tool's cleanup bug must not fail the rollout
+        return f"{type(exc).__name__}: {exc}"
+    return None

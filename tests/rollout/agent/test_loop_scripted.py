@@ -170,7 +170,7 @@ def test_fake_engine_error_texts():
 
         loop._tool_sem = aio.Semaphore(4)
         return await loop._run_calls(
-            [ToolCall("think"), ToolCall("step"), ToolCall("nope"), ToolCall("", {}, "bad json")], {}
+            [ToolCall("think"), ToolCall("step"), ToolCall("nope"), ToolCall("", {}, "bad json")], {}, {}
         )
 
     results = asyncio.run(go())
@@ -295,3 +295,81 @@ def test_fake_engine_batch_through_the_trainer_pieces():
     assert metrics["response_length/mean"] == pytest.approx(float(total.mean()))
     assert total[0] > mask[0].sum(), "tool tokens count toward length, not toward training"
     assert sorted(balance_across_ranks(out, 2).tolist()) == [0, 1, 2, 3]
+
+
+def test_interaction_reward_joins_the_score_only_when_weighted():
+    """interaction_reward_weight: 0 logs the simulated user's reward; w adds w x it on the last model token."""
+    from rlkit.reward.interaction_reward import with_interaction_reward
+    from rlkit.reward.manager import RewardManager
+
+    scripts = {0: ["the answer is 4", "answer is 5"], 1: ["answer is 4", "answer is 3"]}
+    prompts = make_prompts(2, data_source=["gsm8k"] * 2, reward_model=[{"style": "rule", "ground_truth": "5"}] * 2)
+    out, _ = run(scripts, n=2, prompts=prompts, interaction=GSM8KRetry(max_retries=1))
+    assert list(out["agent/interaction_reward"]) == [1.0, 0.0]  # row 0 right after "try again", row 1 never
+    manager = RewardManager(TOK, num_workers=1, scorer_kwargs={"gsm8k": {"method": "flexible"}})
+    assert with_interaction_reward(manager, 0.0) is manager
+    plain = manager(out)["token_level_scores"]
+    scored = with_interaction_reward(manager, 0.5)(out)
+    mask = out["response_mask"]
+    last_model = (mask * torch.arange(mask.shape[1])).argmax(-1)
+    assert torch.allclose(scored["token_level_scores"].sum(-1), plain.sum(-1) + torch.tensor([0.5, 0.0]))
+    assert scored["token_level_scores"][0, last_model[0]] == plain[0, last_model[0]] + 0.5
+    assert scored.meta["metrics"]["reward/interaction/mean"] == [0.25]
+
+
+def test_stateful_tool_gets_one_instance_per_episode_released_at_its_end():
+    """Concurrent episodes each add to and see their own state; every episode's instance is released once, also
+    when its release raises (counted, the rollout goes on); a stateless tool stays shared and is not released."""
+    from rlkit.rollout.agent.tools import Tool, ToolResult, build_tools
+
+    released: list[tuple[int, list[str]]] = []
+    answers: dict[str, list[str]] = {}  # an episode's first value -> what its instance answered
+
+    class Tally(Tool):  # named with words the tiny tokenizer knows
+        name = "step"
+        parameters = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
+        stateful = True
+
+        def reset(self) -> None:
+            self.values: list[str] = []
+
+        def call(self, arguments, **kwargs):
+            self.values.append(str(arguments["expression"]).strip())  # the tiny decoder pads words with spaces
+            answer = " ".join(self.values)
+            answers.setdefault(self.values[0], []).append(answer)
+            return ToolResult(answer)
+
+        async def release(self) -> None:
+            released.append((id(self), list(self.values)))
+            if self.values == ["9"]:
+                raise OSError("disk gone")
+
+    scripts = {
+        0: [call("step", expression="1"), call("step", expression="2"), "#### 1"],
+        1: [call("step", expression="5"), call("step", expression="6"), "#### 2"],
+        2: [call("step", expression="9"), "#### 3"],
+        3: [call("calculator", expression="1 + 1"), "#### 2"],
+    }
+    template = Tally()
+    out, engine = run(scripts, n=4, tools={"step": template, **build_tools(["calculator"])})
+    check_layout(out, engine, 120)
+    assert answers == {"1": ["1", "1 2"], "5": ["5", "5 6"], "9": ["9"]}  # each episode saw its own state only
+    assert sorted(v for _, v in released) == [["1", "2"], ["5", "6"], ["9"]]  # rows 0-2 once each, not row 3
+    assert len({i for i, _ in released}) == 3 and id(template) not in {i for i, _ in released}
+    assert out.meta["metrics"]["tool_release_errors/sum"] == 1
+    assert list(out["agent/finish"]) == ["stop"] * 4
+
+
+def test_notepad_is_per_episode():
+    from rlkit.rollout.agent.tools import build_tools
+
+    pad = build_tools(["notepad"])["notepad"]
+    first, second = pad.episode(), pad.episode()
+    assert first is not pad and second is not first
+    assert first.call({"action": "write", "text": "x = 4"}).text == "saved note 1"
+    assert first.call({"action": "read"}).text == "1. x = 4"
+    assert second.call({"action": "read"}).text == "(no notes yet)"
+    assert second.call({"action": "erase"}).error == "bad_arguments"
+    first.release()
+    with pytest.raises(RuntimeError, match="outside an episode"):
+        pad.call({"action": "read"})
