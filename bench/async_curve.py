@@ -9,9 +9,10 @@ step, lr 5e-3, 1 CPU per worker: the synchronous run is one worker (actor + roll
 the async runs are an actor worker plus a rollout worker (2 CPUs in all). one_step_off overlaps
 the generation of batch k+1 with the update on batch k; fully_async streams chunks of 4 prompts
 from a rollout pump, at most `--staleness` versions old, in segments of `--segment` tokens (partial
-rollouts); both correct with truncated IS on the rollout's log-probs. All runs see the same prompts
-in the same order. Curves: the training reward (20-step moving mean) against the run's wall time
-(the sum of its step times), plus greedy validation on the 128 test prompts at the end.
+rollouts; 0 = whole responses, the default); both correct with truncated IS on the rollout's
+log-probs. All runs see the same prompts in the same order. Curves: the training reward (20-step
+moving mean) against the run's wall time (the sum of its step times), plus greedy validation on
+the 128 test prompts at the end.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="1")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--staleness", type=int, default=1, help="fully_async: trainer.staleness_threshold")
-    ap.add_argument("--segment", type=int, default=1, help="fully_async: trainer.partial_rollout_segment")
+    ap.add_argument("--segment", type=int, default=0, help="fully_async: trainer.partial_rollout_segment (0: whole)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "async_curve.json"))
     args = ap.parse_args()
     modes = args.modes.split(",")
