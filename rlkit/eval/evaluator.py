@@ -1,7 +1,10 @@
 """Offline evaluation: sample K responses per prompt with a rollout backend, score them, aggregate.
 
 Runs in one process (no Ray): the same rollout backends and reward manager as
-training, so an eval number means the same thing as a `val/` metric.
+training, so an eval number means the same thing as a `val/` metric. With a
+`MultiTurnConfig` (the CLI's `--tools`) the engine is wrapped in the agent loop
+as in training (tools between turns, an optional simulated user), and each
+generation row also says how many turns and tool calls it took.
 """
 
 from __future__ import annotations
@@ -83,7 +86,11 @@ def aggregate(rows: list[dict[str, Any]], k: int) -> dict[str, dict[str, float]]
         lengths=[r["response_length"] for r in rows],
     )
     for ds, metrics in out.items():
-        metrics["prompts"] = float(len({r["prompt_index"] for r in rows if r["data_source"] == ds}))
+        mine = [r for r in rows if r["data_source"] == ds]
+        metrics["prompts"] = float(len({r["prompt_index"] for r in mine}))
+        for key in ("num_turns", "tool_calls"):  # multi-turn eval
+            if mine and key in mine[0]:
+                metrics[f"{key}/mean"] = float(np.mean([r[key] for r in mine]))
     return out
 
 
@@ -99,7 +106,9 @@ def evaluate(
     batch_size: int = 64,
     progress: Any = None,
     notify: Callable[[str], None] | None = None,
+    multi_turn: Any = None,
 ) -> EvalResult:
+    """`multi_turn`: a rlkit.config.agent.MultiTurnConfig with enable=true runs the agent loop (tools between turns)."""
     from rlkit.data import RLDataset
     from rlkit.models.loading import load_tokenizer
     from rlkit.reward.manager import RewardManager
@@ -112,9 +121,10 @@ def evaluate(
         tokenizer = load_tokenizer(model_path)
         dataset = RLDataset(data, tokenizer, max_prompt_length, truncation="left", max_samples=limit)
         lengths = dataset.prompt_lengths
+        agent = multi_turn is not None and multi_turn.enable  # prompts are re-rendered longer, with the tool schemas
         max_prompt_length, max_response_length = fit_context(
             model_path, max_prompt_length, max_response_length, notify or log.warning,
-            longest=int(lengths.max()) if len(lengths) else None,
+            longest=int(lengths.max()) if len(lengths) and not agent else None,
         )
         dataset.max_prompt_length = max_prompt_length  # pad to what the prompts need, not more
         temp = temperature if temperature is not None else (0.0 if n == 1 else 1.0)
@@ -123,6 +133,12 @@ def evaluate(
             response_length=max_response_length, temperature=temp, do_sample=temp > 0,
         )
         engine = ROLLOUT_BACKENDS.get(cfg.name)(model_path, cfg)
+        agent_keys: Callable[[Batch], list[str]] = lambda batch: []  # noqa: E731
+        if agent:
+            from rlkit.rollout.agent_rollout import AgentRollout, agent_input_keys
+
+            cfg.multi_turn = multi_turn
+            engine, agent_keys = AgentRollout(engine, tokenizer, cfg), agent_input_keys
         reward = RewardManager(tokenizer)
         rows: list[dict[str, Any]] = []
         total = len(dataset)
@@ -132,7 +148,8 @@ def evaluate(
             prompts["prompt_index"] = np.repeat(idx, n)
             sampling = cfg.to_sampling(greedy=temp == 0)
             sampling.seed = start
-            out = engine.generate(prompts.select(["input_ids", "attention_mask", "position_ids"]), sampling)
+            keys = ["input_ids", "attention_mask", "position_ids", *agent_keys(prompts)]
+            out = engine.generate(prompts.select(keys), sampling)
             out.non_tensors.update(prompts.non_tensors)
             scored = reward(out)
             rows.extend(_rows(out, scored, tokenizer))
@@ -189,7 +206,13 @@ def _rows(out: Batch, scored: Batch, tokenizer: Any) -> list[dict[str, Any]]:
             "extras": extras,
             "response_length": int(lengths[i]),
         })
+        for key in AGENT_ROW_KEYS:  # the agent loop's per-episode facts (multi-turn eval)
+            if f"agent/{key}" in out.non_tensors:
+                rows[-1][key] = _plain(out[f"agent/{key}"][i])
     return rows
+
+
+AGENT_ROW_KEYS = ("num_turns", "tool_calls", "tool_errors", "finish", "interaction_reward")
 
 
 def _plain(v: Any) -> Any:

@@ -24,6 +24,11 @@ def eval_command(
     max_prompt_length: int = typer.Option(512, "--max-prompt-length", help="Longer prompts are cut on the left."),
     backend: str = typer.Option(None, "--backend", help="vllm | hf (default: vllm when installed)."),
     out: Path = typer.Option(None, "--out", "-o", help="JSONL of generations with scores (default: next to data)."),
+    tools: str = typer.Option(None, "--tools", help="Comma list of tools (calculator, python, notepad, ...): runs the "
+                              "multi-turn agent loop, as training's actor_rollout_ref.rollout.multi_turn does."),
+    max_turns: int = typer.Option(4, "--max-turns", help="With --tools: assistant turns per sample."),
+    interaction: str = typer.Option(None, "--interaction", help="With --tools: a simulated user answering tool-free "
+                                    "turns (fixed_reply, gsm8k_retry, ...)."),
 ) -> None:
     """Score a model or checkpoint on a dataset: mean@K, best@K, pass@K, maj@K per data_source.
 
@@ -32,6 +37,7 @@ def eval_command(
     do not vote in maj@K.
 
     Example: rlkit eval smollm2-135m-instruct --data ~/data/gsm8k/test.parquet --n 4 --limit 50
+    Multi-turn, with tools: rlkit eval ./ckpt/global_step_100 --data test.parquet --tools calculator --max-turns 3
 
     Exit status: 0 on success, 1 on bad input (missing model/data).
     """
@@ -44,6 +50,7 @@ def eval_command(
     if not data.exists():
         raise UserError(f"--data {data}: no such file; make one with `rlkit data NAME --out DIR`")
     out = ensure_writable_file(out or data.with_name(f"{data.stem}.eval.jsonl"), "--out")  # before the work
+    multi_turn = agent_config(tools, max_turns, interaction)
     console = Console()
     with Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:
@@ -53,11 +60,12 @@ def eval_command(
             max_prompt_length=max_prompt_length, max_response_length=max_response_length,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
             notify=lambda msg: console.print(f"[yellow]note:[/yellow] {escape(msg)}", soft_wrap=True),
+            multi_turn=multi_turn,
         )
     table = Table(title=f"eval of {model} on {data.name} (K={n})")
     present = {k for m in result.metrics.values() for k in m}
     order = ["prompts", f"score/mean@{n}", f"score/best@{n}", f"acc/mean@{n}", f"acc/pass@{n}", f"acc/maj@{n}",
-             "response_length/mean", "response_length/max"]
+             "response_length/mean", "response_length/max", "num_turns/mean", "tool_calls/mean"]
     table.add_column("metric")  # the names validation logs under val/<data_source>/
     for ds in result.metrics:
         table.add_column(ds, justify="right")
@@ -67,6 +75,28 @@ def eval_command(
     console.print(table)
     write_jsonl(result.rows, out)
     console.print(f"generations: {out}")
+
+
+def agent_config(tools: str | None, max_turns: int, interaction: str | None):
+    """The multi-turn config of --tools/--max-turns/--interaction (None without --tools), checked against the
+    registries so a misspelt name fails before the model loads."""
+    if not tools:
+        if interaction:
+            raise UserError("--interaction needs --tools (the agent loop); e.g. --tools calculator")
+        return None
+    from rlkit.config.agent import PREFIX, MultiTurnConfig
+    from rlkit.rollout.agent.check import check_multi_turn
+
+    names = [t.strip() for t in tools.split(",") if t.strip()]
+    config = MultiTurnConfig(enable=True, tools=names, max_turns=max_turns, interaction=interaction or None)
+    try:
+        check_multi_turn(config)
+    except UserError as exc:  # name the flag, not the training config key
+        for key, flag in (("tools", "--tools"), ("interaction", "--interaction")):
+            if str(exc).startswith(f"{PREFIX}{key}:"):
+                raise UserError(flag + str(exc)[len(PREFIX + key):]) from None
+        raise
+    return config
 
 
 def register(app: typer.Typer) -> None:

@@ -72,3 +72,30 @@ def test_eval_missing_data_is_a_clear_error(tmp_path):
     model = save_tiny_model(tmp_path / "model")
     res = CliRunner().invoke(app, ["eval", str(model), "--data", str(tmp_path / "nope.parquet"), "--backend", "hf"])
     assert res.exit_code == 1 and "nope.parquet" in res.output
+
+
+def test_multi_turn_eval_runs_the_agent_loop(tmp_path):
+    """--tools wraps the engine in the agent loop, as training's multi_turn does: rows say how each episode went."""
+    from rlkit.testing import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "model", tie_embeddings=True)
+    runner = CliRunner()
+    res = runner.invoke(app, ["data", "toy", "--out", str(tmp_path / "toy"), "--length", "1", "--test-size", "4"])
+    assert res.exit_code == 0, res.output
+    data, out = tmp_path / "toy" / "test.parquet", tmp_path / "gen.jsonl"
+    res = runner.invoke(app, [
+        "eval", str(model), "--data", str(data), "--limit", "3", "--backend", "hf", "--max-response-length", "8",
+        "--max-prompt-length", "200", "--tools", "calculator,notepad", "--max-turns", "2",
+        "--interaction", "fixed_reply", "--out", str(out),
+    ])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3
+    for r in rows:
+        assert 1 <= r["num_turns"] <= 2 and r["finish"] in ("stop", "max_turns", "length") and r["tool_calls"] >= 0
+    assert "num_turns/mean" in res.output, res.output
+
+    bad = runner.invoke(app, ["eval", str(model), "--data", str(data), "--backend", "hf", "--tools", "calculater"])
+    assert bad.exit_code == 1 and "--tools: 'calculater' is not registered" in bad.output
+    alone = runner.invoke(app, ["eval", str(model), "--data", str(data), "--interaction", "fixed_reply"])
+    assert alone.exit_code == 1 and "--interaction needs --tools" in alone.output
