@@ -151,3 +151,26 @@ def test_partial_chunk_without_segments_asks_for_the_whole_response():
     assert max_tokens == 4
     chunk.add(rows, _segment([[9, STOP]], [[-1.0, -1.0]], 4), version=0, max_tokens=4)  # stopped early
     assert chunk.finished and chunk.assemble()["token_policy_version"].tolist() == [[0, 0, -1, -1]]
+
+
+def test_pump_take_drops_stale_chunks_frees_their_budget_and_counts_them():
+    from rlkit.trainer.rollout_pump import RolloutPump, VersionClock
+
+    budget, buffer = StalenessBudget(batch=4, threshold=1, started=10), SampleBuffer(threshold=1)
+    pump = RolloutPump(None, iter([]), None, VersionClock(value=3), budget, buffer, segment=0)
+    buffer.add(Finished(0, 0, 2, payload="too old"))  # version 0 trained at version 3: lag 3 > 1
+    buffer.add(Finished(2, 1, 2, payload="a"))
+    buffer.add(Finished(3, 2, 2, payload="b"))
+    chunks, dropped = pump.take(4, trained_version=3)
+    assert chunks == ["a", "b"] and dropped == 2 and pump.dropped_total == 2
+    assert budget.started == 8  # the dropped samples' slots went back to the pump
+
+
+def test_pump_take_raises_the_pumps_error():
+    from rlkit.trainer.rollout_pump import RolloutPump, VersionClock
+
+    pump = RolloutPump(None, iter([]), None, VersionClock(), StalenessBudget(4, 1), SampleBuffer(1), segment=0)
+    pump.error = ValueError("engine died")
+    with pytest.raises(RuntimeError, match="rollout pump failed") as info:
+        pump.take(4, trained_version=0)
+    assert isinstance(info.value.__cause__, ValueError)
