@@ -260,3 +260,29 @@ def test_mode_registry_and_hf_fallback(model_path, caplog, monkeypatch):
     assert sum("tick-batched" in r.getMessage() for r in caplog.records) == 1
     with pytest.raises(UserError, match="rollout.mode='continuous'"):
         AgentRollout(hf, build_tiny_tokenizer(), dataclasses.replace(config, mode="continuous"))
+
+
+def test_cancelled_and_refused_requests_leave_the_engine_idle(engine):
+    """A conversation cancelled mid-turn is aborted at shutdown; a request the engine refuses fails alone."""
+    rows, greedy = prompt_rows(), make_config().to_sampling(greedy=True)
+    server = ContinuousServer(engine, greedy)
+
+    async def main():
+        long = asyncio.ensure_future(server.generate(TurnRequest(rows[0], P + R - len(rows[0]), 0, 0)))
+        await asyncio.sleep(0.2)
+        long.cancel()
+        refused = ContinuousServer(engine, dataclasses.replace(greedy, greedy=False, temperature=3.0))
+        with pytest.raises(Exception, match="temperature"):
+            await refused.generate(TurnRequest(rows[1], 4, 1, 0))
+        refused.shutdown()
+        short = await server.generate(TurnRequest(rows[2], 4, 2, 0))
+        assert engine.llm.llm_engine.has_unfinished_requests(), "the cancelled turn is still decoding"
+        return short
+
+    try:
+        out = asyncio.run(main())
+    finally:
+        server.shutdown()
+    assert len(out.token_ids) == 4
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+    assert server.stats.calls == 2
