@@ -30,6 +30,8 @@ class MultiTurnConfig:
     interaction: str | None = None  # simulated user (rlkit.rollout.agent.INTERACTIONS) answering tool-free turns
     interaction_config: dict = field(default_factory=dict)  # constructor kwargs of the interaction
     interaction_reward_weight: float = 0.0  # x the episode's interaction reward, added to the score (0: only logged)
+    external_agent: str | None = None  # an agent (EXTERNAL_AGENTS) run per sample against the OpenAI endpoint
+    external_agent_config: dict = field(default_factory=dict)  # keyword arguments of the external agent
     batch_wait_ms: float = 20.0  # batching server: wait for conversations still in tools (>= 1/4 of the last call)
 
     def __post_init__(self) -> None:

@@ -22,6 +22,11 @@ def check_multi_turn(mt: MultiTurnConfig) -> None:
     checks.append(("tool_config", TOOLS, list(mt.tool_config)))
     if mt.interaction is not None:
         checks.append(("interaction", INTERACTIONS, [mt.interaction]))
+    if mt.external_agent is not None:
+        import rlkit.rollout.agent.external_agents  # noqa: F401  (registers the built-in ones)
+        from rlkit.rollout.agent.openai_endpoint import EXTERNAL_AGENTS
+
+        checks.append(("external_agent", EXTERNAL_AGENTS, [mt.external_agent]))
     for key, registry, names in checks:
         for name in names:
             if name not in registry:

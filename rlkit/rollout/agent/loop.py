@@ -75,6 +75,8 @@ class Trajectory:
     interaction_reward: float = 0.0
     interaction_errors: int = 0
     tool_release_errors: int = 0
+    prefix_breaks: int = 0  # external agent: requests that rewrote the history (the trajectory ends before)
+    external_errors: int = 0  # external agent: episodes whose agent raised
     messages: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, ids: Sequence[int], model: bool, log_probs: Sequence[float] | None = None) -> None:
@@ -230,11 +232,47 @@ class AgentLoop:
     async def run_all(self, samples: Sequence[Sample], response_length: int) -> list[Trajectory]:
         self._tool_sem = asyncio.Semaphore(self.config.max_parallel_tools)
         try:
+            if self.config.external_agent:
+                return await self._run_external(samples, response_length)
             return list(await asyncio.gather(*(self.run_sample(s, response_length) for s in samples)))
         finally:
             close = getattr(self.engine, "aclose", None)
             if close is not None:
                 await close()
+
+    async def _run_external(self, samples: Sequence[Sample], response_length: int) -> list[Trajectory]:
+        """Each sample's episode run by the external agent against the OpenAI endpoint (openai_endpoint.py)."""
+        import rlkit.rollout.agent.external_agents  # noqa: F401  (registers the built-in agents)
+        from rlkit.rollout.agent.openai_endpoint import EXTERNAL_AGENTS, OpenAIEndpoint
+
+        if any(not s.messages for s in samples):
+            raise UserError("multi_turn.external_agent needs each row's prompt as chat messages (the dataset's "
+                            "`prompt`/raw_prompt column); this batch has rows without them")
+        agent = EXTERNAL_AGENTS.get(self.config.external_agent)
+        endpoint = OpenAIEndpoint(self.engine, self.tokenizer, self.parser, response_length)
+        await endpoint.start()
+
+        async def episode(sample: Sample) -> Trajectory:
+            errors = 0
+            async with self.engine.session():
+                try:
+                    await agent(endpoint.base_url(sample.index), [dict(m) for m in sample.messages], self.tools,
+                                **self.config.external_agent_config)
+                except Exception as exc:  # the agent's bug ends its episode, never the rollout
+                    errors = 1
+                    _log_once(f"external agent '{self.config.external_agent}' failed ({type(exc).__name__}: {exc}); "
+                              "its episode keeps the turns made so far (counted in agent/external_errors/sum)")
+            log = endpoint.episodes.get(sample.index)
+            if log is None or not log.prompt_ids:  # the agent never asked the endpoint
+                return Trajectory(list(sample.prompt_ids), external_errors=errors)
+            return Trajectory(log.prompt_ids, log.response_ids, log.mask, log.log_probs, log.num_turns,
+                              log.tool_calls, finish=log.finish, messages=log.messages,
+                              prefix_breaks=log.prefix_breaks, external_errors=errors)
+
+        try:
+            return list(await asyncio.gather(*(episode(s) for s in samples)))
+        finally:
+            await endpoint.close()
 
     def samples_from(self, prompts: Batch) -> list[Sample]:
         """Samples from a rollout input batch; with `raw_prompt` the prompt is re-rendered with the tools."""
@@ -346,6 +384,9 @@ def agent_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "interaction/errors/sum": float(sum(t.interaction_errors for t in trajs)),
         "tool_release_errors/sum": float(sum(t.tool_release_errors for t in trajs)),
     }
+    if any(t.prefix_breaks or t.external_errors for t in trajs):
+        out["agent/prefix_breaks/sum"] = float(sum(t.prefix_breaks for t in trajs))
+        out["agent/external_errors/sum"] = float(sum(t.external_errors for t in trajs))
     for reason in ("stop", "max_turns", "length"):
         out[f"agent/finish_{reason}/frac"] = float(np.mean([t.finish == reason for t in trajs]))
     return out
