@@ -13,10 +13,9 @@ import statistics
 
 import pytest
 
-from rlkit.trainer.async_trainer import OneStepOffPolicyTrainer, build_trainer
+from rlkit.trainer.async_trainer import OneStepOffPolicyTrainer
 from rlkit.trainer.run_config import load_config
-from rlkit.utils.tracking import Tracking
-from tests.trainer.conftest import read_metrics, toy_overrides, train_rows
+from tests.trainer.conftest import fit, toy_overrides, train_rows
 
 STEPS = 70
 
@@ -31,15 +30,9 @@ def test_one_step_off_policy_learns_the_copy_task(toy_data, tiny_model, tmp_path
         trainer__val_before_train=True, trainer__save_freq=-1, trainer__one_step_off_policy=True,
         trainer__rollout_cpus_per_worker=1,
     )
-    cfg = load_config("grpo", overrides)
-    with Tracking(["file"], log_dir=tmp_path / "logs") as tracker:
-        trainer = build_trainer(cfg, tracker=tracker)
-        assert isinstance(trainer, OneStepOffPolicyTrainer)
-        try:
-            summary = trainer.fit()
-        finally:
-            trainer.workers.shutdown()
-    rows = train_rows(read_metrics(tmp_path / "logs"))
+    cfg = load_config("grpo", overrides)  # what the run is built from (finalized)
+    summary, rows, _ = fit("grpo", overrides, tmp_path / "logs", expect=OneStepOffPolicyTrainer)
+    rows = train_rows(rows)
     scores = [r["critic/score/mean"] for r in rows]
     first, last = statistics.fmean(scores[:10]), statistics.fmean(scores[-20:])
     val_key = "val/rlkit/toy_copy/score/mean@1"

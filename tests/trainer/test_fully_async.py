@@ -14,11 +14,10 @@ import statistics
 import pytest
 
 from rlkit.errors import UserError
-from rlkit.trainer.async_trainer import build_trainer
 from rlkit.trainer.fully_async_trainer import FullyAsyncTrainer
 from rlkit.trainer.run_config import load_config
 from rlkit.utils.tracking import Tracking
-from tests.trainer.conftest import read_metrics, toy_overrides, train_rows
+from tests.trainer.conftest import fit, read_metrics, toy_overrides, train_rows
 
 ASYNC = dict(trainer__fully_async=True, trainer__rollout_cpus_per_worker=1, trainer__save_freq=-1)
 
@@ -120,15 +119,8 @@ def test_fully_async_learns_the_copy_task(toy_data, tiny_model, tmp_path, ray_lo
         trainer__partial_rollout_segment=2,
         trainer__rollout_chunk_prompts=8,
     )
-    cfg = load_config("grpo", overrides)
-    with Tracking(["file"], log_dir=tmp_path / "logs") as tracker:
-        trainer = build_trainer(cfg, tracker=tracker)
-        assert isinstance(trainer, FullyAsyncTrainer)
-        try:
-            summary = trainer.fit()
-        finally:
-            trainer.workers.shutdown()
-    rows = train_rows(read_metrics(tmp_path / "logs"))
+    summary, rows, _ = fit("grpo", overrides, tmp_path / "logs", expect=FullyAsyncTrainer)
+    rows = train_rows(rows)
     scores = [r["critic/score/mean"] for r in rows]
     first, last = statistics.fmean(scores[:10]), statistics.fmean(scores[-20:])
     val_key = "val/rlkit/toy_copy/score/mean@1"

@@ -120,25 +120,17 @@ def test_remax_one_step_off_policy_baseline_uses_the_samples_weights(toy_data, h
     its samples (same weights). Training rollouts greedy too (do_sample=false) makes every sample equal
     its baseline response, so the advantages must be exactly 0 on every step: a baseline from another
     prompt or another weight version would not be."""
-    from rlkit.trainer.async_trainer import OneStepOffPolicyTrainer, build_trainer
-    from rlkit.trainer.run_config import load_config
-    from rlkit.utils.tracking import Tracking
-    ensure_ray()
+    from rlkit.trainer.async_trainer import OneStepOffPolicyTrainer
+
     reward = tmp_path / "spread_reward.py"
     reward.write_text(SPREAD_REWARD)
-    cfg = load_config("remax", toy_overrides(
+    overrides = toy_overrides(
         toy_data, heads2_model, tmp_path, actor_rollout_ref__rollout__n=2, trainer__total_training_steps=3,
         trainer__one_step_off_policy=True, trainer__rollout_cpus_per_worker=1, trainer__save_freq=-1,
         actor_rollout_ref__rollout__do_sample=False, custom_reward_function__path=reward,
-    ))
-    with Tracking(["file"], log_dir=tmp_path / "logs") as tracker:
-        trainer = build_trainer(cfg, tracker=tracker)
-        assert isinstance(trainer, OneStepOffPolicyTrainer)
-        try:
-            summary = trainer.fit()
-        finally:
-            trainer.workers.shutdown()
-    rows = train_rows(read_metrics(tmp_path / "logs"))
+    )
+    summary, rows, _ = fit("remax", overrides, tmp_path / "logs", expect=OneStepOffPolicyTrainer)
+    rows = train_rows(rows)
     assert summary.steps == 3 and [r["rollout/staleness"] for r in rows] == [0, 1, 1]
     for row in rows:
         assert row["critic/reward_baseline/mean"] == pytest.approx(row["critic/score/mean"], abs=1e-6)
