@@ -9,6 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlkit.errors import UserError
+
+PARAM_DTYPES = ("auto", "bfloat16", "float32", "float16")
+REDUCE_DTYPES = ("float32", "bfloat16", "float16")
+
 
 def f(default: Any = None, help: str = "") -> Any:  # noqa: A002 - "help" reads best in the schema
     return field(default=default, metadata={"help": help})
@@ -18,10 +23,21 @@ def f(default: Any = None, help: str = "") -> Any:  # noqa: A002 - "help" reads 
 class FSDPConfig:
     param_offload: bool = f(False, "keep FSDP params on CPU between phases")
     optimizer_offload: bool = f(False, "keep optimizer state on CPU between phases")
-    param_dtype: str = f("auto", "compute dtype: auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float32")
+    param_dtype: str = f(
+        "auto",
+        "compute dtype: auto (bf16 on GPU; on CPU bf16 only where its matmul measured >= 1.3x fp32, e.g. AMX, "
+        "else fp32; docs/performance.md) | bfloat16 | float32. bf16 keeps fp32 master weights and optimizer state",
+    )
     reduce_dtype: str = f("float32", "gradient reduction dtype")
     shard_single_worker: bool = f(
         False,
         "wrap with FSDP2 even with one worker and float32 compute (nothing to "
         "shard there; the plain module trains 10-20% faster, docs/performance.md)",
     )
+
+    def __post_init__(self) -> None:
+        for key, allowed in (("param_dtype", PARAM_DTYPES), ("reduce_dtype", REDUCE_DTYPES)):
+            if getattr(self, key) not in allowed:
+                raise UserError(
+                    f"fsdp_config.{key}='{getattr(self, key)}' is not supported; use one of {list(allowed)}"
+                )

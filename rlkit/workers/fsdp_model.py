@@ -27,6 +27,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from rlkit.config.schema import FSDPConfig, OptimConfig
 from rlkit.models.lora import LoraModel, lora_enabled, merged_named_tensors, wrap_lora, write_lora_info
 from rlkit.models.moe_router import RouterTap
+from rlkit.utils.cpu_precision import auto_cpu_dtype
 from rlkit.utils.lr_schedule import lr_lambda
 from rlkit.workers import ulysses
 from rlkit.workers.hf_export import export_hf, export_lora  # noqa: F401  (re-exported: callers import them here)
@@ -40,9 +41,11 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` = bf16 on GPU (fast, the field's default) and fp32 on CPU (bf16 matmuls are slow there)."""
+    """`auto` = bf16 on GPU (fast, the field's default); on CPU bf16 only where this CPU's bf16 matmul is
+    measurably faster (AMX / AVX512-BF16), else fp32 (rlkit/utils/cpu_precision.py, measured once per machine).
+    bf16 compute keeps fp32 master weights and optimizer state (FSDP2's MixedPrecisionPolicy below)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" else auto_cpu_dtype()
     return DTYPES[name]
 
 
