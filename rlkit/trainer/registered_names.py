@@ -30,6 +30,13 @@ def _rollout() -> Registry[Any]:
     return ROLLOUT_BACKENDS
 
 
+def _rollout_modes() -> Registry[Any]:
+    import rlkit.rollout.agent.continuous  # noqa: F401  (registers mode "async" beside "sync")
+    from rlkit.rollout.agent.engine import ENGINE_SERVERS
+
+    return ENGINE_SERVERS
+
+
 def _reward() -> Registry[Any]:
     from rlkit.reward.registry import REWARD_MANAGERS, load_builtin_managers
 
@@ -62,6 +69,7 @@ def registered_keys() -> dict[str, Callable[[], Registry[Any]]]:
     keys: dict[str, Callable[[], Registry[Any]]] = {
         "data.truncation": _truncation,
         "actor_rollout_ref.rollout.name": _rollout,
+        "actor_rollout_ref.rollout.mode": _rollout_modes,
         "reward_model.reward_manager": _reward,
         "reward_model.style": _reward_model_styles,
         "trainer.logger": _trackers,

@@ -56,6 +56,7 @@ def test_unknown_key_in_a_config_file(tmp_path):
         (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"], "must be >= 1"),
         (["algorithm.adv_estimator=grpoo"], "algorithm.adv_estimator='grpoo' is not registered"),
         (["actor_rollout_ref.rollout.name=vlm"], "actor_rollout_ref.rollout.name='vlm' is not registered"),
+        (["actor_rollout_ref.rollout.mode=asynk"], "actor_rollout_ref.rollout.mode='asynk' is not registered"),
         (["data.train_files=null"], "data.train_files is empty"),
         (["trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
          "tensor_model_parallel_size=2 needs rollout.name=vllm"),
