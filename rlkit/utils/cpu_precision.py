@@ -139,17 +139,21 @@ def measure(
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        fp32 = matmul_gflops(PROBE, torch.float32, 2)["gflops"]
-        bf16 = matmul_gflops(PROBE, torch.bfloat16, 2)["gflops"]
+        fp32, bf16 = _interleaved(PROBE, PROBE, 2, rounds)
         if bf16 < PROBE_STOP * fp32:
             return fp32, bf16
-        fp32 = bf16 = 0.0
-        for _ in range(rounds):
-            fp32 = max(fp32, matmul_gflops(size, torch.float32, repeats, m=tokens)["gflops"])
-            bf16 = max(bf16, matmul_gflops(size, torch.bfloat16, repeats, m=tokens)["gflops"])
-        return fp32, bf16
+        return _interleaved(size, tokens, repeats, rounds)
     finally:
         torch.set_num_threads(before)
+
+
+def _interleaved(size: int, tokens: int, repeats: int, rounds: int) -> tuple[float, float]:
+    """Best (fp32, bf16) GFLOP/s over `rounds` alternating rounds (a busy spell on a shared machine hits both)."""
+    fp32 = bf16 = 0.0
+    for _ in range(rounds):
+        fp32 = max(fp32, matmul_gflops(size, torch.float32, repeats, m=tokens)["gflops"])
+        bf16 = max(bf16, matmul_gflops(size, torch.bfloat16, repeats, m=tokens)["gflops"])
+    return fp32, bf16
 
 
 def cache_key(isa: CpuIsa, threads: int, size: int = SIZE, tokens: int = TOKENS) -> str:
@@ -203,18 +207,25 @@ def choose(
     hit = _read(path).get(key)
     if hit:
         return decide(hit["fp32_gflops"], hit["bf16_gflops"], isa, threads, "cached")
-    with _locked(path):
-        hit = _read(path).get(key)  # another process may have measured while this one waited
-        if hit:
-            return decide(hit["fp32_gflops"], hit["bf16_gflops"], isa, threads, "cached")
-        fp32, bf16 = measure_fn(threads)
-        choice = decide(fp32, bf16, isa, threads, "measured")
-        data = _read(path)
-        data[key] = {k: v for k, v in asdict(choice).items() if k in ("fp32_gflops", "bf16_gflops", "dtype", "isa")}
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
+    try:
+        with _locked(path):
+            hit = _read(path).get(key)  # another process may have measured while this one waited
+            if hit:
+                return decide(hit["fp32_gflops"], hit["bf16_gflops"], isa, threads, "cached")
+            choice = decide(*measure_fn(threads), isa, threads, "measured")
+            _store(path, key, choice)
+    except OSError as exc:  # a read-only home: measure in every process rather than fail the run
+        log.warning("precision cache %s not writable (%s); measuring without it", path, exc)
+        choice = decide(*measure_fn(threads), isa, threads, "measured")
     return choice
+
+
+def _store(path: Path, key: str, choice: PrecisionChoice) -> None:
+    data = _read(path)
+    data[key] = {k: v for k, v in asdict(choice).items() if k in ("fp32_gflops", "bf16_gflops", "dtype", "isa")}
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
 
 
 @functools.cache

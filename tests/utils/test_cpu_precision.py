@@ -97,3 +97,11 @@ def test_fsdp_config_rejects_an_unknown_dtype():
 
     with pytest.raises(UserError, match="param_dtype='bf16'"):
         FSDPConfig(param_dtype="bf16")
+
+
+def test_unwritable_cache_measures_without_failing(tmp_path, monkeypatch):
+    monkeypatch.delenv(cp.OVERRIDE_ENV, raising=False)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    choice = cp.choose(2, cp.read_isa(AVX2, "AVX2"), blocker / "cache", lambda threads: (50.0, 0.5))
+    assert (choice.dtype, choice.reason) == ("float32", "measured")
