@@ -230,7 +230,23 @@ def _store(path: Path, key: str, choice: PrecisionChoice) -> None:
 
 @functools.cache
 def auto_cpu_dtype() -> torch.dtype:
-    """`param_dtype: auto` on CPU, decided once per process (and logged once, with the numbers and the ISA)."""
+    """`param_dtype: auto` on CPU, decided once per process and logged once with the numbers and the ISA:
+    as a warning when it is bf16 (reduced precision is worth seeing in a worker's output), else at info
+    (fp32, the CPU default before the choice existed; the resource plan row shows it either way)."""
     choice = choose()
-    log.info("%s", choice.line())
+    log.log(logging.WARNING if choice.dtype == "bfloat16" else logging.INFO, "%s", choice.line())
     return choice.torch_dtype
+
+
+def plan_row(param_dtype: str, device: str, threads: int | None = None) -> str:
+    """The resource plan's compute-dtype cell: what `param_dtype` resolves to on `device` and, for `auto` on CPU,
+    why. `threads`: the workers' torch threads (`trainer.cpus_per_worker`), so the driver measures (once per
+    machine, if nothing is cached) what the workers will then read from the cache; `trainer.device: auto`
+    counts as CPU without CUDA."""
+    gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if param_dtype != "auto":
+        return param_dtype
+    if gpu:
+        return "auto -> bfloat16 (GPU)"
+    choice = choose(threads=threads)
+    return f"auto -> {choice.line().removeprefix('CPU compute dtype ')}"

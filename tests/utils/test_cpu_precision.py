@@ -105,3 +105,11 @@ def test_unwritable_cache_measures_without_failing(tmp_path, monkeypatch):
     blocker.write_text("not a directory")
     choice = cp.choose(2, cp.read_isa(AVX2, "AVX2"), blocker / "cache", lambda threads: (50.0, 0.5))
     assert (choice.dtype, choice.reason) == ("float32", "measured")
+
+
+def test_plan_row_names_the_resolved_dtype_and_why(monkeypatch):
+    monkeypatch.setenv(cp.OVERRIDE_ENV, "float32")
+    assert cp.plan_row("bfloat16", "cpu") == "bfloat16"
+    assert cp.plan_row("auto", "cuda") == "auto -> bfloat16 (GPU)"
+    row = cp.plan_row("auto", "cpu", threads=3)
+    assert row.startswith("auto -> float32") and cp.OVERRIDE_ENV in row

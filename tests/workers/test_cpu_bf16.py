@@ -3,6 +3,8 @@ forward+backward agrees with fp32 and training keeps fp32 master weights and opt
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -58,13 +60,18 @@ def test_bf16_forward_backward_agrees_with_fp32_and_keeps_fp32_master_weights(ti
 
 
 @pytest.mark.parametrize("forced", ["bfloat16", "float32"])
-def test_auto_on_cpu_follows_the_precision_choice(forced, monkeypatch):
+def test_auto_on_cpu_follows_the_precision_choice(forced, monkeypatch, caplog):
     from rlkit.workers.fsdp_model import resolve_dtype
 
     monkeypatch.setenv(cpu_precision.OVERRIDE_ENV, forced)
     cpu_precision.auto_cpu_dtype.cache_clear()
     try:
-        assert resolve_dtype("auto", torch.device("cpu")) == getattr(torch, forced)
+        with caplog.at_level(logging.INFO, logger=cpu_precision.__name__):
+            assert resolve_dtype("auto", torch.device("cpu")) == getattr(torch, forced)
+            assert resolve_dtype("auto", torch.device("cpu")) == getattr(torch, forced)
+        lines = [r for r in caplog.records if "CPU compute dtype" in r.getMessage()]
+        assert len(lines) == 1  # once per process
+        assert lines[0].levelno == (logging.WARNING if forced == "bfloat16" else logging.INFO)
         assert resolve_dtype("float32", torch.device("cpu")) == torch.float32  # explicit values are kept
     finally:
         cpu_precision.auto_cpu_dtype.cache_clear()
