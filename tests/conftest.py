@@ -17,6 +17,9 @@ from tests.skip_guard import (  # noqa: F401  (hooks: an unlisted skip fails the
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the suite is calibrated in float32: on a CPU where bf16 is faster (AMX, AVX512-BF16), `param_dtype: auto` would
+# train in bf16 (rlkit/utils/cpu_precision.py); tests of the bf16 path set it themselves
+os.environ.setdefault("RLKIT_CPU_COMPUTE_DTYPE", "float32")
 
 # property tests draw the same examples on every machine (CI fails on a bug, not on a lucky draw);
 # HYPOTHESIS_PROFILE=explore draws new ones, as a local bug hunt

@@ -25,6 +25,7 @@ def resource_plan(cfg: RLConfig) -> Table:
     """What will run where (printed by --dry-run and at start-up)."""
     from rlkit.reward.mix import describe as describe_reward
     from rlkit.trainer.workers_setup import plan_layout
+    from rlkit.utils.cpu_precision import plan_row
 
     t = cfg.trainer
     name = {"rollout": f"rollout ({cfg.actor_rollout_ref.rollout.name})"}
@@ -43,6 +44,8 @@ def resource_plan(cfg: RLConfig) -> Table:
     table.add_row("optimizer steps per step", str(bsz // actor.ppo_mini_batch_size * actor.ppo_epochs))
     table.add_row("advantage estimator", cfg.algorithm.adv_estimator)
     table.add_row("policy loss", f"{actor.policy_loss} ({actor.loss_agg_mode})")
+    threads = max(1, int(t.cpus_per_worker))  # the workers' torch threads: their measurement is the one cached
+    table.add_row("actor compute dtype", plan_row(actor.fsdp_config.param_dtype, t.device, threads))
     table.add_row("reward", describe_reward(cfg))
     table.add_row("checkpoints", cfg.trainer.default_local_dir)
     return table
