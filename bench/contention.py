@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
         child(args.child, args.rows, args.prompt, args.response, args.repeats)
         return {}
     sys.path.insert(0, str(ROOT / "bench"))
-    from precision import save_model
+    from long_context import save_model
 
     load_before = os.getloadavg()
     rows = []

@@ -25,23 +25,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from long_context import save_model  # noqa: E402  (the SmolLM2-135M-shaped random model, one definition)
+
 DEFAULT_OUT = ROOT / "bench" / "results" / "precision.json"
-
-
-def save_model(path: Path, layers: int) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=layers,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
 
 
 def update_step_seconds(model_dir: Path, dtype: str, rows: int, prompt: int, response: int, repeats: int) -> dict:

@@ -136,3 +136,18 @@ def fit(algo: str, overrides: list[str], log_dir: Path, keep_state: bool = False
         finally:
             trainer.workers.shutdown()
     return summary, read_metrics(log_dir), state
+
+
+def learning_curve(summary, rows: list[dict], steps: int, label: str) -> tuple[float, float, str]:
+    """(mean train reward of the first 10 steps, of the last 20, the greedy-validation key) of a toy learning run,
+    after checking it ran `steps` steps; prints the line the learning tests report."""
+    import statistics
+
+    scores = [r["critic/score/mean"] for r in train_rows(rows)]
+    assert len(scores) == steps == summary.steps
+    first, last = statistics.fmean(scores[:10]), statistics.fmean(scores[-20:])
+    val_key = "val/rlkit/toy_copy/score/mean@1"
+    print(f"{label} train reward first 10 {first:.3f} -> last 20 {last:.3f}; greedy val "
+          f"{summary.first_val[val_key]:.3f} -> {summary.last_val[val_key]:.3f}; "
+          f"median step {statistics.median(summary.step_seconds):.2f}s")
+    return first, last, val_key

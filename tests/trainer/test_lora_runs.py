@@ -15,7 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.trainer.conftest import fit, learning_overrides, toy_overrides, train_rows
+from tests.trainer.conftest import fit, learning_curve, learning_overrides, toy_overrides, train_rows
 
 STEPS = 100
 LORA = dict(actor_rollout_ref__model__lora_rank=16, actor_rollout_ref__model__lora_alpha=16)
@@ -70,15 +70,7 @@ def lora_run(toy_data, lora_base, tmp_path_factory):
 @pytest.mark.timeout(1800)  # ~1-2 min on idle cores; far more when the machine is shared
 def test_lora_grpo_learns_the_copy_task(lora_run):
     summary, rows, _, _ = lora_run
-    scores = [r["critic/score/mean"] for r in train_rows(rows)]
-    assert len(scores) == STEPS == summary.steps
-    first, last = statistics.fmean(scores[:10]), statistics.fmean(scores[-20:])
-    val_key = "val/rlkit/toy_copy/score/mean@1"
-    print(
-        f"LoRA GRPO train reward first 10 {first:.3f} -> last 20 {last:.3f}; greedy val "
-        f"{summary.first_val[val_key]:.3f} -> {summary.last_val[val_key]:.3f}; "
-        f"median step {statistics.median(summary.step_seconds):.2f}s"
-    )
+    first, last, val_key = learning_curve(summary, rows, STEPS, "LoRA GRPO")
     # measured (seeded): train 0.06 -> 0.24 over 100 steps, greedy val 0.00 -> 0.20 (the untrained model scores
     # ~0.05; full fine-tuning, test_learning.py, gets further: it also trains the embeddings and norms)
     assert first < 0.1
