@@ -36,7 +36,7 @@ def workload_overrides(model: str, data: str, steps: int, rollout: str, kl_coef:
         f"data.train_files={data}", "data.val_files=null", "data.shuffle=false",
         "data.train_batch_size=4", "data.max_prompt_length=256", "data.max_response_length=128",
         "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.temperature=1.0",
-        f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.kv_cache_memory_mb=512",
+        f"actor_rollout_ref.rollout.name={rollout}",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         "actor_rollout_ref.actor.entropy_coeff=0.0", *kl,

@@ -29,6 +29,7 @@ def derive(cfg: RLConfig) -> None:
     rollout.prompt_length = cfg.data.max_prompt_length
     rollout.response_length = cfg.data.max_response_length
     rollout.max_lora_rank = cfg.actor_rollout_ref.model.lora_rank
+    rollout.batch_rows = min(rollout.max_num_seqs, cfg.data.train_batch_size * rollout.n)
     actor = cfg.actor_rollout_ref.actor
     if actor.clip_ratio_low is None:
         actor.clip_ratio_low = actor.clip_ratio

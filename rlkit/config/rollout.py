@@ -7,9 +7,11 @@ over (`rollout.n`, `rollout.response_length`, `rollout.gpu_memory_utilization`,
 * `dtype="float32"`: CPU kernels are exact in float32 and the actor trains in
   float32 on CPU, so rollout and actor log-probs agree to ~1e-5. GPU presets
   should set `bfloat16`.
-* `kv_cache_memory_mb=256`: on CPU vLLM sizes its KV cache from this (a fixed
-  budget is more predictable than a fraction of shared host memory);
-  `gpu_memory_utilization` is used on GPU only.
+* `kv_cache_memory_mb=null`: on CPU the KV cache is sized from the batch (`batch_rows`
+  sequences of `prompt_length + response_length` tokens, rlkit/rollout/kv_cache_size.py): a
+  fixed budget is more predictable than a fraction of shared host memory, and one sized to what
+  a batch can use leaves the rest to the actor; set it to choose. `gpu_memory_utilization` is
+  used on GPU only.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ class RolloutConfig:
     enforce_eager: bool = True  # vLLM: no CUDA graphs / torch.compile (faster start, slower decode on GPU)
     tensor_model_parallel_size: int = 1  # vLLM: ranks per engine; consecutive workers form TP groups
     gpu_memory_utilization: float = 0.5  # vLLM on GPU: fraction of device memory for weights + KV cache
-    kv_cache_memory_mb: int = 256  # vLLM on CPU: explicit KV-cache size
+    kv_cache_memory_mb: int | None = None  # vLLM on CPU: KV-cache size; null -> sized from batch_rows x model_len
+    batch_rows: int = 64  # most sequences an engine holds at once (set from data.train_batch_size x n, max_num_seqs)
     max_num_seqs: int = 64  # vLLM scheduler batch; HF micro-batch size
     max_num_batched_tokens: int | None = None  # None -> vLLM's default
     max_model_len: int | None = None  # None -> prompt_length + response_length
@@ -93,8 +96,8 @@ class RolloutConfig:
         if self.dtype not in DTYPES:
             raise UserError(f"{p}dtype='{self.dtype}' is not supported; use one of {list(DTYPES)}")
         for key in ("n", "prompt_length", "response_length", "max_num_seqs", "tensor_model_parallel_size",
-                    "kv_cache_memory_mb"):
-            if getattr(self, key) < 1:
+                    "kv_cache_memory_mb", "batch_rows"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise UserError(f"{p}{key}={getattr(self, key)} must be >= 1")
         for prefix, temp, top_p, top_k in (
             (p, self.temperature, self.top_p, self.top_k),

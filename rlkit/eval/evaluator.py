@@ -131,6 +131,7 @@ def evaluate(
         cfg = RolloutConfig(
             name=backend or default_backend_name(), prompt_length=max_prompt_length,
             response_length=max_response_length, temperature=temp, do_sample=temp > 0,
+            batch_rows=min(RolloutConfig.max_num_seqs, batch_size * n),
         )
         engine = ROLLOUT_BACKENDS.get(cfg.name)(model_path, cfg)
         agent_keys: Callable[[Batch], list[str]] = lambda batch: []  # noqa: E731

@@ -36,6 +36,7 @@ from rlkit.config.rollout import RolloutConfig
 from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
+from rlkit.rollout.kv_cache_size import auto_kv_cache_mb
 from rlkit.rollout.vllm_moe import repack_cpu_moe_experts
 from rlkit.utils.vllm_env import prepare_vllm_env
 
@@ -185,7 +186,9 @@ class VLLMRollout(RolloutBackend):
         if config.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
         if self.on_cpu:
-            kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_mb << 20
+            kv_mb = config.kv_cache_memory_mb or auto_kv_cache_mb(model_path, config.dtype, config.batch_rows,
+                                                                  config.model_len)
+            kwargs["kv_cache_memory_bytes"] = kv_mb << 20
         else:
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = True

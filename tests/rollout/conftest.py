@@ -22,7 +22,7 @@ def vllm_config():
     from rlkit.rollout import RolloutConfig
 
     return RolloutConfig(prompt_length=32, response_length=VLLM_RESPONSE_LENGTH, calculate_log_probs=True,
-                         kv_cache_memory_mb=32)
+                         batch_rows=8)  # KV cache sized from the batch (test_kv_cache_size.py checks vLLM agrees)
 
 
 @pytest.fixture(scope="session")
