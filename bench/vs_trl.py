@@ -204,6 +204,23 @@ def combine_rounds(per_round: list[dict[str, dict]]) -> dict[str, dict]:
     return out
 
 
+def precision_meta(threads: int = 2) -> dict:
+    """The ISA and the dtypes each side computes in (the table prints them): TRL loads the model in fp32;
+    rlkit's actor uses `param_dtype: auto` (measured once per machine), its engine `rollout.dtype`."""
+    from rlkit.config.rollout import RolloutConfig
+    from rlkit.utils.cpu_precision import plan_row, read_isa
+
+    return {"isa": read_isa().describe(), "trl_dtype": "float32",
+            "rlkit_actor_dtype": plan_row("auto", "cpu", threads=threads), "rlkit_engine_dtype": RolloutConfig.dtype}
+
+
+def precision_lines(meta: dict) -> str:
+    if "isa" not in meta:
+        return "(precision and ISA not recorded in this file)"
+    return (f"ISA: {meta['isa']}\nprecision: TRL {meta['trl_dtype']}; rlkit actor {meta['rlkit_actor_dtype']}; "
+            f"rlkit engine {meta['rlkit_engine_dtype']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated of {list(VARIANTS)}")
@@ -217,6 +234,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.report:
         saved = json.loads(Path(args.report).read_text())
+        print(precision_lines(saved["meta"]))
         print(table(saved["summary"]))
         return
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
@@ -229,6 +247,7 @@ def main() -> None:
     runs_dir = DATA_CACHE / "runs" / out.stem  # raw per-run JSON + logs (large), outside the repo
     runs_dir.mkdir(parents=True, exist_ok=True)
     per_round, raw_steps = [], {}
+    precision = precision_meta()
     kept: dict[str, dict] = {}
     if args.merge and out.exists():
         previous = json.loads(out.read_text())
@@ -241,7 +260,7 @@ def main() -> None:
         result = {
             "meta": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
                      "model": args.model, "steps": args.steps, "rounds": args.rounds,
-                     "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg": os.getloadavg()},
+                     "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg": os.getloadavg(), **precision},
             "summary": combined, "per_round": per_round, "steps": raw_steps,
         }
         out.write_text(json.dumps(result, indent=1))
@@ -263,6 +282,7 @@ def main() -> None:
             save()  # partial results survive an interrupted run
     combined = save()
     print()
+    print(precision_lines(precision))
     print(table(combined))
     print(f"\nvs_trl: wrote {out} (raw per-run JSON and logs in {runs_dir})")
 
