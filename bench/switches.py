@@ -38,6 +38,8 @@ VARIANTS: dict[str, list[str]] = {
     "resp_logits+bf16": ["actor_rollout_ref.actor.fsdp_config.param_dtype=bfloat16"],
     "resp_logits+micro8": ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"],
     "resp_logits+micro16": ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"],
+    "packed+resp_logits+compile": ["actor_rollout_ref.model.use_remove_padding=true",
+                                   "actor_rollout_ref.model.use_torch_compile=true"],
 }
 RESPONSE_LENGTHS = [128] * 10 + [64, 80, 96, 104, 112, 120]
 
@@ -90,7 +92,9 @@ def run_variant(name: str, overrides: list[str], model: str, data: str, batch, r
     role = actor_role(cfg, model, 100)
     actor = role.cls(*role.args, **role.kwargs)
     actor.init_model()
-    actor.update_actor(batch)  # warm-up
+    start = time.perf_counter()
+    actor.update_actor(batch)  # warm-up (with use_torch_compile: the compilation)
+    warmup_s = time.perf_counter() - start
     base_rss = psutil.Process().memory_info().rss
     sampler = RssSampler(os.getpid(), period_s=0.05)
     sampler.start()
@@ -105,12 +109,12 @@ def run_variant(name: str, overrides: list[str], model: str, data: str, batch, r
         logprob_s.append(time.perf_counter() - start)
     peak = sampler.stop()
     row = {
-        "variant": name, "overrides": overrides,
+        "variant": name, "overrides": overrides, "warmup_s": warmup_s,
         "update_s": statistics.median(update_s), "update_s_all": update_s,
         "log_prob_s": statistics.median(logprob_s), "log_prob_s_all": logprob_s,
         "rss_growth_mb": max(0, peak - base_rss) / 2**20, "load_avg_1m": os.getloadavg()[0],
     }
-    print(f"  {name:28s} update {row['update_s']:7.2f}s  log-prob {row['log_prob_s']:6.2f}s  "
+    print(f"  {name:28s} warm-up {warmup_s:7.2f}s  update {row['update_s']:7.2f}s  log-prob {row['log_prob_s']:6.2f}s  "
           f"+RSS {row['rss_growth_mb']:6.0f} MB  (load {row['load_avg_1m']:.1f})", flush=True)
     del actor
     gc.collect()

@@ -48,6 +48,9 @@ class ModelConfig:
     fused_lm_head: bool = f(False, "log-probs/entropy straight from the hidden states, the LM head run in chunks of "
                             "logits_chunk_size rows and recomputed in backward, so no (tokens x vocab) logits are "
                             "kept for backward (needs response_logits_only; docs/performance.md)")
+    use_torch_compile: bool = f(False, "torch.compile (inductor) each decoder layer of the actor and reference, "
+                                "dynamic shapes (one graph for every length); off: compile time is not "
+                                "won back within a short CPU run (docs/performance.md)")
     trust_remote_code: bool = f(False, "allow custom model code from the model folder")
     attn_implementation: str = f("sdpa", "attention kernel passed to transformers")
     lora_rank: int = f(0, "LoRA rank (peft); 0 = full fine-tuning. With LoRA the base is frozen, the optimizer "

@@ -37,6 +37,7 @@ from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_i
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
 from rlkit.rollout.kv_cache_size import auto_kv_cache_mb
+from rlkit.rollout.vllm_cpu_kv import release_kv_cache, restore_kv_cache
 from rlkit.rollout.vllm_moe import repack_cpu_moe_experts
 from rlkit.utils.vllm_env import prepare_vllm_env
 
@@ -332,14 +333,16 @@ class VLLMRollout(RolloutBackend):
         """vLLM sleep mode: the scheduler pauses and the prefix cache is dropped; on GPU level 1 moves the
         weights to host memory and frees the KV cache, level 2 frees both.
 
-        CPU: vLLM's CPU worker keeps its memory (it logs that sleep mode is unsupported), so only the
-        scheduler pause and the prefix-cache reset happen, plus returning freed heap to the OS; the
-        call sequence is the GPU one, so CPU runs check the order."""
+        CPU: vLLM's CPU worker ignores sleep (it logs that sleep mode is unsupported): the scheduler pauses,
+        the prefix cache is dropped, and rlkit frees the KV cache itself (vllm_cpu_kv.py, at any level; the
+        weights stay) and returns freed heap to the OS; the call sequence is the GPU one, so CPU runs check
+        the order."""
         if self.asleep == {"weights", "kv_cache"}:
             return
         self.llm.sleep(level=self.config.sleep_level if level is None else level)
         self.asleep = {"weights", "kv_cache"}
         if self.on_cpu:
+            self.llm.collective_rpc(release_kv_cache)
             _trim_host_memory()
         else:
             gc.collect()
@@ -352,6 +355,8 @@ class VLLMRollout(RolloutBackend):
         if not wake:
             return
         self.llm.wake_up(wake)
+        if self.on_cpu and "kv_cache" in wake:
+            self.llm.collective_rpc(restore_kv_cache)
         self.asleep -= set(wake)
 
     def discards_weights(self, level: int) -> bool:

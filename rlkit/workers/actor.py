@@ -101,6 +101,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
             trust_remote_code=self.model_cfg.trust_remote_code,
             lora=self.model_cfg,
             ulysses_sequence_parallel_size=self.actor.ulysses_sequence_parallel_size,
+            compile_layers=self.model_cfg.use_torch_compile,
         )
         self.model.setup_optimizer(self.actor.optim, self.total_steps)
         self.router_tap = self.model.router_tap  # None for a dense model

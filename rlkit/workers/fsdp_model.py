@@ -29,7 +29,7 @@ from rlkit.models.lora import LoraModel, lora_enabled, merged_named_tensors, wra
 from rlkit.models.moe_router import RouterTap
 from rlkit.utils.cpu_precision import auto_cpu_dtype
 from rlkit.utils.lr_schedule import lr_lambda
-from rlkit.workers import ulysses
+from rlkit.workers import layer_compile, ulysses
 from rlkit.workers.hf_export import export_hf, export_lora  # noqa: F401  (re-exported: callers import them here)
 from rlkit.workers.log_prob_head import FusionGate, head_log_probs
 from rlkit.workers.packing import PackedRow, pack_mask, response_targets, trim_left_padding
@@ -86,11 +86,13 @@ class FSDPModel:
         lora: Any = None,  # the model section (actor_rollout_ref.model): its lora_* keys turn LoRA on
         auto_class: str | None = None,
         ulysses_sequence_parallel_size: int = 1,
+        compile_layers: bool = False,
     ) -> None:
         """`auto_class`: a transformers Auto class name to load instead (the reward model's
         `AutoModelForSequenceClassification`); it gets the same wrapping, not `forward`'s heads.
         `ulysses_sequence_parallel_size` > 1: groups of that many consecutive ranks split each packed row
-        along the sequence (rlkit/workers/ulysses.py); the caller gives the ranks of a group the same rows."""
+        along the sequence (rlkit/workers/ulysses.py); the caller gives the ranks of a group the same rows.
+        `compile_layers`: torch.compile each decoder layer (rlkit/workers/layer_compile.py)."""
         import transformers
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -130,6 +132,8 @@ class FSDPModel:
         self.config = model.config
         self.lora: LoraModel | None = wrap_lora(model, lora, adapter_dtype=torch.float32) if use_lora else None
         self._lora_scalings = self.lora.scalings() if self.lora is not None else {}
+        if compile_layers:
+            layer_compile.compile_layers(_decoder_layers(model))
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])
         offload = CPUOffloadPolicy() if (fsdp.param_offload and device.type == "cuda") else None
         world = dist.get_world_size() if dist.is_initialized() else 1

@@ -42,6 +42,7 @@ VARLEN_KERNELS: Registry[VarlenKernel] = Registry("varlen attention kernel (by d
 
 
 @VARLEN_KERNELS.register("cpu", "mps", "xpu")
+@torch.compiler.disable  # a Python loop over data-dependent bounds: eager inside a compiled layer (layer_compile.py)
 def sdpa_per_segment(
     q: torch.Tensor,
     k: torch.Tensor,

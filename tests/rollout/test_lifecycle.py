@@ -24,6 +24,7 @@ from tests.rollout.helpers import perturbed_state, reference_log_probs  # noqa: 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning")]
 
 RECORDED = ("sleep", "wake_up", "collective_rpc", "reset_prefix_cache", "generate")
+CPU_KV_CALLS = ("release_kv_cache", "restore_kv_cache")
 LOGPROB_TOL = 1e-4  # vLLM's CPU kernels vs one transformers forward in float32 (observed ~1e-6)
 
 
@@ -38,6 +39,8 @@ def record(monkeypatch: pytest.MonkeyPatch, llm) -> list[tuple]:
                 calls.append(("sleep", kwargs.get("level", args[0] if args else None)))
             elif _name == "wake_up":
                 calls.append(("wake_up", list(args[0] if args else kwargs.get("tags") or [])))
+            elif _name == "collective_rpc" and getattr(args[0], "__name__", None) in CPU_KV_CALLS:
+                calls.append(("cpu_kv", args[0].__name__))
             elif _name == "collective_rpc":
                 calls.append(("collective_rpc", args[0]))
             else:
@@ -48,9 +51,10 @@ def record(monkeypatch: pytest.MonkeyPatch, llm) -> list[tuple]:
     return calls
 
 
-def taken(calls: list[tuple]) -> list[tuple]:
-    """The calls recorded so far, and forget them (each phase is checked on its own)."""
-    out = list(calls)
+def taken(calls: list[tuple], cpu_kv: bool = False) -> list[tuple]:
+    """The calls recorded so far, and forget them (each phase is checked on its own). Without `cpu_kv`: the
+    GPU order, i.e. without the CPU-only KV-cache release/restore that rlkit adds around sleep (vllm_cpu_kv.py)."""
+    out = [c for c in calls if cpu_kv or c[0] != "cpu_kv"]
     calls.clear()
     return out
 
@@ -87,14 +91,16 @@ def test_wake_weights_load_wake_kv_cache_generate_sleep(engine, states, prompts,
     greedy = vllm_config.to_sampling(greedy=True)
     life = EngineLifecycle(engine, free_cache_engine=True, sleep_level=1)
     life.start()
-    assert taken(calls) == [("sleep", 1)]
+    assert taken(calls, cpu_kv=True) == [("sleep", 1), ("cpu_kv", "release_kv_cache")]  # CPU: rlkit frees the cache
 
     life.load(StateDictWeights(states[1]))
-    assert taken(calls) == [("wake_up", ["weights"]), ("collective_rpc", "reload_weights"), ("reset_prefix_cache",)]
+    assert taken(calls, cpu_kv=True) == [("wake_up", ["weights"]), ("collective_rpc", "reload_weights"),
+                                         ("reset_prefix_cache",)]
     assert engine.llm.llm_engine.is_sleeping(), "the KV cache stays asleep until generation (scheduler paused)"
 
     out, memory = life.generate(prompts, greedy)
-    assert taken(calls) == [("wake_up", ["kv_cache"]), ("generate",), ("sleep", 1)]
+    assert taken(calls, cpu_kv=True) == [("wake_up", ["kv_cache"]), ("cpu_kv", "restore_kv_cache"), ("generate",),
+                                         ("sleep", 1), ("cpu_kv", "release_kv_cache")]
     assert len(out) == len(prompts) and set(memory) == {"perf/rollout_rss_mb_asleep", "perf/rollout_rss_mb_awake"}
     assert engine.llm.llm_engine.is_sleeping()
 

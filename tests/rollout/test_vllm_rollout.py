@@ -160,3 +160,20 @@ def test_a_sleeping_engine_refuses_to_generate_or_load(engine, config, prompts, 
         engine.wake_up()
     assert not engine.sleeping
     assert torch.equal(engine.generate(prompts, greedy)["responses"], before)
+
+
+def test_sleep_frees_the_cpu_kv_cache(engine, config, prompts):
+    """vLLM's CPU worker ignores sleep; rlkit frees the KV cache storages itself (vllm_cpu_kv.py) and
+    allocates them again on wake: zero bytes while asleep, the same greedy output after."""
+    greedy = config.to_sampling(greedy=True)
+    before = engine.generate(prompts, greedy)["responses"]
+    runner = engine.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    sizes = {t.untyped_storage().nbytes() for t in runner.kv_caches}
+    assert sizes and min(sizes) > 0
+    engine.sleep()
+    try:
+        assert {t.untyped_storage().nbytes() for t in runner.kv_caches} == {0}
+    finally:
+        engine.wake_up()
+    assert {t.untyped_storage().nbytes() for t in runner.kv_caches} == sizes
+    assert torch.equal(engine.generate(prompts, greedy)["responses"], before)
