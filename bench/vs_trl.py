@@ -208,10 +208,12 @@ def precision_meta(threads: int = 2) -> dict:
     """The ISA and the dtypes each side computes in (the table prints them): TRL loads the model in fp32;
     rlkit's actor uses `param_dtype: auto` (measured once per machine), its engine `rollout.dtype`."""
     from rlkit.config.rollout import RolloutConfig
+    from rlkit.rollout.base import engine_dtype
     from rlkit.utils.cpu_precision import plan_row, read_isa
 
+    engine = f"{RolloutConfig.dtype} -> {engine_dtype(RolloutConfig.dtype, on_gpu=False)}"
     return {"isa": read_isa().describe(), "trl_dtype": "float32",
-            "rlkit_actor_dtype": plan_row("auto", "cpu", threads=threads), "rlkit_engine_dtype": RolloutConfig.dtype}
+            "rlkit_actor_dtype": plan_row("auto", "cpu", threads=threads), "rlkit_engine_dtype": engine}
 
 
 def precision_lines(meta: dict) -> str:

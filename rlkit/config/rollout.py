@@ -4,9 +4,10 @@ Key names follow the convention of existing RL toolkits so run scripts carry
 over (`rollout.n`, `rollout.response_length`, `rollout.gpu_memory_utilization`,
 `rollout.val_kwargs.*`). Defaults are chosen to work on a laptop CPU:
 
-* `dtype="float32"`: CPU kernels are exact in float32 and the actor trains in
-  float32 on CPU, so rollout and actor log-probs agree to ~1e-5. GPU presets
-  should set `bfloat16`.
+* `dtype="auto"`: bfloat16 on GPU; on CPU the dtype the actor's `param_dtype: auto`
+  measured for this machine (rlkit/utils/cpu_precision.py: bf16 only where its matmuls
+  are faster, float32 otherwise), so engine and actor compute alike and, in float32,
+  rollout and actor log-probs agree to ~1e-5.
 * `kv_cache_memory_mb=null`: on CPU the KV cache is sized from the batch (`batch_rows`
   sequences of `prompt_length + response_length` tokens, rlkit/rollout/kv_cache_size.py): a
   fixed budget is more predictable than a fraction of shared host memory, and one sized to what
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from rlkit.config.agent import MultiTurnConfig
 from rlkit.errors import UserError
 
-DTYPES = ("bfloat16", "float32", "float16")
+DTYPES = ("auto", "bfloat16", "float32", "float16")
 LORA_SYNC_MODES = ("merge", "native")
 
 
@@ -65,7 +66,7 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling; 1.0 = off
     top_k: int = -1  # -1 = off
     do_sample: bool = True  # false = greedy training rollouts
-    dtype: str = "float32"  # engine weights/compute dtype (float32 | bfloat16 | float16)
+    dtype: str = "auto"  # engine dtype: auto (GPU bf16; CPU what the actor measured) | float32 | bfloat16 | float16
     enforce_eager: bool = True  # vLLM: no CUDA graphs / torch.compile (faster start, slower decode on GPU)
     tensor_model_parallel_size: int = 1  # vLLM: ranks per engine; consecutive workers form TP groups
     gpu_memory_utilization: float = 0.5  # vLLM on GPU: fraction of device memory for weights + KV cache

@@ -99,3 +99,15 @@ def assemble_output(
         tensors["rollout_log_probs"] = rollout_log_probs.float()
     out = Batch(tensors, prompts.non_tensors, prompts.meta)
     return out
+
+
+def engine_dtype(name: str, on_gpu: bool) -> str:
+    """`rollout.dtype` resolved: `auto` is bfloat16 on GPU and, on CPU, the actor's measured choice
+    (`param_dtype: auto`, cached per machine), so the engine samples with the numerics the actor scores."""
+    if name != "auto":
+        return name
+    if on_gpu:
+        return "bfloat16"
+    from rlkit.utils.cpu_precision import auto_cpu_dtype
+
+    return str(auto_cpu_dtype()).removeprefix("torch.")

@@ -28,7 +28,7 @@ from rlkit.config.rollout import RolloutConfig
 from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids, torch_dtype
 from rlkit.models.moe_router import RouteRecorder
 from rlkit.protocol import Batch
-from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
+from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output, engine_dtype
 
 GREEDY_EPS = 1e-5  # temperatures below this decode greedily (as vLLM does)
 
@@ -102,7 +102,8 @@ class HFRollout(RolloutBackend):
         self.config = config
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.stop_ids, self.pad_id = special_token_ids(model_path, tokenizer)
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype(config.dtype))
+        self.dtype = engine_dtype(config.dtype, on_gpu=self.device.type == "cuda")
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype(self.dtype))
         # A clean generation config: checkpoint defaults (repetition penalty, top_k=50, ...) must not leak
         # into RL sampling; only what SamplingConfig says applies.
         model.generation_config = GenerationConfig(eos_token_id=self.stop_ids, pad_token_id=self.pad_id)

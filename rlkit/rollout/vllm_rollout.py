@@ -35,7 +35,7 @@ import torch
 from rlkit.config.rollout import RolloutConfig
 from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids
 from rlkit.protocol import Batch
-from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output
+from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output, engine_dtype
 from rlkit.rollout.kv_cache_size import auto_kv_cache_mb
 from rlkit.rollout.vllm_cpu_kv import release_kv_cache, restore_kv_cache
 from rlkit.rollout.vllm_moe import repack_cpu_moe_experts
@@ -172,9 +172,10 @@ class VLLMRollout(RolloutBackend):
         self.stop_ids, self.pad_id = special_token_ids(model_path, tokenizer)
         self.weight_names = WeightNames.from_folder(model_path)
         self.on_cpu = current_platform.is_cpu()
+        self.dtype = engine_dtype(config.dtype, on_gpu=not self.on_cpu)
         kwargs: dict[str, Any] = dict(
             model=str(model_path),
-            dtype=config.dtype,
+            dtype=self.dtype,
             enforce_eager=config.enforce_eager,
             tensor_parallel_size=config.tensor_model_parallel_size,
             seed=config.seed,
@@ -187,7 +188,7 @@ class VLLMRollout(RolloutBackend):
         if config.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
         if self.on_cpu:
-            kv_mb = config.kv_cache_memory_mb or auto_kv_cache_mb(model_path, config.dtype, config.batch_rows,
+            kv_mb = config.kv_cache_memory_mb or auto_kv_cache_mb(model_path, self.dtype, config.batch_rows,
                                                                   config.model_len)
             kwargs["kv_cache_memory_bytes"] = kv_mb << 20
         else:

@@ -18,7 +18,7 @@ from rlkit.rollout import (
 
 def test_defaults_are_cpu_friendly():
     cfg = RolloutConfig()
-    assert cfg.dtype == "float32" and cfg.enforce_eager and cfg.tensor_model_parallel_size == 1
+    assert cfg.dtype == "auto" and cfg.enforce_eager and cfg.tensor_model_parallel_size == 1
     assert cfg.kv_cache_memory_mb is None and cfg.gpu_memory_utilization == 0.5
     assert cfg.top_k == -1 and cfg.free_cache_engine and cfg.sleep_level == 1
     assert cfg.model_len == cfg.prompt_length + cfg.response_length
@@ -74,3 +74,18 @@ def test_prepare_vllm_env_keeps_user_values(monkeypatch, tmp_path):
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
     assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "mine")
     assert "rlkit-vllm-" in os.environ["VLLM_RPC_BASE_PATH"]
+
+
+def test_engine_dtype_auto_follows_the_actor(monkeypatch):
+    """`rollout.dtype: auto`: bf16 on GPU; on CPU whatever `param_dtype: auto` chose for the actor."""
+    from rlkit.rollout.base import engine_dtype
+    from rlkit.utils import cpu_precision
+
+    assert engine_dtype("auto", on_gpu=True) == "bfloat16" and engine_dtype("float16", on_gpu=False) == "float16"
+    try:
+        for forced in ("bfloat16", "float32"):
+            monkeypatch.setenv(cpu_precision.OVERRIDE_ENV, forced)
+            cpu_precision.auto_cpu_dtype.cache_clear()
+            assert engine_dtype("auto", on_gpu=False) == forced
+    finally:
+        cpu_precision.auto_cpu_dtype.cache_clear()

@@ -57,8 +57,8 @@ def test_vllm_block_count_matches_our_bytes(model_path, vllm_engine):
     """The session engine is auto-sized: vLLM's block count from that budget must be what our per-token
     bytes predict (a formula that under-counted would starve the batch, one that over-counted wastes RAM)."""
     cfg = vllm_engine.llm.llm_engine.vllm_config.cache_config
-    per_token = kv_bytes_per_token(model_path, vllm_engine.config.dtype)
-    budget = auto_kv_cache_mb(model_path, vllm_engine.config.dtype, vllm_engine.config.batch_rows,
+    per_token = kv_bytes_per_token(model_path, vllm_engine.dtype)
+    budget = auto_kv_cache_mb(model_path, vllm_engine.dtype, vllm_engine.config.batch_rows,
                               vllm_engine.config.model_len) << 20
     assert vllm_engine.config.kv_cache_memory_mb is None and cfg.block_size == CPU_BLOCK_TOKENS
     assert cfg.num_gpu_blocks == budget // (CPU_BLOCK_TOKENS * per_token)
