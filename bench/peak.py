@@ -85,8 +85,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--quick", action="store_true", help="small sizes, 3 repeats")
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--sizes", default=None, help="matmul sizes, e.g. 512,1024 (where bf16 is emulated, 2048 "
+                    "takes minutes per call)")
     args = ap.parse_args(argv)
     sizes = [256, 512] if args.quick else [512, 1024, 2048]
+    if args.sizes:
+        sizes = [int(n) for n in args.sizes.split(",")]
     repeats = args.repeats or (3 if args.quick else 7)
     buffer_mb = 64 if args.quick else 512
     cores = os.cpu_count() or 1

@@ -233,6 +233,7 @@ class RefWorker(_PolicyScorer):
             self.model_cfg.path, self.ref.fsdp_config, self.device,
             attn_implementation=self.model_cfg.attn_implementation, trust_remote_code=self.model_cfg.trust_remote_code,
             ulysses_sequence_parallel_size=self.ref.ulysses_sequence_parallel_size,
+            compile_layers=self.model_cfg.use_torch_compile,
         )
         for p in self.model.module.parameters():
             p.requires_grad_(False)
