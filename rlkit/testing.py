@@ -100,13 +100,19 @@ def save_tiny_model(
     heads: int = 4,
     seed: int = 0,
     tie_embeddings: bool = False,
+    dtype: str = "float32",
 ) -> Path:
-    """Write a tiny random model + tokenizer as an HF folder and return its path."""
+    """Write a tiny random model + tokenizer as an HF folder and return its path. `dtype="bfloat16"` stores the
+    weights rounded to bf16, as most published checkpoints are (every weight then sits on the bf16 grid)."""
+    import torch
+
     path = Path(path)
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(
         tokenizer, hidden_size=hidden_size, layers=layers, heads=heads, seed=seed, tie_embeddings=tie_embeddings
     )
+    if dtype != "float32":
+        model = model.to(getattr(torch, dtype))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(path)

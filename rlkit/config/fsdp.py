@@ -29,6 +29,12 @@ class FSDPConfig:
         "else fp32; docs/performance.md) | bfloat16 | float32. bf16 keeps fp32 master weights and optimizer state",
     )
     reduce_dtype: str = f("float32", "gradient reduction dtype")
+    dither_master_weights: bool = f(
+        True,
+        "bf16/fp16 compute: move fp32 masters that sit exactly on the 16-bit grid (a bf16 checkpoint) to a random "
+        "point of their rounding cell, so small updates reach the forward (the model computes as loaded; "
+        "rlkit/workers/master_dither.py)",
+    )
     shard_single_worker: bool = f(
         False,
         "wrap with FSDP2 even with one worker and float32 compute (nothing to "

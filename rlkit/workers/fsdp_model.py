@@ -32,6 +32,7 @@ from rlkit.utils.lr_schedule import lr_lambda
 from rlkit.workers import layer_compile, ulysses
 from rlkit.workers.hf_export import export_hf, export_lora  # noqa: F401  (re-exported: callers import them here)
 from rlkit.workers.log_prob_head import FusionGate, head_log_probs
+from rlkit.workers.master_dither import dither_masters
 from rlkit.workers.packing import PackedRow, pack_mask, response_targets, trim_left_padding
 from rlkit.workers.varlen_attention import enable as enable_varlen
 from rlkit.workers.varlen_attention import packed_kwargs
@@ -134,6 +135,9 @@ class FSDPModel:
         self._lora_scalings = self.lora.scalings() if self.lora is not None else {}
         if compile_layers:
             layer_compile.compile_layers(_decoder_layers(model))
+        if fsdp.dither_master_weights and not use_lora and self.param_dtype != torch.float32:
+            moved = dither_masters(model.parameters(), self.param_dtype)
+            log.info("%s compute: %.1f%% of the fp32 masters dithered off the grid", self.param_dtype, 100 * moved)
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])
         offload = CPUOffloadPolicy() if (fsdp.param_offload and device.type == "cuda") else None
         world = dist.get_world_size() if dist.is_initialized() else 1
