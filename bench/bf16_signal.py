@@ -107,9 +107,9 @@ def train(model_dir: str, dtype: str, batch: dict, steps: int, lr: float, dither
             grads = {p.grad.dtype for p in model.trainable_parameters() if p.grad is not None}
             record["grad_dtypes"] = sorted(str(g) for g in grads)
         norm = model.clip_and_step(1.0)
+        masters = views(model)  # before the next forward: FSDP2 leaves the root unit unsharded (bf16) after one
         with torch.no_grad():
             lp = model.forward(*args).log_probs
-        masters = views(model)
         row = {
             "step": step,
             "grad_norm": norm,
@@ -120,7 +120,7 @@ def train(model_dir: str, dtype: str, batch: dict, steps: int, lr: float, dither
         record["steps"].append(row)
         print(f"  {dtype}{' +dither' if dither else ''} step {step}: {row}", flush=True)
     record["seconds"] = time.perf_counter() - start
-    record["master_dtypes"] = sorted({str(p.dtype) for p in model.module.parameters()})
+    record["master_dtypes"] = sorted({str(t.dtype) for t in masters.values()})
     state = model.optimizer.state.values()
     record["adam_state_dtypes"] = sorted({str(v.dtype) for s in state for v in s.values() if v.dim() > 0})
     record["final_masters"] = masters
