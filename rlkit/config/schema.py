@@ -185,6 +185,10 @@ class AlgorithmConfig:
 @dataclass
 class DebugConfig:
     break_at: Any = f(factory=list, help="phase(s) to pause at: actor.update_policy or a list (needs --debug)")
+    check_batch_keys: bool = f(
+        False, "check every worker call's output against rlkit/batch_keys.py (shape, dtype, required keys); "
+        "on in --debug mode"
+    )
 
 
 @dataclass

@@ -23,6 +23,7 @@ from rlkit.algo.run_needs import run_needs
 from rlkit.config.schema import RLConfig
 from rlkit.protocol import Batch
 from rlkit.rollout.lifecycle import call_seed
+from rlkit.trainer.key_checks import check_batch_keys
 from rlkit.trainer.rollout_flow import (
     Timer,
     compute_advantages,
@@ -81,6 +82,8 @@ class RLTrainer:
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
         self.workers = workers or self._build_workers()
+        if cfg.trainer.debug.check_batch_keys:
+            check_batch_keys(self.workers)
         # the reward stage (rlkit.reward.mix): the reward manager, mixed with the model reward when enabled
         self.reward_fn = build_reward_fn(cfg, self.tokenizer, {"reward_model": self.workers.reward_model},
                                          manager=manager)

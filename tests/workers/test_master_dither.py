@@ -97,6 +97,7 @@ def test_dithering_leaves_what_the_model_computes_unchanged(tmp_path, process_gr
                           torch.device("cpu"))
         with torch.no_grad():
             outs.append(model.forward(ids, mask, mask.cumsum(1) - 1, 6).log_probs)
-        masters.append(torch.cat([p.detach().flatten() if not hasattr(p, 'to_local') else p.detach().to_local().flatten() for p in model.module.parameters()]))
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in model.module.parameters()]
+        masters.append(torch.cat([t.detach().flatten() for t in local]))
     assert torch.equal(outs[0], outs[1])
     assert not torch.equal(masters[0], masters[1])
