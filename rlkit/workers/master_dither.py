@@ -33,9 +33,20 @@ def _neighbours(grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return below, above
 
 
+#: elements dithered at a time: the temporaries stay ~100 MB even for a 7B model's embedding
+CHUNK = 1 << 22
+
+
 @torch.no_grad()
 def dither_tensor(master: torch.Tensor, compute_dtype: torch.dtype, generator: torch.Generator) -> int:
     """Dither `master` (float32) in place where it equals its `compute_dtype` rounding; returns how many moved."""
+    if not master.is_contiguous():
+        return _dither_flat(master, compute_dtype, generator)
+    flat = master.view(-1)
+    return sum(_dither_flat(flat[i : i + CHUNK], compute_dtype, generator) for i in range(0, flat.numel(), CHUNK))
+
+
+def _dither_flat(master: torch.Tensor, compute_dtype: torch.dtype, generator: torch.Generator) -> int:
     grid = master.to(compute_dtype)
     value = grid.float()
     on_grid = (value == master) & (value != 0) & torch.isfinite(value)
