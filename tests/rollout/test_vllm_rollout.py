@@ -163,7 +163,7 @@ def test_a_sleeping_engine_refuses_to_generate_or_load(engine, config, prompts, 
 
 
 def test_sleep_frees_the_cpu_kv_cache(engine, config, prompts):
-    """vLLM's CPU worker ignores sleep; rlkit frees the KV cache storages itself (vllm_cpu_kv.py) and
+    """vLLM's CPU worker ignores sleep; rlkit frees the KV cache storages itself (vllm_compat.py) and
     allocates them again on wake: zero bytes while asleep, the same greedy output after."""
     greedy = config.to_sampling(greedy=True)
     before = engine.generate(prompts, greedy)["responses"]
