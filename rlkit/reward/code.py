@@ -3,13 +3,13 @@
 Two test formats, read from `extra_info` (keys at top level) or from the ground
 truth (a JSON string or dict):
 
-* `{"tests": ["assert f(1) == 2", ...]}`: rlkit.reward.judge runs the program and the
+* `{"tests": ["assert f(1) == 2", ...]}`: rlkit.sandbox.code_judge runs the program and the
   asserts in two separate sandboxed processes (each assert with its own time limit); the
   asserts see the program's results as plain data only, so the program cannot forge a pass;
 * `{"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}`: one sandboxed run per
   case, stdin in; this process compares stdout line by line (trailing whitespace ignored).
 
-Score = fraction of checks passed. `error` is the first failure's kind (rlkit.reward.judge.KINDS:
+Score = fraction of checks passed. `error` is the first failure's kind (rlkit.sandbox.code_judge.KINDS:
 ok / wrong_answer / runtime_error / timeout / memory / syntax_error / output_limit / exited /
 protocol_error / opaque_value / unsupported_value). Threat model: docs/rewards.md.
 """
@@ -23,9 +23,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlkit.errors import UserError
-from rlkit.reward.judge import JudgeLimits, judge
 from rlkit.reward.registry import SCORERS
-from rlkit.reward.sandbox import SandboxJob, SandboxLimits, run_many
+from rlkit.sandbox import JudgeLimits, SandboxJob, SandboxLimits, judge, run_many
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _PY_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)

@@ -39,9 +39,9 @@ from rlkit.errors import UserError
 from rlkit.protocol import METRICS_KEY, Batch
 from rlkit.registry import Registry
 from rlkit.reward.code import extract_code, load_tests
-from rlkit.reward.judge import JudgeLimits, judge
 from rlkit.reward.placement import decode_responses, on_last_token
 from rlkit.reward.registry import REWARD_MANAGERS
+from rlkit.sandbox import JudgeLimits, judge
 
 if TYPE_CHECKING:
     from rlkit.config.schema import RLConfig
@@ -141,7 +141,7 @@ def pass_matrices_many(
     problems: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]], limits: MatrixLimits,
     stats: dict[str, int] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Every program against every test of its problem (rlkit.reward.judge), all problems in parallel.
+    """Every program against every test of its problem (rlkit.sandbox.code_judge), all problems in parallel.
 
     Per problem one judge call for the reference tests (trusted, one tester process) and one per
     `tests_per_run` generated tests (own tester process: a test that kills it only fails its own cells);

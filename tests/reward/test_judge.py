@@ -1,4 +1,4 @@
-"""The code judge (rlkit/reward/judge.py): programs that tamper with the verdict score 0 with a named
+"""The code judge (rlkit/sandbox/code_judge.py): programs that tamper with the verdict score 0 with a named
 error kind; honest programs and tests of many shapes still pass; the sandbox limits hold inside a call.
 
 Every attack here scored 1.0 under the previous in-process harness (the three classes of issue 14:
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from rlkit.reward.code import code_score
-from rlkit.reward.judge import BOOT, KINDS, JudgeLimits, judge
+from rlkit.sandbox import BOOT, KINDS, JudgeLimits, judge
 
 # Every test calls the program; the last cannot pass at all: a score above 0 means a forged verdict.
 TESTS = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert False"]}
@@ -332,7 +332,7 @@ def test_interpreter_start_up_is_not_charged_to_a_test(tmp_path):
     import stat
     import sys
 
-    from rlkit.reward.sandbox import SandboxLimits
+    from rlkit.sandbox import SandboxLimits
 
     slow = tmp_path / "slow-python"
     slow.write_text(f"#!/bin/sh\nsleep 1\nexec {sys.executable} \"$@\"\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.reward.sandbox import SandboxJob, SandboxLimits, run_many, run_program, sandbox_capabilities
+from rlkit.sandbox import SandboxJob, SandboxLimits, run_many, run_program, sandbox_capabilities
 
 CAPS = sandbox_capabilities()
 

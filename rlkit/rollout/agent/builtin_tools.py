@@ -12,8 +12,8 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from rlkit.reward.sandbox import SandboxLimits, run_program
 from rlkit.rollout.agent.tools import TOOLS, Tool, ToolResult
+from rlkit.sandbox import SandboxLimits, run_program
 
 MAX_EXPONENT = 1000
 MAX_MAGNITUDE = 1e300

@@ -1,7 +1,7 @@
 """Run untrusted Python (model-written code) in a subprocess sandbox.
 
 Each run gets a fresh `python -I` interpreter in a new session, started through
-`_sandbox_launcher.py`, with:
+`_launcher.py`, with:
 
 * a wall-time limit (the whole process group is SIGKILLed) and RLIMIT_CPU;
 * RLIMIT_AS (memory), RLIMIT_FSIZE (largest file), RLIMIT_NOFILE, no core dumps;
@@ -15,7 +15,7 @@ Each run gets a fresh `python -I` interpreter in a new session, started through
   with RLIMIT_NPROC (fork bombs stop at `nproc` tasks).
 
 `run_program` runs a program to its end; `SandboxProcess` + `pump` keep one running
-and talk to it over its stdin/stdout (the code judge, rlkit/reward/judge.py).
+and talk to it over its stdin/stdout (the code judge, rlkit/sandbox/code_judge.py).
 `sandbox_capabilities()` runs a probe once and reports what is *measured* to be
 enforced here. This is a guard against accidents and runaway programs, not a
 security boundary against a determined attacker (no seccomp, shared kernel).
@@ -28,7 +28,6 @@ import itertools
 import json
 import math
 import os
-import resource
 import selectors
 import shutil
 import signal
@@ -39,10 +38,10 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_launcher.py")
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_launcher.py")
 STATUSES = ("ok", "runtime_error", "timeout", "memory", "syntax_error", "output_limit")
 _uid_counter = itertools.count()
 
@@ -163,7 +162,7 @@ def _job_config(limits: SandboxLimits, cpu_limit: int, args: list[str], job: str
 class SandboxProcess:
     """One sandboxed interpreter while it runs: its pipes, its limits, its clean-up.
 
-    `run_program` drives one to the end; the code judge (rlkit.reward.judge) keeps two alive and talks
+    `run_program` drives one to the end; the code judge (rlkit.sandbox.code_judge) keeps two alive and talks
     to them line by line (`interactive=True`: stdin is a pipe, stdout is a channel read with
     `take_line`, and only stderr counts towards `output_bytes`). `pump` services many at once.
     """
@@ -412,75 +411,3 @@ def run_many(jobs: Sequence[SandboxJob], max_workers: int | None = None) -> list
     workers = max_workers or min(len(jobs), os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlkit-sandbox") as pool:
         return list(pool.map(lambda j: run_program(j.code, j.stdin, j.limits), jobs))
-
-
-_PROBE = r"""
-import json, os, resource, socket, sys
-out = {"uid": os.getuid(), "pid": os.getpid(), "cwd": os.getcwd(), "home": os.environ.get("HOME")}
-try:
-    os.makedirs(os.path.join(os.path.dirname(os.getcwd()), "outside"))
-    out["write_outside"] = True
-except OSError:
-    out["write_outside"] = False
-try:
-    out["net_ifaces"] = sorted(os.listdir("/sys/class/net"))
-except OSError:
-    out["net_ifaces"] = None
-s = socket.socket()
-s.settimeout(0.5)
-try:
-    s.connect(("127.0.0.1", int(sys.stdin.read() or 9)))
-    out["loopback_connect"] = True
-except OSError:
-    out["loopback_connect"] = False
-out["nproc"] = resource.getrlimit(resource.RLIMIT_NPROC)[0]
-print(json.dumps(out))
-"""
-
-
-@functools.lru_cache(maxsize=1)
-def sandbox_capabilities() -> dict:
-    """Measure once what the sandbox enforces on this machine (runs a probe program)."""
-    import socket
-
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    port = server.getsockname()[1]
-    try:
-        res = run_program(_PROBE, stdin=str(port), limits=replace(SandboxLimits(), wall_s=10.0))
-    finally:
-        server.close()
-    caps = {
-        "subprocess": True,
-        "wall_timeout": True,
-        "output_cap": True,
-        "rlimit_cpu": True,
-        "rlimit_as": True,
-        "rlimit_fsize": True,
-        "env_stripped": True,
-        "scratch_cwd_home": False,
-        "network_isolated": False,
-        "readonly_fs": False,
-        "scratch_tmpfs": False,
-        "pid_namespace": False,
-        "unprivileged_uid": False,
-        "nproc_limit": False,
-        "probe_status": res.status,
-    }
-    try:
-        seen = json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        caps["probe_error"] = res.stderr[-500:]
-        return caps
-    enforced = res.enforced
-    caps["scratch_cwd_home"] = seen["cwd"] == seen["home"]
-    caps["network_isolated"] = not seen["loopback_connect"] and bool(enforced.get("netns"))
-    caps["readonly_fs"] = not seen["write_outside"]
-    caps["scratch_tmpfs"] = bool(enforced.get("scratch_tmpfs"))
-    caps["pid_namespace"] = seen["pid"] <= 2
-    # in a user namespace the program sees uid 0, but on the host it is our own non-root uid
-    caps["unprivileged_uid"] = seen["uid"] != 0 or (bool(enforced.get("userns")) and os.geteuid() != 0)
-    caps["nproc_limit"] = seen["uid"] != 0 and seen["nproc"] != resource.RLIM_INFINITY
-    caps["user_namespace"] = bool(enforced.get("userns"))
-    return caps

@@ -1,4 +1,4 @@
-"""Sandbox launcher: runs as `python -I -S _sandbox_launcher.py CONFIG_JSON` in a fresh session.
+"""Sandbox launcher: runs as `python -I -S _launcher.py CONFIG_JSON` in a fresh session.
 
 It is a separate single-threaded process so that the fiddly pre-exec steps
 (namespaces, mounts, rlimits, dropping root) never run in a forked copy of the

@@ -5,7 +5,7 @@ reports the verdict share an interpreter, the program can patch the reporting (b
 atexit hooks, the result line, inherited fds) and score 1.0 on `assert False`.
 
 Design (threat model and guarantees: docs/rewards.md). Per program two sandboxed processes
-(rlkit.reward.sandbox), which never share an interpreter, and this process between them:
+(rlkit.sandbox), which never share an interpreter, and this process between them:
 
 * the *server* loads the program and answers requests on its objects with plain data;
 * the *tester* runs the tests; each name the program defines is a proxy whose every use becomes a
@@ -15,11 +15,13 @@ Design (threat model and guarantees: docs/rewards.md). Per program two sandboxed
   size, restarts a server that died or timed out (the next test gets a fresh one) and accepts verdicts
   only from the tester. Anything unexpected on the server's channel is a `protocol_error`.
 
-The child side is rlkit/reward/_judge_child.py (stdlib only, run with `python -I -c`).
+The child side is one program in three parts, rlkit/sandbox/_judge_{wire,serve,test}.py (stdlib only, run
+with `python -I -c`), joined by `child_source`.
 """
 
 from __future__ import annotations
 
+import ast
 import atexit
 import json
 import marshal
@@ -32,11 +34,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlkit.reward.sandbox import SandboxLimits, SandboxProcess, pump
+from rlkit.sandbox.process import SandboxLimits, SandboxProcess, pump
 
-CHILD_SOURCE = Path(__file__).with_name("_judge_child.py").read_text(encoding="utf-8")
+CHILD_PARTS = ("_judge_wire.py", "_judge_serve.py", "_judge_test.py")
+
+
+def child_source() -> str:
+    """The child program: its parts in order, without the imports between parts (`from rlkit.sandbox._judge_*`,
+    there for linters and readers) and with only the first part's `from __future__` line."""
+    joined = []
+    for index, name in enumerate(CHILD_PARTS):
+        text = Path(__file__).with_name(name).read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.ImportFrom) and (
+                (node.module or "").startswith("rlkit.sandbox._judge_") or (index and node.module == "__future__")
+            ):
+                lines[node.lineno - 1 : node.end_lineno] = [""] * (node.end_lineno - node.lineno + 1)
+        joined.append("\n".join(lines))
+    return "\n\n".join(joined) + "\n"
+
+
+CHILD_SOURCE = child_source()
 # Compiling that source costs ~20 ms per process; the same interpreter gets it compiled, as marshal hex in argv.
-_CHILD_CODE = marshal.dumps(compile(CHILD_SOURCE, "_judge_child.py", "exec")).hex()
+_CHILD_CODE = marshal.dumps(compile(CHILD_SOURCE, "rlkit_judge_child.py", "exec")).hex()
 BOOT = "import marshal,sys;exec(marshal.loads(bytes.fromhex(sys.argv[1])))  # rlkit code judge"
 
 # Error kinds of one check. The first seven are the sandbox's and the old scorer's; the rest are new:
