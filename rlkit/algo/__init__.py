@@ -17,13 +17,12 @@ from rlkit.algo.kl import (
     kl_penalty,
     make_kl_controller,
 )
+from rlkit.algo.loss_agg import LOSS_AGG, agg_loss
 from rlkit.algo.metrics import compute_data_metrics
 from rlkit.algo.needs import Needs, needs, needs_of
 from rlkit.algo.policy_loss import POLICY_LOSSES
 from rlkit.algo.run_needs import critic_enabled, ref_needed, run_needs
 from rlkit.algo.utils import (
-    LOSS_AGG,
-    agg_loss,
     entropy_from_logits,
     logprobs_from_logits,
     masked_mean,

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from rlkit.algo.utils import agg_loss, masked_mean
+from rlkit.algo.loss_agg import agg_loss
+from rlkit.algo.utils import masked_mean
 from rlkit.registry import Registry
 
 PolicyLoss = Callable[..., dict[str, torch.Tensor]]

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from rlkit.algo.advantages import ADV_ESTIMATORS
 from rlkit.algo.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from rlkit.algo.loss_agg import LOSS_AGG
 from rlkit.algo.needs import NEED_WORDS, Needs, Unit, needs_of
 from rlkit.algo.policy_loss import POLICY_LOSSES
 from rlkit.algo.rollout_correction import RATIO_LEVELS
-from rlkit.algo.utils import LOSS_AGG
 from rlkit.errors import UserError
 from rlkit.registry import Registry
 

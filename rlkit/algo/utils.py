@@ -1,4 +1,4 @@
-"""Masked reductions, loss aggregation and memory-bounded log-prob/entropy helpers.
+"""Masked reductions and memory-bounded log-prob/entropy helpers (loss aggregation: rlkit/algo/loss_agg.py).
 
 Every tensor over response tokens is (B, R) with a {0,1} `mask`; padding and
 tool/user tokens carry mask 0 and must not move any statistic or gradient.
@@ -6,18 +6,7 @@ tool/user tokens carry mask 0 and must not move any statistic or gradient.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-
-from rlkit.algo.needs import needs, rows, sequences, tokens
-from rlkit.registry import Registry
-
-LossAgg = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-#: name -> fn(loss_mat, mask) -> scalar. Chosen by `loss_agg_mode` in the config. Each mode declares the
-#: unit it averages over (`@needs(unit=...)`), which reweights micro-batch losses (workers.micro_batch).
-LOSS_AGG: Registry[LossAgg] = Registry("loss aggregation mode")
 
 DEFAULT_CHUNK_SIZE = 2048
 
@@ -56,44 +45,6 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, 
     out = (x - mean) * torch.rsqrt(var + eps)
     return out if shift_mean else out + mean
 
-
-# ---------------------------------------------------------- loss aggregation
-def _seq_mean(per_seq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over rows that have at least one valid token (an empty row is not a sequence)."""
-    return masked_mean(per_seq, (mask.sum(dim=-1) > 0).to(per_seq.dtype))
-
-
-@LOSS_AGG.register("token-mean")
-@needs(unit=tokens)
-def _token_mean(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Every valid token weighs the same: long answers dominate."""
-    return masked_mean(loss_mat, mask)
-
-
-@LOSS_AGG.register("seq-mean-token-sum")
-@needs(unit=sequences)
-def _seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return _seq_mean(masked_sum(loss_mat, mask, dim=-1), mask)
-
-
-@LOSS_AGG.register("seq-mean-token-mean")
-@needs(unit=sequences)
-def _seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Every sequence weighs the same, whatever its length (original GRPO)."""
-    return _seq_mean(masked_mean(loss_mat, mask, dim=-1), mask)
-
-
-@LOSS_AGG.register("seq-mean-token-sum-norm")
-@needs(unit=rows)
-def _seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Dr.GRPO: divide by a constant (B * horizon) so the normaliser never depends on lengths."""
-    horizon = mask.shape[-1]
-    return (masked_sum(loss_mat, mask, dim=-1) / horizon).mean()
-
-
-def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
-    """Reduce a (B, R) per-token loss to a scalar with the registered `mode`."""
-    return LOSS_AGG.get(mode)(loss_mat, mask)
 
 
 # ------------------------------------------------------ log-probs and entropy

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.algo.utils import agg_loss, masked_mean
+from rlkit.algo.loss_agg import agg_loss
+from rlkit.algo.utils import masked_mean
 
 
 def compute_value_loss(

@@ -16,8 +16,9 @@ import time
 import torch
 
 from rlkit.algo import KL_ESTIMATORS, POLICY_LOSSES
+from rlkit.algo.loss_agg import agg_loss
 from rlkit.algo.rollout_correction import RolloutCorrection
-from rlkit.algo.utils import agg_loss, masked_mean
+from rlkit.algo.utils import masked_mean
 from rlkit.config.schema import ActorConfig, ModelConfig, RefConfig
 from rlkit.controller import Dispatch, Worker, register
 from rlkit.debug import maybe_break

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlkit.algo.loss_agg import LOSS_AGG
 from rlkit.algo.policy_loss import POLICY_LOSSES
-from rlkit.algo.utils import LOSS_AGG
 
 T = torch.tensor
 RATIOS = [0.5, 1.1, 1.5, 0.7, 5.0, 40.0]  # the last token is masked out

@@ -3,9 +3,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlkit.algo.loss_agg import LOSS_AGG, agg_loss
 from rlkit.algo.utils import (
-    LOSS_AGG,
-    agg_loss,
     entropy_from_logits,
     logprobs_from_logits,
     masked_mean,

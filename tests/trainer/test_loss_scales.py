@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.algo.utils import LOSS_AGG, agg_loss
+from rlkit.algo.loss_agg import LOSS_AGG, agg_loss
 from rlkit.workers.micro_batch import loss_scales
 
 

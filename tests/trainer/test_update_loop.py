@@ -15,7 +15,7 @@ import copy
 import pytest
 import torch
 
-from rlkit.algo.utils import agg_loss
+from rlkit.algo.loss_agg import agg_loss
 from rlkit.config.schema import FSDPConfig, OptimConfig
 from rlkit.protocol import Batch
 from rlkit.testing import save_tiny_model

@@ -16,7 +16,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlkit.algo.utils import agg_loss, entropy_from_logits, logprobs_from_logits
+from rlkit.algo.loss_agg import agg_loss
+from rlkit.algo.utils import entropy_from_logits, logprobs_from_logits
 from rlkit.config.schema import FSDPConfig, ModelConfig
 from rlkit.testing import save_tiny_model
 from rlkit.workers.fsdp_model import FSDPModel

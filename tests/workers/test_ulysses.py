@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlkit.algo.utils import agg_loss
+from rlkit.algo.loss_agg import agg_loss
 from rlkit.config.schema import FSDPConfig
 from rlkit.errors import UserError
 from tests.gloo_workers import gloo_rank, run_on_gloo_workers

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rlkit.algo.utils import agg_loss
+from rlkit.algo.loss_agg import agg_loss
 from rlkit.config.schema import FSDPConfig
 from rlkit.testing import build_tiny_tokenizer, save_tiny_model
 from rlkit.workers.fsdp_model import FSDPModel
