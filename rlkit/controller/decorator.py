@@ -28,11 +28,6 @@ class Dispatch:
     RANK_ZERO = "rank_zero"
 
 
-class Execute:
-    ALL = "all"
-    RANK_ZERO = "rank_zero"
-
-
 @dataclass(frozen=True)
 class DispatchInfo:
     """Where a worker sits in the data-parallel layout of its group."""
@@ -71,11 +66,10 @@ DISPATCH_MODES: Registry[DispatchMode] = Registry("dispatch mode")
 @dataclass(frozen=True)
 class RegisterSpec:
     dispatch: str
-    execute: str
     blocking: bool
 
 
-def register(dispatch: str = Dispatch.ALL_TO_ALL, execute: str = Execute.ALL, blocking: bool = True) -> Callable:
+def register(dispatch: str = Dispatch.ALL_TO_ALL, blocking: bool = True) -> Callable:
     """Mark a worker method as callable from the driver through its group.
 
     Calling the method directly inside the worker process is unaffected.
@@ -83,7 +77,7 @@ def register(dispatch: str = Dispatch.ALL_TO_ALL, execute: str = Execute.ALL, bl
     DISPATCH_MODES.get(dispatch)  # fail at import time on a typo
 
     def deco(fn: Callable) -> Callable:
-        setattr(fn, ATTR, RegisterSpec(dispatch, execute, blocking))
+        setattr(fn, ATTR, RegisterSpec(dispatch, blocking))
         return fn
 
     return deco
