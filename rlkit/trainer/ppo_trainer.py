@@ -308,7 +308,6 @@ class RLTrainer:
                 self.workers.sync_weights(wait=True)
             return
         self.workers.sync_weights(wait=True)  # the resumed weights are in the engines before step 1
-        self.resumed_from = path
         if self.tracker is not None and hasattr(self.tracker, "rewind"):
             self.tracker.rewind(self.global_step)  # the steps after the checkpoint run again: drop their old rows
 

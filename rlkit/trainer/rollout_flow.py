@@ -81,7 +81,6 @@ def compute_advantages(batch: Batch, cfg: RLConfig) -> None:
         lam=algo.lam,
         norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
         reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
-        ref_log_prob=batch["ref_log_prob"] if "ref_log_prob" in batch else None,
     )
     batch["advantages"] = advantages.float()
     batch["returns"] = returns.float()
