@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from rlkit_cli.errors import UserError, friendly_errors
+from rlkit.errors import UserError
+from rlkit_cli.errors import friendly_errors
 
 DEBUG_MODES = {"on": "on", "post-mortem": "post-mortem", "postmortem": "post-mortem"}
 

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from rlkit.config.rollout import RolloutConfig
-from rlkit.rollout.agent.engine import ENGINE_SERVERS, AsyncEngine, BatchingServer, ServerStats, TurnOutput, TurnRequest
+from rlkit.rollout.agent.engine import ENGINE_SERVERS, AsyncEngine, ServerStats, TurnOutput, TurnRequest
 from rlkit.rollout.base import RolloutBackend, SamplingConfig
 from rlkit.rollout.vllm_rollout import VLLMRollout, row_seed
 
@@ -248,4 +248,4 @@ def continuous_server(
     return ENGINE_SERVERS.get("sync")(backend, sampling, extra_stop_ids, config, last_call_s)
 
 
-__all__ = ["BatchingServer", "ContinuousServer", "continuous_server", "turn_seed"]
+__all__ = ["ContinuousServer", "continuous_server", "turn_seed"]
