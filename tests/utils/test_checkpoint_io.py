@@ -128,7 +128,7 @@ def test_rng_round_trip(tmp_path):
     assert draw() == expected
 
 
-# ------------------------------------------------ verification, rotation and fallback (issue 14, section 4)
+# ------------------------------------------------------------------ verification, rotation and fallback
 
 
 def save_dcp(root, step, keep_last=None):
