@@ -26,7 +26,7 @@ from rlkit.rollout.lifecycle import call_seed
 from rlkit.trainer.rollout_flow import (
     Timer,
     compute_advantages,
-    reduce_metrics,
+    reduce_worker_metrics,
     repeat_with_uids,
     shape_rewards,
     validation_metrics,
@@ -159,7 +159,8 @@ class RLTrainer:
             sync = w.sync_weights()
         worker_metrics = batch.meta.get("metrics", {})
         metrics = {
-            **reduce_metrics(worker_metrics), **reduce_metrics({k: [s[k] for s in sync] for k in sync[0]}),
+            **reduce_worker_metrics(worker_metrics),
+            **reduce_worker_metrics({k: [s[k] for s in sync] for k in sync[0]}),
             **compute_data_metrics(batch), **gen_metrics,
         }
         mask = batch["attention_mask"]

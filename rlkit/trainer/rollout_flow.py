@@ -86,8 +86,9 @@ def compute_advantages(batch: Batch, cfg: RLConfig) -> None:
     batch["returns"] = returns.float()
 
 
-def reduce_metrics(metrics: dict) -> dict[str, float]:
-    """Lists of per-rank/per-micro values -> their mean (timings: the max, the slowest rank sets the pace)."""
+def reduce_worker_metrics(metrics: dict) -> dict[str, float]:
+    """Workers' lists of per-rank/per-micro-batch values -> their mean (timings: the max, the slowest rank sets
+    the pace)."""
     out = {}
     for k, v in metrics.items():
         vals = v if isinstance(v, list) else [v]
