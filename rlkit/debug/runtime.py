@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from rlkit.debug.breakpoints import BREAK_AT_ENV, parse_break_at
 from rlkit.registry import Registry
+from rlkit.utils.once import Once
 
 DEBUG_ENV = "RLKIT_DEBUG"
 DEBUG_TIMEOUT_S = 6 * 3600.0  # long enough to read a stack trace over lunch
@@ -155,14 +156,12 @@ def debug_banner(mode: str | None, dashboard_url: str | None, local_folder: str,
 
 
 # -- when debugging is off -------------------------------------------------------------------
-_warned = False
+_warned = Once()
 
 
 def _disabled_breakpoint(*_args: object, **_kwargs: object) -> None:
     """A worker's breakpoint() while debugging is off: warn once per process and keep going."""
-    global _warned
-    if not _warned:
-        _warned = True
+    if _warned.first():
         # Same text in every worker, so Ray's log dedup folds them into one line on the driver.
         print("[rlkit.debug] breakpoint() ignored in a Ray worker: debugging is off (pass --debug to pause there).",
               file=sys.stderr, flush=True)

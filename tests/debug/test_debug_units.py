@@ -18,6 +18,7 @@ from rlkit.debug.dap import DapClient, DapError, DapTimeout
 from rlkit.debug.runtime import SILENCE_HOOK, _disabled_breakpoint, silence_worker_breakpoints
 from rlkit.debug.state import PausedWorker, _rank_of, pick_worker, where_from_dump
 from rlkit.errors import UserError
+from rlkit.utils.once import Once
 from rlkit_cli.main import app
 
 
@@ -58,7 +59,7 @@ def test_merge_runtime_env_and_driver_env(monkeypatch):
 
 
 def test_silenced_worker_breakpoint_warns_once(monkeypatch, capsys):
-    monkeypatch.setattr("rlkit.debug.runtime._warned", False)
+    monkeypatch.setattr("rlkit.debug.runtime._warned", Once())
     monkeypatch.setenv("PYTHONBREAKPOINT", "ray.util.rpdb.set_trace")
     silence_worker_breakpoints()
     assert __import__("os").environ["PYTHONBREAKPOINT"] == "rlkit.debug.runtime._disabled_breakpoint"

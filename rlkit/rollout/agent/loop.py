@@ -40,14 +40,14 @@ from rlkit.rollout.agent.interaction import Interaction
 from rlkit.rollout.agent.parser import ToolCall, ToolParser
 from rlkit.rollout.agent.tools import Tool, ToolResult, release_tool, run_tool
 from rlkit.rollout.base import assemble_output
+from rlkit.utils.once import Once
 
 logger = logging.getLogger(__name__)
-_logged: set[str] = set()
+_logged = Once()
 
 
 def _log_once(message: str) -> None:
-    if message not in _logged:
-        _logged.add(message)
+    if _logged.first(message):
         logger.warning(message)
 
 
