@@ -27,6 +27,7 @@ from rlkit.errors import UserError
 from rlkit.protocol import METRICS_KEY, Batch
 from rlkit.reward.placement import on_last_token
 from rlkit.reward.rm_inputs import RMInputs, pack, policy_token_rows, retemplated_rows, text_rows
+from rlkit.utils.tokens import pad_token_id
 from rlkit.workers.fsdp_model import FSDPModel
 
 SCORE_HEAD = "score"  # the token-level head of transformers' *ForSequenceClassification decoders
@@ -73,8 +74,7 @@ class RewardModelScorer:
         module.eval()
         self.rm_tokenizer = load_tokenizer(m.path)
         self.input_tokenizer = load_tokenizer(m.input_tokenizer) if m.input_tokenizer else None
-        pad = self.rm_tokenizer.pad_token_id
-        self.pad_token_id = int(pad if pad is not None else (module.config.pad_token_id or 0))
+        self.pad_token_id = pad_token_id(self.rm_tokenizer, module.config.pad_token_id, where=f"reward model {m.path}")
 
     # ---------------------------------------------------------------- inputs
     def batch_rows(self, batch: Batch) -> list[list[int]]:
