@@ -39,6 +39,7 @@ from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig,
 from rlkit.rollout.kv_cache_size import auto_kv_cache_mb
 from rlkit.rollout.vllm_cpu_kv import release_kv_cache, restore_kv_cache
 from rlkit.rollout.vllm_moe import repack_cpu_moe_experts
+from rlkit.utils.memory_peak import rss_bytes
 from rlkit.utils.vllm_env import prepare_vllm_env
 
 GREEDY_EPS = 1e-5  # vLLM decodes greedily below this temperature
@@ -366,9 +367,7 @@ class VLLMRollout(RolloutBackend):
 
     def memory_report(self) -> dict[str, int]:
         """Process RSS (and CUDA allocated bytes on GPU), for before/after comparisons."""
-        import psutil
-
-        report = {"rss_bytes": psutil.Process().memory_info().rss}
+        report = {"rss_bytes": rss_bytes()}
         if not self.on_cpu and torch.cuda.is_available():
             report["device_allocated_bytes"] = torch.cuda.memory_allocated()
         return report
