@@ -2,7 +2,8 @@
 
 `describe(exc)` returns the line the CLI prints instead of a traceback, or None for an
 error it does not recognise (a bug: its traceback is shown). Formatters are registered per
-exception type and looked up along the type's MRO, so a new kind of error is one function.
+exception type (in `FORMATTERS`, under the type's qualified name) and looked up along the type's
+MRO, so a new kind of error is one function.
 The file an error is about is named: from the exception itself (`OSError.filename`) or, for
 errors that do not carry it (UnicodeDecodeError, JSONDecodeError, a damaged checkpoint),
 from the open file or path in the innermost frame of the traceback.
@@ -20,16 +21,23 @@ from pathlib import Path
 from types import FrameType
 
 from rlkit.errors import UserError
+from rlkit.registry import Registry
 
 Formatter = Callable[[BaseException], "str | None"]
-FORMATTERS: dict[type, Formatter] = {}
+#: exception type's qualified name (`type_key`) -> its formatter
+FORMATTERS: Registry[Formatter] = Registry("error formatter")
 MAX_SCAN_BYTES = 512 << 20  # files larger than this are not re-read to find the bad line
+
+
+def type_key(cls: type) -> str:
+    """A type's registry name: `builtins.OSError`, `json.decoder.JSONDecodeError`."""
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def formatter(*types: type) -> Callable[[Formatter], Formatter]:
     def deco(fn: Formatter) -> Formatter:
         for t in types:
-            FORMATTERS[t] = fn
+            FORMATTERS.add(type_key(t), fn)
         return fn
 
     return deco
@@ -38,9 +46,9 @@ def formatter(*types: type) -> Callable[[Formatter], Formatter]:
 def describe(exc: BaseException) -> str | None:
     """The user-facing line for `exc`, or None when it is not a user-facing error."""
     for cls in type(exc).__mro__:
-        fn = FORMATTERS.get(cls)
-        if fn is not None:
-            msg = fn(exc)
+        key = type_key(cls)
+        if key in FORMATTERS:
+            msg = FORMATTERS.get(key)(exc)
             if msg is not None:
                 return msg
     return None
@@ -210,11 +218,10 @@ def _register_optional() -> None:
     import sys
 
     dcp = sys.modules.get("torch.distributed.checkpoint")
-    if dcp is not None and hasattr(dcp, "CheckpointException"):
-        FORMATTERS.setdefault(dcp.CheckpointException, _checkpoint_message)
     st = sys.modules.get("safetensors")
-    if st is not None and hasattr(st, "SafetensorError"):
-        FORMATTERS.setdefault(st.SafetensorError, _checkpoint_message)
+    for module, name in ((dcp, "CheckpointException"), (st, "SafetensorError")):
+        if module is not None and hasattr(module, name) and type_key(getattr(module, name)) not in FORMATTERS:
+            FORMATTERS.add(type_key(getattr(module, name)), _checkpoint_message)
 
 
 # ------------------------------------------------------------------ ours

@@ -23,7 +23,7 @@ from rlkit_cli.error_messages import describe_any
 
 F = TypeVar("F", bound=Callable[..., Any])
 err_console = Console(stderr=True)
-__all__ = ["UserError", "friendly_errors", "err_console", "show_tracebacks", "TRACEBACK_ENV"]
+__all__ = ["friendly_errors", "err_console", "show_tracebacks", "TRACEBACK_ENV"]
 
 TRACEBACK_ENV = "RLKIT_DEBUG"
 _OFF = ("", "0", "off", "false", "no")

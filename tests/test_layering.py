@@ -1,4 +1,4 @@
-"""The package layering of DESIGN §10 holds: a module imports only from its own layer or below, and no
+"""The package layering of docs/CONVENTIONS.md (Layers) holds: a module imports only from its own layer or below, and no
 two modules import each other (directly or through others).
 
 Every import counts: module-level, inside functions (lazy) and under TYPE_CHECKING, because a lazy
@@ -68,7 +68,7 @@ def layer_of(name: str) -> int:
     for index, prefixes in enumerate(LAYERS):
         if any(name == p or name.startswith(p + ".") for p in prefixes):
             return index
-    raise AssertionError(f"{name} belongs to no layer: add its package to LAYERS (and to DESIGN §10)")
+    raise AssertionError(f"{name} belongs to no layer: add its package to LAYERS (and to docs/CONVENTIONS.md)")
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:

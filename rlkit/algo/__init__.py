@@ -6,7 +6,7 @@ model, a greedy baseline, an aggregation unit) is declared next to its registrat
 with `@needs(...)` (rlkit.algo.needs).
 """
 
-from rlkit.algo.advantages import ADV_ESTIMATORS
+from rlkit.algo.advantages import ADV_ESTIMATORS, AdvantageInputs
 from rlkit.algo.dapo import DynamicSamplingResult, dynamic_sampling_filter, overlong_reward_shaping
 from rlkit.algo.kl import (
     KL_CONTROLLERS,
@@ -34,6 +34,7 @@ from rlkit.algo.value_loss import compute_value_loss
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "AdvantageInputs",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGG",

@@ -3,12 +3,12 @@
 All share one signature so the trainer passes everything it has and never
 branches on the name:
 
-    fn(token_level_rewards, response_mask, *, index=None, values=None, gamma=1.0, lam=1.0,
-       norm_adv_by_std=True, epsilon=1e-6, reward_baselines=None, **_) -> (advantages, returns)
+    fn(inputs: AdvantageInputs) -> (advantages, returns)   # both (B, R)
 
-`index` is the per-row `uid` (same for the n samples of one prompt). Masked
-tokens (padding, tool output) are not time steps: they carry no reward, get a
-zero advantage and are skipped by the recursions.
+`AdvantageInputs` holds the rewards, the mask and every optional input (its fields say
+their shapes); an estimator reads the fields it needs. Masked tokens (padding, tool
+output) are not time steps: they carry no reward, get a zero advantage and are skipped
+by the recursions.
 
 Each estimator declares what it reads beyond rewards and the mask with
 `@needs(...)` (rlkit.algo.needs, read with `needs_of(ADV_ESTIMATORS, name)`): the
@@ -19,6 +19,7 @@ prompt, a greedy baseline) without knowing estimator names.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import numpy as np
@@ -29,12 +30,31 @@ from rlkit.algo.utils import masked_whiten
 from rlkit.errors import UserError
 from rlkit.registry import Registry
 
-AdvEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+Index = np.ndarray | Sequence[Any] | None
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an advantage estimator may read (B rows, R response tokens). The trainer fills in all it has;
+    the optional fields an estimator relies on are declared with `@needs` under its registration."""
+
+    token_level_rewards: torch.Tensor  # (B, R) float: per-token rewards (the score on the last valid token, KL...)
+    response_mask: torch.Tensor  # (B, R) 1 on the valid response tokens, 0 on padding and tool output (any dtype)
+    _: KW_ONLY
+    index: Index = None  # (B,) the row's `uid`, the same for the n samples of one prompt (`@needs(groups=True)`)
+    values: torch.Tensor | None = None  # (B, R) float: critic values (`@needs(values=True)`)
+    gamma: float = 1.0  # discount per valid token (algorithm.gamma)
+    lam: float = 1.0  # GAE lambda (algorithm.lam)
+    norm_adv_by_std: bool = True  # grpo: divide by the group's std; False = Dr.GRPO (algorithm.norm_adv_by_std_in_grpo)
+    epsilon: float = 1e-6  # grpo: added to the group's std
+    reward_baselines: torch.Tensor | None = None  # (B,) the reward of the prompt's greedy response
+    # (`@needs(greedy_baseline=True)`)
+
+
+AdvEstimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
 
 #: name -> estimator; see the module docstring for the shared signature.
 ADV_ESTIMATORS: Registry[AdvEstimator] = Registry("advantage estimator")
-
-Index = np.ndarray | Sequence[Any] | None
 
 
 # -------------------------------------------------------------------- helpers
@@ -111,148 +131,81 @@ def _whiten_valid(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 @ADV_ESTIMATORS.register("gae")
 @needs(values=True)
 @torch.no_grad()
-def gae(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    index: Index = None,
-    values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    reward_baselines: torch.Tensor | None = None,
-    **_: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's GAE(gamma, lam) against critic `values`; advantages whitened over valid tokens."""
-    if values is None:
+    if inputs.values is None:
         raise UserError("advantage estimator 'gae' needs critic values: enable the critic or pick grpo/rloo")
-    adv, returns = gae_unwhitened(token_level_rewards, values, response_mask, gamma, lam)
-    return _whiten_valid(adv, response_mask), returns
+    mask = inputs.response_mask
+    adv, returns = gae_unwhitened(inputs.token_level_rewards, inputs.values, mask, inputs.gamma, inputs.lam)
+    return _whiten_valid(adv, mask), returns
 
 
 @ADV_ESTIMATORS.register("grpo")
 @needs(groups=True)
 @torch.no_grad()
-def grpo(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    index: Index = None,
-    values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    reward_baselines: torch.Tensor | None = None,
-    **_: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def grpo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-relative outcome advantage (r - mean_g) / (std_g + eps); Dr.GRPO when not norm_adv_by_std.
 
     A group of one has no baseline to compare against, so it gets 0.
     """
-    scores = outcome_scores(token_level_rewards, response_mask)
-    count, mean, std = group_stats(scores, group_ids(index, scores.shape[0], "grpo"))
+    mask = inputs.response_mask
+    scores = outcome_scores(inputs.token_level_rewards, mask)
+    count, mean, std = group_stats(scores, group_ids(inputs.index, scores.shape[0], "grpo"))
     centred = scores - mean
-    if norm_adv_by_std:
-        centred = centred / (std + epsilon)
-    adv = _broadcast(torch.where(count > 1, centred, torch.zeros_like(centred)), response_mask)
+    if inputs.norm_adv_by_std:
+        centred = centred / (std + inputs.epsilon)
+    adv = _broadcast(torch.where(count > 1, centred, torch.zeros_like(centred)), mask)
     return adv, adv
 
 
 @ADV_ESTIMATORS.register("rloo")
 @needs(groups=True)
 @torch.no_grad()
-def rloo(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    index: Index = None,
-    values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    reward_baselines: torch.Tensor | None = None,
-    **_: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rloo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE leave-one-out: r_i - mean of the other samples = n/(n-1) * (r_i - mean_g)."""
-    scores = outcome_scores(token_level_rewards, response_mask)
-    count, mean, _std = group_stats(scores, group_ids(index, scores.shape[0], "rloo"))
+    mask = inputs.response_mask
+    scores = outcome_scores(inputs.token_level_rewards, mask)
+    count, mean, _std = group_stats(scores, group_ids(inputs.index, scores.shape[0], "rloo"))
     loo = count / (count - 1).clamp_min(1.0) * (scores - mean)
-    adv = _broadcast(torch.where(count > 1, loo, torch.zeros_like(loo)), response_mask)
+    adv = _broadcast(torch.where(count > 1, loo, torch.zeros_like(loo)), mask)
     return adv, adv
 
 
 @ADV_ESTIMATORS.register("reinforce_plus_plus")
 @torch.no_grad()
-def reinforce_plus_plus(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    index: Index = None,
-    values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    reward_baselines: torch.Tensor | None = None,
-    **_: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def reinforce_plus_plus(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted return-to-go per token, whitened across the batch (no critic, no groups)."""
-    returns = discounted_returns(token_level_rewards, response_mask, gamma)
-    return _whiten_valid(returns, response_mask), returns
+    returns = discounted_returns(inputs.token_level_rewards, inputs.response_mask, inputs.gamma)
+    return _whiten_valid(returns, inputs.response_mask), returns
 
 
 @ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
 @needs(groups=True)
 @torch.no_grad()
-def reinforce_plus_plus_baseline(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    index: Index = None,
-    values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    reward_baselines: torch.Tensor | None = None,
-    **_: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def reinforce_plus_plus_baseline(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group-mean baseline on the outcome, then batch whitening over valid tokens."""
-    scores = outcome_scores(token_level_rewards, response_mask)
-    _count, mean, _std = group_stats(scores, group_ids(index, scores.shape[0], "reinforce_plus_plus_baseline"))
-    adv = _whiten_valid(_broadcast(scores - mean, response_mask), response_mask)
+    mask = inputs.response_mask
+    scores = outcome_scores(inputs.token_level_rewards, mask)
+    _count, mean, _std = group_stats(scores, group_ids(inputs.index, scores.shape[0], "reinforce_plus_plus_baseline"))
+    adv = _whiten_valid(_broadcast(scores - mean, mask), mask)
     return adv, adv
 
 
 @ADV_ESTIMATORS.register("remax")
 @needs(greedy_baseline=True)
 @torch.no_grad()
-def remax(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    index: Index = None,
-    values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    reward_baselines: torch.Tensor | None = None,
-    **_: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def remax(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax: return-to-go minus the reward of a greedy response to the same prompt (`reward_baselines`, (B,)).
 
     The greedy response is the policy's own "typical" answer, so the baseline costs one extra
     generation per prompt instead of a critic, and works with one sample per prompt. The trainer
     generates and scores it because this estimator declares `@needs(greedy_baseline=True)`.
     """
-    if reward_baselines is None:
+    baselines = inputs.reward_baselines
+    if baselines is None:
         raise UserError("advantage estimator 'remax' needs reward_baselines: the greedy sample's reward per row")
-    returns = discounted_returns(token_level_rewards, response_mask, gamma)
-    if reward_baselines.numel() != returns.shape[0]:
-        raise ValueError(f"remax: {reward_baselines.numel()} reward_baselines for {returns.shape[0]} rows")
-    baseline = reward_baselines.to(returns).reshape(-1, 1)
-    return (returns - baseline) * response_mask, returns
+    returns = discounted_returns(inputs.token_level_rewards, inputs.response_mask, inputs.gamma)
+    if baselines.numel() != returns.shape[0]:
+        raise ValueError(f"remax: {baselines.numel()} reward_baselines for {returns.shape[0]} rows")
+    baseline = baselines.to(returns).reshape(-1, 1)
+    return (returns - baseline) * inputs.response_mask, returns

@@ -182,7 +182,7 @@ def _hydra_overrides(algo: str, parsed: list[Any], known: set[str]) -> list[str]
             raise unknown_key_error(key, f"{CLI} '{o.input_line}'", known)
         text = o.input_line
         if plain and not o.is_delete() and any(key == m or key.startswith(m + ".") for m in mappings):
-            text = "++" + text  # a free-form mapping: set or add below it, merged as before
+            text = "++" + text  # a free-form mapping: ++ sets the entry whether or not it exists yet; the others stay
         out.append(text)
     return out
 

@@ -1,6 +1,6 @@
 """The rollout-correction keys of `algorithm` (what they do: rlkit.algo.rollout_correction, docs/algorithms.md).
 
-    rollout_is                  null | token | sequence | geometric   (true = token, false = null: the old switch)
+    rollout_is                  null | token | sequence | geometric   (true = token, false = null: a boolean also works)
     rollout_is_threshold        upper truncation of the importance weight
     rollout_rs                  null | token | sequence | geometric   rejection level
     rollout_rs_threshold        upper rejection bound (null = rollout_is_threshold)
@@ -20,7 +20,7 @@ from rlkit.errors import UserError
 
 
 def level(key: str, value: Any, allow_true: bool) -> str | None:
-    """A level name or None; `allow_true` reads true as "token" (algorithm.rollout_is was a bool)."""
+    """A level name or None; `allow_true` reads true as "token" (rollout_is: true/false is an on/off switch)."""
     if value is None or value is False:
         return None
     if value is True and allow_true:

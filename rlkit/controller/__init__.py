@@ -13,7 +13,6 @@ _EXPORTS = {
     "Dispatch": "decorator",
     "DispatchInfo": "decorator",
     "DispatchMode": "decorator",
-    "Execute": "decorator",
     "register": "decorator",
     "DataFuture": "futures",
     "WorkerError": "futures",

@@ -31,8 +31,6 @@ from rlkit.controller.processes import cluster_processes, free_port, pid_alive, 
 from rlkit.debug.listeners import LOOPBACK_ENV, LOOPBACK_IP, SINGLE_NODE_ENV, Listener, is_loopback, listeners
 from rlkit.errors import UserError
 
-__all__ = ["cluster_processes", "free_port", "port_in_use", "stop_processes"]  # re-exported for callers
-
 STATE_ENV = "RLKIT_CLUSTER_STATE"
 DEFAULT_PORT = 6379
 DEFAULT_DASHBOARD_PORT = 8265

@@ -2,7 +2,8 @@
 
 A dispatch mode is a pair of functions: `split` turns the driver's arguments
 into one (args, kwargs) per worker (or None to skip a worker), `collect` turns
-the workers' outputs back into one driver value. Modes live in a registry, so a
+the workers' outputs back into one driver value (of the ranks `collected` picks,
+when the mode has it: DP_COMPUTE keeps one per shard). Modes live in a registry, so a
 new mode plugs in with `DISPATCH_MODES.add(name, DispatchMode(...))` and no
 group code changes.
 """
@@ -25,11 +26,6 @@ class Dispatch:
     ONE_TO_ALL = "one_to_all"
     ALL_TO_ALL = "all_to_all"
     DP_COMPUTE = "dp_compute"
-    RANK_ZERO = "rank_zero"
-
-
-class Execute:
-    ALL = "all"
     RANK_ZERO = "rank_zero"
 
 
@@ -63,6 +59,9 @@ class CallPlan:
 class DispatchMode:
     split: Callable[[DispatchTarget, tuple, dict], CallPlan]
     collect: Callable[[DispatchTarget, list[Any], CallPlan], Any]
+    #: the called ranks whose outputs `collect` receives, in that order (None: all of them, by rank). The other
+    #: calls are still waited on, so their errors surface, but their outputs are dropped (tensor-parallel followers)
+    collected: Callable[[CallPlan, list[int]], list[int]] | None = None
 
 
 DISPATCH_MODES: Registry[DispatchMode] = Registry("dispatch mode")
@@ -71,11 +70,10 @@ DISPATCH_MODES: Registry[DispatchMode] = Registry("dispatch mode")
 @dataclass(frozen=True)
 class RegisterSpec:
     dispatch: str
-    execute: str
     blocking: bool
 
 
-def register(dispatch: str = Dispatch.ALL_TO_ALL, execute: str = Execute.ALL, blocking: bool = True) -> Callable:
+def register(dispatch: str = Dispatch.ALL_TO_ALL, blocking: bool = True) -> Callable:
     """Mark a worker method as callable from the driver through its group.
 
     Calling the method directly inside the worker process is unaffected.
@@ -83,7 +81,7 @@ def register(dispatch: str = Dispatch.ALL_TO_ALL, execute: str = Execute.ALL, bl
     DISPATCH_MODES.get(dispatch)  # fail at import time on a typo
 
     def deco(fn: Callable) -> Callable:
-        setattr(fn, ATTR, RegisterSpec(dispatch, execute, blocking))
+        setattr(fn, ATTR, RegisterSpec(dispatch, blocking))
         return fn
 
     return deco
@@ -149,18 +147,19 @@ def _dp_split(group: DispatchTarget, args: tuple, kwargs: dict) -> CallPlan:
     return CallPlan(per, {"pad": pads.pop() if pads else 0, "infos": infos})
 
 
-def _dp_collect(group: DispatchTarget, outputs: list[Any], plan: CallPlan) -> Any:
+def _dp_collected(plan: CallPlan, ranks: list[int]) -> list[int]:
+    """One output per data-parallel shard: the collector of each, in dp_rank order."""
     infos: list[DispatchInfo] = plan.context["infos"]
-    by_rank = sorted(
-        ((info.dp_rank, out) for info, out in zip(infos, outputs) if info.is_collector), key=lambda x: x[0]
-    )
-    values = [out for _, out in by_rank]
-    if values and all(isinstance(v, Batch) for v in values):
-        return Batch.concat(values).unpad(plan.context["pad"])
-    return values
+    return sorted((r for r in ranks if infos[r].is_collector), key=lambda r: infos[r].dp_rank)
+
+
+def _dp_collect(group: DispatchTarget, outputs: list[Any], plan: CallPlan) -> Any:
+    if outputs and all(isinstance(v, Batch) for v in outputs):
+        return Batch.concat(outputs).unpad(plan.context["pad"])
+    return outputs
 
 
 DISPATCH_MODES.add(Dispatch.ONE_TO_ALL, DispatchMode(_one_to_all_split, _list_collect))
 DISPATCH_MODES.add(Dispatch.ALL_TO_ALL, DispatchMode(_all_to_all_split, _list_collect))
 DISPATCH_MODES.add(Dispatch.RANK_ZERO, DispatchMode(_rank_zero_split, _rank_zero_collect))
-DISPATCH_MODES.add(Dispatch.DP_COMPUTE, DispatchMode(_dp_split, _dp_collect))
+DISPATCH_MODES.add(Dispatch.DP_COMPUTE, DispatchMode(_dp_split, _dp_collect, _dp_collected))

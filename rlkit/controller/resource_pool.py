@@ -58,9 +58,6 @@ class ResourcePool:
         self._pgs = sorted(pgs, key=_node_sort_key)
         return self._pgs
 
-    def node_of(self, pg: PlacementGroup) -> str:
-        return _pg_node(pg)[1]
-
     def release(self) -> None:
         for pg in self._pgs or []:
             ray.util.remove_placement_group(pg)

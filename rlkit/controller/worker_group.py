@@ -25,7 +25,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlkit.controller.decorator import DISPATCH_MODES, Dispatch, DispatchInfo, Execute, get_register_spec
+from rlkit.controller.decorator import DISPATCH_MODES, DispatchInfo, get_register_spec
 from rlkit.controller.futures import DataFuture, get_with_rank
 from rlkit.controller.resource_pool import ResourcePool
 from rlkit.controller.worker import free_port, node_ip
@@ -197,20 +197,15 @@ class WorkerGroupView:
                 setattr(self, attr, functools.partial(self._invoke, attr, spec))
 
     def dispatch_info(self) -> list[DispatchInfo]:
-        """Each worker's data-parallel coordinates (cached; `refresh_dispatch_info` after re-sharding)."""
+        """Each worker's data-parallel coordinates (asked once, then cached)."""
         if self._dispatch_info is None:
             refs = [a.call.remote(self.role_name, "dispatch_info", None) for a in self.group.actors]
             self._dispatch_info = get_with_rank(refs, list(range(len(refs))), self.name, "dispatch_info")
         return self._dispatch_info
 
-    def refresh_dispatch_info(self) -> None:
-        self._dispatch_info = None
-
     def _invoke(self, method: str, spec: Any, *args: Any, blocking: bool | None = None, **kwargs: Any) -> Any:
         mode = DISPATCH_MODES.get(spec.dispatch)
         plan = mode.split(self, args, kwargs)
-        if spec.execute == Execute.RANK_ZERO:
-            plan.per_worker = [plan.per_worker[0]] + [None] * (len(plan.per_worker) - 1)
         refs, ranks = [], []
         for rank, (actor, call) in enumerate(zip(self.group.actors, plan.per_worker)):
             if call is None:
@@ -219,24 +214,18 @@ class WorkerGroupView:
             refs.append(actor.call.remote(self.role_name, method, self.group.step, *a, **kw))
             ranks.append(rank)
         blocking = spec.blocking if blocking is None else blocking
-        side_refs, side_ranks = [], []
-        if spec.dispatch == Dispatch.DP_COMPUTE:
-            infos = plan.context["infos"]
-            keep = [i for i, r in enumerate(ranks) if infos[r].is_collector]
-            keep.sort(key=lambda i: infos[ranks[i]].dp_rank)
-            side = [i for i in range(len(ranks)) if i not in keep]
-            side_refs, side_ranks = [refs[i] for i in side], [ranks[i] for i in side]
-            refs, ranks = [refs[i] for i in keep], [ranks[i] for i in keep]
-            plan.context["infos"] = [DispatchInfo(i, len(keep), True) for i in range(len(keep))]
+        ref_of = dict(zip(ranks, refs))
+        kept = mode.collected(plan, ranks) if mode.collected is not None else ranks
+        side = [r for r in ranks if r not in kept]
         future = DataFuture(
-            refs,
-            ranks,
+            [ref_of[r] for r in kept],
+            kept,
             lambda outs: mode.collect(self, outs, plan),
             self.name,
             method,
             pad=plan.context.get("pad", 0),
             timeout=self.group.get_timeout_s,
-            side_refs=side_refs,
-            side_ranks=side_ranks,
+            side_refs=[ref_of[r] for r in side],
+            side_ranks=side,
         )
         return future.get() if blocking else future

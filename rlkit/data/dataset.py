@@ -20,6 +20,7 @@ from rlkit.data.schema import data_columns, ensure_valid, read_table
 from rlkit.data.truncation import TRUNCATION
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
+from rlkit.utils.tokens import pad_token_id
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class RLDataset:
                 f"tokenizer {name!r} has no chat template; use a chat/instruct model's tokenizer "
                 "or pass a Jinja chat_template"
             )
-        self.pad_token_id = _pad_id(tokenizer)
+        self.pad_token_id = pad_token_id(tokenizer)
 
         self._ids: list[np.ndarray] = []
         self._columns: dict[str, list[Any]] = {}
@@ -203,16 +204,6 @@ class RLDataset:
         """Rows at `indices` as a left-padded Batch (see `rlkit.data.collation`)."""
         idx = np.asarray(indices, dtype=np.int64)
         return self.collate([self[int(i)] for i in idx])
-
-
-def _pad_id(tokenizer: Any) -> int:
-    for attr in ("pad_token_id", "eos_token_id"):
-        value = getattr(tokenizer, attr, None)
-        if isinstance(value, (list, tuple)):
-            value = value[0] if value else None
-        if value is not None:
-            return int(value)
-    raise UserError("tokenizer has neither a pad nor an eos token; set tokenizer.pad_token before loading data")
 
 
 def _row_index(extra_info: Any, fallback: int) -> int:

@@ -2,7 +2,7 @@
 pieces behind `rlkit cluster` and `rlkit debug` (dashboard queries, a DAP client, a REPL).
 
 What the trainer does (mode: None | "on" | "post-mortem"):
-    settings = debug_settings(mode)    # dist_timeout_s(d), ray_get_timeout_s(d), max_restarts(d), ...
+    settings = debug_settings(mode)    # dist_timeout_s(d), ray_init_kwargs(), notes
     prepare_driver_env(mode)           # before ray.init
     ctx = ray.init(address, runtime_env=merge_runtime_env(env, debug_runtime_env(mode, break_at)),
                    **settings.ray_init_kwargs())

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from rlkit.utils.tokens import pad_token_id
+
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -29,24 +31,21 @@ def _as_list(value) -> list[int]:
 
 
 def special_token_ids(model_path: str | Path, tokenizer=None) -> tuple[list[int], int]:
-    """(stop ids, pad id): tokenizer EOS + generation_config EOS; pad falls back to the first stop id."""
+    """(stop ids, pad id): tokenizer EOS + generation_config EOS; pad: the tokenizer's, else generation_config's,
+    else the first stop id (rlkit.utils.tokens.pad_token_id)."""
     from transformers import AutoTokenizer, GenerationConfig
 
     tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_path))
     stop = _as_list(tokenizer.eos_token_id)
-    pad = tokenizer.pad_token_id
+    gen_pad = None
     try:
         gen = GenerationConfig.from_pretrained(str(model_path))
         stop += _as_list(gen.eos_token_id)
-        pad = pad if pad is not None else gen.pad_token_id
+        gen_pad = gen.pad_token_id
     except OSError:  # no generation_config.json
         pass
     stop = list(dict.fromkeys(stop))
-    if pad is None:
-        if not stop:
-            raise ValueError(f"{model_path}: the tokenizer has neither an EOS nor a pad token; set one")
-        pad = stop[0]
-    return stop, int(pad)
+    return stop, pad_token_id(tokenizer, gen_pad, *stop[:1], where=f"{model_path}: the tokenizer")
 
 
 def merge_stop_ids(*groups: Iterable[int]) -> list[int]:

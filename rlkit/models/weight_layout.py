@@ -78,10 +78,6 @@ class WeightLayout:
         for name, tensor in named_tensors:
             yield from self.tensor_to_checkpoint(name, tensor).items()
 
-    def checkpoint_names(self) -> dict[str, list[str]]:
-        """In-memory name -> the checkpoint names it becomes (shapes only: works on the meta device)."""
-        return {name: list(self.tensor_to_checkpoint(name, t)) for name, t in self.model.state_dict().items()}
-
 
 def checkpoint_state_dict(model: torch.nn.Module, state: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
     """A whole state dict in checkpoint layout (export, tests)."""

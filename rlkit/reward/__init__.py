@@ -3,7 +3,7 @@
 gsm8k, math, toy_copy, code, or a user function; `coevolve` = the coder/tester pass matrix),
 a sandbox for running model-written code. Every manager turns a rollout Batch into
 `token_level_scores`, the score on the last valid response token (rlkit.reward.placement).
-See DESIGN.md section 5.
+docs/rewards.md is the user's guide.
 """
 
 from rlkit.reward.custom import CustomReward, bind_custom, load_custom_fn

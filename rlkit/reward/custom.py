@@ -174,7 +174,7 @@ def _by_position(
         elif p.default is _P.empty:
             return None, f"positionally: parameter '{p.name}' has no value (give it a default)"
     if "data_source" not in keyword and any(p.kind is _P.VAR_KEYWORD for p in params):
-        keyword["data_source"] = "data_source"  # as before: **kwargs receives data_source=
+        keyword["data_source"] = "data_source"  # **kwargs receives data_source=, as when called by name
     bad = _unknown_fixed(params, fixed)
     if bad:
         return None, f"reward_model.scorer_kwargs.custom.{bad} is not a parameter"

@@ -36,6 +36,7 @@ from rlkit.protocol import METRICS_KEY, Batch
 from rlkit.reward.custom import CustomReward, bind_custom, load_custom_fn
 from rlkit.reward.placement import decode_responses, on_last_token
 from rlkit.reward.registry import REWARD_MANAGERS, get_scorer, scorer_name_for
+from rlkit.utils.once import Once
 
 if TYPE_CHECKING:
     from rlkit.config.schema import RLConfig
@@ -90,8 +91,7 @@ class RewardManager:
         self.custom: CustomReward | None = (
             bind_custom(custom_fn, self.scorer_kwargs.get(CUSTOM), label) if custom_fn is not None else None
         )
-        self._logged: set[tuple[str, str]] = set()
-        self._log_lock = threading.Lock()
+        self._logged = Once()  # (scorer, error kind) pairs already logged
 
     @classmethod
     def from_config(cls, cfg: RLConfig, tokenizer: Any) -> RewardManager:
@@ -102,15 +102,6 @@ class RewardManager:
             custom_fn={"path": custom.path, "name": custom.name} if custom.path else None,
             num_workers=rm.num_workers, timeout_s=rm.timeout_s, scorer_kwargs=rm.scorer_kwargs,
         )
-
-    def __getstate__(self) -> dict[str, Any]:  # picklable for Ray: locks do not travel
-        state = dict(self.__dict__)
-        state.pop("_log_lock")
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._log_lock = threading.Lock()
 
     def has_scorer(self, data_source: str) -> bool:
         """Whether a row of this data_source gets a scorer (the custom function scores every row). The reward
@@ -210,11 +201,7 @@ class RewardManager:
         return call
 
     def _log_once(self, scorer: str, data_source: str, error: str, tb: str) -> None:
-        key = (scorer, error.split(":", 1)[0])
-        with self._log_lock:
-            first = key not in self._logged
-            self._logged.add(key)
-        if first:
+        if self._logged.first((scorer, error.split(":", 1)[0])):
             detail = f"\n{tb}" if tb else ""
             logger.warning(
                 "reward scorer '%s' failed on data_source '%s' (%s); the sample scores 0. "

@@ -55,7 +55,6 @@ class AgentRollout(RolloutBackend):
             )
         self.make_server = ENGINE_SERVERS.get(config.mode)
         self.backend, self.tokenizer, self.config, self.mt = backend, tokenizer, config, mt
-        self.needs_weight_sync = backend.needs_weight_sync
         self.tools = build_tools(list(mt.tools), mt.tool_config)
         self.parser = TOOL_PARSERS.get(mt.format)()
         schemas = [t.schema() for t in self.tools.values()]

@@ -32,8 +32,6 @@ from rlkit.registry import Registry
 class RolloutBackend(ABC):
     """One engine per worker process. Created once, then generate/sync/sleep/wake many times."""
 
-    #: whether the backend holds its own copy of the weights that needs `update_weights`
-    needs_weight_sync: bool = True
     #: whether consecutive workers may form one engine (rollout.tensor_model_parallel_size > 1)
     tensor_parallel: bool = False
     #: whether `generate` can return the experts an MoE model routed each token to (actor.router_replay)

@@ -29,6 +29,7 @@ from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_i
 from rlkit.models.moe_router import RouteRecorder
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output, engine_dtype
+from rlkit.utils.memory_peak import rss_bytes
 
 GREEDY_EPS = 1e-5  # temperatures below this decode greedily (as vLLM does)
 
@@ -228,9 +229,7 @@ class HFRollout(RolloutBackend):
 
     def memory_report(self) -> dict[str, int]:
         """Process RSS (and CUDA allocated bytes on GPU), for before/after comparisons."""
-        import psutil
-
-        report = {"rss_bytes": psutil.Process().memory_info().rss}
+        report = {"rss_bytes": rss_bytes()}
         if self.device.type == "cuda":
             report["device_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
         return report

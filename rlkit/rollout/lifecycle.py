@@ -31,7 +31,6 @@ driver, mixed with `rollout.seed` and the data-parallel rank by `sampling_seed` 
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ import torch
 
 from rlkit.protocol import Batch
 from rlkit.rollout.base import RolloutBackend, SamplingConfig
+from rlkit.utils.memory_peak import rss_bytes
 
 WEIGHTS, KV_CACHE = "weights", "kv_cache"
 ASLEEP, WEIGHTS_AWAKE, AWAKE = "asleep", "weights awake", "awake"
@@ -133,10 +133,10 @@ class EngineLifecycle:
                 raise RuntimeError("the engine's weights were discarded by sleep_level=2 and none were loaded "
                                    "since; load() new weights before generating")
             self.load()
-        rss_asleep = _rss_mb()
+        rss_asleep = rss_bytes() / 2**20
         self._wake_weights()
         self._wake_kv_cache()
-        rss_awake = _rss_mb()
+        rss_awake = rss_bytes() / 2**20
         out = self.engine.generate(batch, sampling)
         if self.free_cache_engine and not stay_awake:
             self._sleep()
@@ -158,12 +158,6 @@ class EngineLifecycle:
         self.state = ASLEEP
         if self.engine.discards_weights(self.sleep_level):
             self.weights_valid = False
-
-
-def _rss_mb() -> float:
-    import psutil
-
-    return psutil.Process(os.getpid()).memory_info().rss / 2**20
 
 
 # ------------------------------------------------------------------------- seeds

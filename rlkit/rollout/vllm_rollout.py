@@ -44,6 +44,7 @@ from rlkit.rollout.vllm_compat import (
     restore_kv_cache,
     unique_cpu_shm_names,
 )
+from rlkit.utils.memory_peak import rss_bytes
 from rlkit.utils.vllm_env import prepare_vllm_env
 
 GREEDY_EPS = 1e-5  # vLLM decodes greedily below this temperature
@@ -326,9 +327,7 @@ class VLLMRollout(RolloutBackend):
 
     def memory_report(self) -> dict[str, int]:
         """Process RSS (and CUDA allocated bytes on GPU), for before/after comparisons."""
-        import psutil
-
-        report = {"rss_bytes": psutil.Process().memory_info().rss}
+        report = {"rss_bytes": rss_bytes()}
         if not self.on_cpu and torch.cuda.is_available():
             report["device_allocated_bytes"] = torch.cuda.memory_allocated()
         return report

@@ -60,7 +60,8 @@ CHILD_SOURCE = child_source()
 _CHILD_CODE = marshal.dumps(compile(CHILD_SOURCE, "rlkit_judge_child.py", "exec")).hex()
 BOOT = "import marshal,sys;exec(marshal.loads(bytes.fromhex(sys.argv[1])))  # rlkit code judge"
 
-# Error kinds of one check. The first seven are the sandbox's and the old scorer's; the rest are new:
+# Error kinds of one check. The first seven are those of the stdin/stdout scorer (rlkit.reward.code: the sandbox's
+# STATUSES plus wrong_answer), so both scorers' kinds read alike; the rest only the judge can tell:
 # exited: the program ended (sys.exit / os._exit) before or while answering;
 # protocol_error: something other than an answer appeared on the program's channel (tampering);
 # opaque_value: the test compared or truth-tested a program-made object (e.g. one with its own __eq__);

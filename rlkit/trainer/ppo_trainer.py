@@ -27,7 +27,7 @@ from rlkit.trainer.key_checks import check_batch_keys
 from rlkit.trainer.rollout_flow import (
     Timer,
     compute_advantages,
-    reduce_metrics,
+    reduce_worker_metrics,
     repeat_with_uids,
     shape_rewards,
     validation_metrics,
@@ -162,7 +162,8 @@ class RLTrainer:
             sync = w.sync_weights()
         worker_metrics = batch.meta.get("metrics", {})
         metrics = {
-            **reduce_metrics(worker_metrics), **reduce_metrics({k: [s[k] for s in sync] for k in sync[0]}),
+            **reduce_worker_metrics(worker_metrics),
+            **reduce_worker_metrics({k: [s[k] for s in sync] for k in sync[0]}),
             **compute_data_metrics(batch), **gen_metrics,
         }
         mask = batch["attention_mask"]
@@ -311,7 +312,6 @@ class RLTrainer:
                 self.workers.sync_weights(wait=True)
             return
         self.workers.sync_weights(wait=True)  # the resumed weights are in the engines before step 1
-        self.resumed_from = path
         if self.tracker is not None and hasattr(self.tracker, "rewind"):
             self.tracker.rewind(self.global_step)  # the steps after the checkpoint run again: drop their old rows
 

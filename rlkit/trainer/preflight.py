@@ -1,7 +1,7 @@
 """Pre-flight: the checks `rlkit train` (and `--dry-run`) runs before Ray starts.
 
 A problem found here costs a second; found by a worker it costs the model load, and an
-unwritable checkpoint folder used to cost the whole run (it failed at the final save). Each
+unwritable checkpoint folder found when the run first saves costs every step before it. Each
 check is a function in CHECKS that reads the config and adds problems (one line each, naming the
 key, the path and the fix) or notes to the report; all of them run, so one pass shows every problem.
 """

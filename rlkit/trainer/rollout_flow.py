@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from rlkit.algo import ADV_ESTIMATORS
+from rlkit.algo import ADV_ESTIMATORS, AdvantageInputs
 from rlkit.algo.dapo import overlong_reward_shaping
 from rlkit.algo.kl import apply_kl_penalty
 from rlkit.algo.sample_metrics import metrics_by_source
@@ -72,7 +72,7 @@ def compute_advantages(batch: Batch, cfg: RLConfig) -> None:
     """Look the estimator up by name and write `advantages` and `returns` into the batch."""
     algo = cfg.algorithm
     estimator = ADV_ESTIMATORS.get(algo.adv_estimator)
-    advantages, returns = estimator(
+    advantages, returns = estimator(AdvantageInputs(
         batch["token_level_rewards"],
         batch["response_mask"].float(),
         index=batch["uid"] if "uid" in batch else None,
@@ -81,14 +81,14 @@ def compute_advantages(batch: Batch, cfg: RLConfig) -> None:
         lam=algo.lam,
         norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
         reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
-        ref_log_prob=batch["ref_log_prob"] if "ref_log_prob" in batch else None,
-    )
+    ))
     batch["advantages"] = advantages.float()
     batch["returns"] = returns.float()
 
 
-def reduce_metrics(metrics: dict) -> dict[str, float]:
-    """Lists of per-rank/per-micro values -> their mean (timings: the max, the slowest rank sets the pace)."""
+def reduce_worker_metrics(metrics: dict) -> dict[str, float]:
+    """Workers' lists of per-rank/per-micro-batch values -> their mean (timings: the max, the slowest rank sets
+    the pace)."""
     out = {}
     for k, v in metrics.items():
         vals = v if isinstance(v, list) else [v]

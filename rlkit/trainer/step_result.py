@@ -15,6 +15,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rlkit.utils.once import Once
+
 if TYPE_CHECKING:
     from rlkit.utils.flops import MFUMeter
 
@@ -41,7 +43,9 @@ class StepResult:
         for phase, seconds in self.phases.items():
             key = timing_key(phase)
             if key in row:  # a worker timed something under a phase's name: the driver's time wins
-                _warn_once(key)
+                if _WARNED.first(key):
+                    log.warning("metric %s is both a worker's and the driver's phase timing; logging the driver's "
+                                "(a worker's own timing needs another name)", key)
             row[key] = seconds
         row["timing_s/step"] = step_s
         row["perf/throughput"] = self.tokens / max(step_s, 1e-9)
@@ -50,11 +54,4 @@ class StepResult:
         return row
 
 
-_WARNED: set[str] = set()
-
-
-def _warn_once(key: str) -> None:
-    if key not in _WARNED:
-        _WARNED.add(key)
-        log.warning("metric %s is both a worker's and the driver's phase timing; logging the driver's "
-                    "(a worker's own timing needs another name)", key)
+_WARNED = Once()

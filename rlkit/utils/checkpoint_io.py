@@ -22,7 +22,6 @@ from typing import Any
 
 from rlkit.errors import UserError
 from rlkit.utils.checkpoint_verify import (
-    COMPLETE,
     checkpoint_problem,
     mark_unloadable,
     short_reason,
@@ -34,7 +33,7 @@ PREFIX = "global_step_"
 LATEST = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(rf"^{PREFIX}(\d+)$")
 TEMP_DIR = re.compile(rf"^{PREFIX}\d+\.(tmp|old|del)-(\d+)$")
-__all__ = ["COMPLETE", "CheckpointError", "begin_checkpoint", "commit_checkpoint", "load_with_fallback",
+__all__ = ["CheckpointError", "begin_checkpoint", "commit_checkpoint", "load_with_fallback",
            "open_checkpoint", "resolve_resume", "list_checkpoints", "find_latest_checkpoint"]
 
 

@@ -44,14 +44,16 @@ def reset_rss_peak() -> bool:
         return False
 
 
-def rss_gb() -> float:
-    """The current RSS; without /proc (macOS), the lifetime peak `ru_maxrss` (bytes there), the best there is."""
-    kb = _status_kb("VmRSS")
-    if kb is not None:
-        return kb / 2**20
-    import resource
+def rss_bytes() -> int:
+    """This process's resident memory now (psutil, on every platform); the one place that reads it."""
+    import psutil
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / GB
+    return psutil.Process().memory_info().rss
+
+
+def rss_gb() -> float:
+    """`rss_bytes` in GB."""
+    return rss_bytes() / GB
 
 
 class PhasePeaks:

@@ -67,8 +67,9 @@ def to_float(value: Any) -> float | None:
         return None
 
 
-def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """One float per key: lists are reduced by mean; non-numeric and empty values are dropped."""
+def to_floats(metrics: dict[str, Any]) -> dict[str, float]:
+    """What a tracker logs: one float per key (`to_float`: lists by their mean); non-numeric and empty values
+    are dropped."""
     return {k: v for k, v in ((k, to_float(v)) for k, v in metrics.items()) if v is not None}
 
 
@@ -386,7 +387,7 @@ class Tracking:
 
     def log(self, metrics: dict[str, Any], step: int) -> dict[str, float]:
         """Reduce `metrics` to floats and send them to every backend; returns what was logged."""
-        reduced = reduce_metrics(metrics)
+        reduced = to_floats(metrics)
         for tracker in self.trackers:
             tracker.log(reduced, step)
         return reduced

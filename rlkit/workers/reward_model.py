@@ -13,7 +13,6 @@ comparing ids with pad_token_id and so misses a response that ends in an EOS equ
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +26,8 @@ from rlkit.errors import UserError
 from rlkit.protocol import METRICS_KEY, Batch
 from rlkit.reward.placement import on_last_token
 from rlkit.reward.rm_inputs import RMInputs, pack, policy_token_rows, retemplated_rows, text_rows
+from rlkit.utils.memory_peak import rss_bytes
+from rlkit.utils.tokens import pad_token_id
 from rlkit.workers.fsdp_model import FSDPModel
 
 SCORE_HEAD = "score"  # the token-level head of transformers' *ForSequenceClassification decoders
@@ -73,8 +74,7 @@ class RewardModelScorer:
         module.eval()
         self.rm_tokenizer = load_tokenizer(m.path)
         self.input_tokenizer = load_tokenizer(m.input_tokenizer) if m.input_tokenizer else None
-        pad = self.rm_tokenizer.pad_token_id
-        self.pad_token_id = int(pad if pad is not None else (module.config.pad_token_id or 0))
+        self.pad_token_id = pad_token_id(self.rm_tokenizer, module.config.pad_token_id, where=f"reward model {m.path}")
 
     # ---------------------------------------------------------------- inputs
     def batch_rows(self, batch: Batch) -> list[list[int]]:
@@ -150,12 +150,6 @@ class RewardModelWorker(Worker):
         scores = self.scorer.score_batch(batch)
         metrics = {
             "timing_s/compute_rm_score": [time.perf_counter() - start],
-            "perf/reward_model_rss_mb": [_rss_mb()],  # the whole process (colocated: actor + engine + RM)
+            "perf/reward_model_rss_mb": [rss_bytes() / 2**20],  # the whole process (colocated: actor + engine + RM)
         }
         return Batch({"rm_scores": on_last_token(scores, batch["response_mask"])}, meta={METRICS_KEY: metrics})
-
-
-def _rss_mb() -> float:
-    import psutil
-
-    return psutil.Process(os.getpid()).memory_info().rss / 2**20

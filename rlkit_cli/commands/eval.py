@@ -10,7 +10,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rlkit_cli.errors import UserError, friendly_errors
+from rlkit.errors import UserError
+from rlkit_cli.errors import friendly_errors
 
 
 def eval_command(

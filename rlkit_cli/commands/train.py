@@ -8,13 +8,15 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from rlkit_cli.errors import UserError, friendly_errors
+from rlkit.config.load import preset_names
+from rlkit.errors import UserError
+from rlkit_cli.errors import friendly_errors
 
 DEBUG_MODES = {"on": "on", "post-mortem": "post-mortem", "postmortem": "post-mortem"}
 
 
 def train(
-    algo: str = typer.Argument(..., help="Algorithm preset: grpo | ppo | rloo | reinforce_pp | remax | dapo | gspo."),
+    algo: str = typer.Argument(..., help=f"Algorithm preset: {' | '.join(preset_names())}."),
     overrides: list[str] = typer.Argument(
         None, help="Config overrides in Hydra's grammar: key=v, +key=v (add), ++key=v (add or set), ~key (back to "
         "the default), lists [a,b], ${interpolation}; e.g. actor_rollout_ref.rollout.n=8"

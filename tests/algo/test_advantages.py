@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlkit.algo.advantages import ADV_ESTIMATORS, discounted_returns, gae_unwhitened
+from rlkit.algo.advantages import ADV_ESTIMATORS, AdvantageInputs, discounted_returns, gae_unwhitened
 from rlkit.algo.needs import Needs, needs_of
 from rlkit.errors import UserError
 
@@ -48,7 +48,9 @@ def test_registry_names_and_shared_signature():
         "remax",
         "rloo",
     ]
-    kwargs = dict(
+    inputs = AdvantageInputs(
+        REWARDS,
+        MASK,
         index=UIDS,
         values=torch.zeros_like(REWARDS),
         gamma=1.0,
@@ -56,13 +58,12 @@ def test_registry_names_and_shared_signature():
         norm_adv_by_std=True,
         epsilon=1e-6,
         reward_baselines=torch.zeros(6),
-        something_new=1,  # unknown extras are swallowed so the trainer can pass everything
     )
     for name in ADV_ESTIMATORS:
         fn = ADV_ESTIMATORS.get(name)
         params = inspect.signature(fn).parameters
-        assert list(params)[:2] == ["token_level_rewards", "response_mask"]
-        adv, ret = fn(REWARDS, MASK, **kwargs)
+        assert list(params) == ["inputs"]  # one typed input: the trainer passes everything it has
+        adv, ret = fn(inputs)
         assert adv.shape == ret.shape == REWARDS.shape
         assert (adv[MASK == 0] == 0).all(), name
     with pytest.raises(UserError, match="grpo"):
@@ -70,7 +71,7 @@ def test_registry_names_and_shared_signature():
 
 
 def test_grpo_by_hand():
-    adv, ret = ADV_ESTIMATORS.get("grpo")(REWARDS, MASK, index=UIDS)
+    adv, ret = ADV_ESTIMATORS.get("grpo")(AdvantageInputs(REWARDS, MASK, index=UIDS))
     # group a: mean 1/3, unbiased std sqrt(1/3); group b: std 0 -> 0; group c: single -> 0
     expected = [1.1547005, -0.5773503, -0.5773503, 0.0, 0.0, 0.0]
     assert per_row(adv, MASK) == pytest.approx(expected, abs=1e-5)
@@ -78,12 +79,12 @@ def test_grpo_by_hand():
 
 
 def test_dr_grpo_by_hand():
-    adv, _ = ADV_ESTIMATORS.get("grpo")(REWARDS, MASK, index=UIDS, norm_adv_by_std=False)
+    adv, _ = ADV_ESTIMATORS.get("grpo")(AdvantageInputs(REWARDS, MASK, index=UIDS, norm_adv_by_std=False))
     assert per_row(adv, MASK) == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0], abs=1e-6)
 
 
 def test_rloo_by_hand():
-    adv, _ = ADV_ESTIMATORS.get("rloo")(REWARDS, MASK, index=UIDS)
+    adv, _ = ADV_ESTIMATORS.get("rloo")(AdvantageInputs(REWARDS, MASK, index=UIDS))
     # a: 1 - mean(0,0) = 1, 0 - mean(1,0) = -0.5
     assert per_row(adv, MASK) == pytest.approx([1.0, -0.5, -0.5, 0.0, 0.0, 0.0], abs=1e-6)
 
@@ -91,9 +92,9 @@ def test_rloo_by_hand():
 def test_group_estimators_need_uids():
     for name in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
         with pytest.raises(UserError, match="uid"):
-            ADV_ESTIMATORS.get(name)(REWARDS, MASK)
+            ADV_ESTIMATORS.get(name)(AdvantageInputs(REWARDS, MASK))
     with pytest.raises(ValueError, match="index"):
-        ADV_ESTIMATORS.get("grpo")(REWARDS, MASK, index=UIDS[:3])
+        ADV_ESTIMATORS.get("grpo")(AdvantageInputs(REWARDS, MASK, index=UIDS[:3]))
 
 
 def test_gae_by_hand_and_masked_middle_token():
@@ -115,19 +116,19 @@ def test_gae_by_hand_and_masked_middle_token():
 def test_gae_public_whitens_and_needs_values():
     rewards, mask = outcome_batch([1.0, -1.0, 0.5], [3, 2, 1])
     values = torch.rand(3, 3)
-    adv, ret = ADV_ESTIMATORS.get("gae")(rewards, mask, values=values, gamma=0.99, lam=0.95)
+    adv, ret = ADV_ESTIMATORS.get("gae")(AdvantageInputs(rewards, mask, values=values, gamma=0.99, lam=0.95))
     valid = adv[mask.bool()]
     assert valid.mean().item() == pytest.approx(0.0, abs=1e-6)
     assert valid.std().item() == pytest.approx(1.0, abs=1e-4)
     _, raw_ret = gae_unwhitened(rewards, values, mask, 0.99, 0.95)
     assert torch.equal(ret, raw_ret)
     with pytest.raises(UserError, match="critic"):
-        ADV_ESTIMATORS.get("gae")(rewards, mask)
+        ADV_ESTIMATORS.get("gae")(AdvantageInputs(rewards, mask))
 
 
 def test_reinforce_plus_plus_by_hand():
     rewards, mask = T([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]]), T([[1.0, 1, 1], [1, 1, 0]])
-    adv, ret = ADV_ESTIMATORS.get("reinforce_plus_plus")(rewards, mask, gamma=0.5)
+    adv, ret = ADV_ESTIMATORS.get("reinforce_plus_plus")(AdvantageInputs(rewards, mask, gamma=0.5))
     assert torch.allclose(ret, T([[0.25, 0.5, 1.0], [1.0, 2.0, 0.0]]))
     # whitened over the 5 valid tokens: mean .95, unbiased std sqrt(.45)
     expected = [-1.043498, -0.67082, 0.074536, 0.074536, 1.565248]
@@ -137,7 +138,7 @@ def test_reinforce_plus_plus_by_hand():
 
 def test_reinforce_plus_plus_baseline_by_hand():
     rewards, mask = outcome_batch([1.0, 0.0, 3.0], [2, 1, 2])
-    adv, _ = ADV_ESTIMATORS.get("reinforce_plus_plus_baseline")(rewards, mask, index=["a", "a", "b"])
+    adv, _ = ADV_ESTIMATORS.get("reinforce_plus_plus_baseline")(AdvantageInputs(rewards, mask, index=["a", "a", "b"]))
     # minus group mean -> .5 (2 tokens), -.5 (1 token), 0 (2 tokens); whiten over those 5 tokens
     expected = [0.956183, 0.956183, -1.434274, -0.239046, -0.239046]
     assert adv[mask.bool()].tolist() == pytest.approx(expected, abs=1e-5)
@@ -145,13 +146,13 @@ def test_reinforce_plus_plus_baseline_by_hand():
 
 def test_remax_by_hand():
     rewards, mask = T([[0.0, 0.0, 1.0], [0.0, 0.5, 0.0]]), T([[1.0, 1, 1], [1, 1, 0]])
-    adv, ret = ADV_ESTIMATORS.get("remax")(rewards, mask, reward_baselines=T([0.4, 1.0]))
+    adv, ret = ADV_ESTIMATORS.get("remax")(AdvantageInputs(rewards, mask, reward_baselines=T([0.4, 1.0])))
     assert torch.allclose(ret, T([[1.0, 1.0, 1.0], [0.5, 0.5, 0.0]]))
     assert torch.allclose(adv, T([[0.6, 0.6, 0.6], [-0.5, -0.5, 0.0]]))
     with pytest.raises(UserError, match="reward_baselines"):
-        ADV_ESTIMATORS.get("remax")(rewards, mask)
+        ADV_ESTIMATORS.get("remax")(AdvantageInputs(rewards, mask))
     with pytest.raises(ValueError, match="2 rows"):
-        ADV_ESTIMATORS.get("remax")(rewards, mask, reward_baselines=T([0.4, 1.0, 0.0]))
+        ADV_ESTIMATORS.get("remax")(AdvantageInputs(rewards, mask, reward_baselines=T([0.4, 1.0, 0.0])))
 
 
 def test_remax_per_sample_baseline_rows():
@@ -159,7 +160,8 @@ def test_remax_per_sample_baseline_rows():
     better ones a positive and worse ones a negative advantage (no std division, no group mean)."""
     rewards, mask = outcome_batch([1.0, 0.0, 0.5, 0.0, 1.0, 1.0], [3, 1, 2, 2, 3, 1])
     baselines = T([0.5, 0.5, 0.5, 1.0, 1.0, 1.0])  # prompt a: greedy scored 0.5, prompt b: 1.0
-    adv, ret = ADV_ESTIMATORS.get("remax")(rewards, mask, index=["a"] * 3 + ["b"] * 3, reward_baselines=baselines)
+    inputs = AdvantageInputs(rewards, mask, index=["a"] * 3 + ["b"] * 3, reward_baselines=baselines)
+    adv, ret = ADV_ESTIMATORS.get("remax")(inputs)
     assert per_row(adv, mask) == pytest.approx([0.5, -0.5, 0.0, -1.0, 0.0, 0.0])
     assert per_row(ret, mask) == pytest.approx([1.0, 0.0, 0.5, 0.0, 1.0, 1.0])
 
@@ -198,7 +200,7 @@ def _groups(uids):
 @given(grouped_outcomes())
 def test_grpo_zero_mean_per_group(case):
     uids, scores, rewards, mask = case
-    adv, _ = ADV_ESTIMATORS.get("grpo")(rewards, mask, index=uids)
+    adv, _ = ADV_ESTIMATORS.get("grpo")(AdvantageInputs(rewards, mask, index=uids))
     rows = T(per_row(adv, mask))
     for idx in _groups(uids).values():
         # float32 rounding of (r - mean) is ~1e-7 |r|, then divided by the group's std: scores that differ by
@@ -214,8 +216,9 @@ def test_grpo_zero_mean_per_group(case):
 @given(grouped_outcomes())
 def test_dr_grpo_is_r_minus_mean_and_rloo_is_scaled(case):
     uids, scores, rewards, mask = case
-    dr = T(per_row(ADV_ESTIMATORS.get("grpo")(rewards, mask, index=uids, norm_adv_by_std=False)[0], mask))
-    loo = T(per_row(ADV_ESTIMATORS.get("rloo")(rewards, mask, index=uids)[0], mask))
+    dr_grpo = AdvantageInputs(rewards, mask, index=uids, norm_adv_by_std=False)
+    dr = T(per_row(ADV_ESTIMATORS.get("grpo")(dr_grpo)[0], mask))
+    loo = T(per_row(ADV_ESTIMATORS.get("rloo")(AdvantageInputs(rewards, mask, index=uids))[0], mask))
     for idx in _groups(uids).values():
         n, r = len(idx), scores[idx]
         if n == 1:
@@ -267,5 +270,5 @@ def test_gae_lam1_gamma1_zero_values_is_return_to_go(batch):
     adv, ret = gae_unwhitened(rewards, torch.zeros_like(rewards), mask, 1.0, 1.0)
     assert torch.allclose(adv, rtg, atol=1e-5)
     assert torch.allclose(discounted_returns(rewards, mask, 1.0), rtg, atol=1e-5)
-    _, public_ret = ADV_ESTIMATORS.get("gae")(rewards, mask, values=torch.zeros_like(rewards))
+    _, public_ret = ADV_ESTIMATORS.get("gae")(AdvantageInputs(rewards, mask, values=torch.zeros_like(rewards)))
     assert torch.allclose(public_ret, rtg, atol=1e-5)

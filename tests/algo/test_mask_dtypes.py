@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlkit.algo import ADV_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, compute_value_loss
+from rlkit.algo import ADV_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, AdvantageInputs, compute_value_loss
 
 torch.manual_seed(0)
 MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]])
@@ -18,8 +18,8 @@ def test_estimators_agree_across_mask_dtypes(dtype):
     kw = dict(index=UIDS, values=VALUES, gamma=0.9, lam=0.95, reward_baselines=torch.zeros(4))
     for name in ADV_ESTIMATORS:
         fn = ADV_ESTIMATORS.get(name)
-        ref = fn(REWARDS, MASK.float(), **kw)
-        got = fn(REWARDS, MASK.to(dtype), **kw)
+        ref = fn(AdvantageInputs(REWARDS, MASK.float(), **kw))
+        got = fn(AdvantageInputs(REWARDS, MASK.to(dtype), **kw))
         for a, b in zip(ref, got):
             assert a.dtype == torch.float32
             assert torch.allclose(a, b, atol=1e-6), name

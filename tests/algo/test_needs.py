@@ -43,8 +43,8 @@ def registered():
         registry.unregister(name)
 
 
-def _baseline_free(token_level_rewards, response_mask, **_):
-    return token_level_rewards, token_level_rewards
+def _baseline_free(inputs):
+    return inputs.token_level_rewards, inputs.token_level_rewards
 
 
 def _loss(old_log_prob, log_prob, advantages, response_mask, **_):

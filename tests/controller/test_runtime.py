@@ -34,7 +34,6 @@ def test_dp_compute_uneven_batch_pads_and_unpads(doublers):
 
 def test_one_to_all_rank_zero_all_to_all(doublers):
     assert doublers.whoami() == 0
-    assert doublers.only_rank0() == [0]
     assert doublers.echo([10, 20]) == [(0, 10), (1, 20)]
     with pytest.raises(ValueError, match="one entry per worker"):
         doublers.echo([1])

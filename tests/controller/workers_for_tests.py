@@ -7,7 +7,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from rlkit.controller import Dispatch, Execute, Worker, register
+from rlkit.controller import Dispatch, Worker, register
 from rlkit.protocol import Batch
 
 
@@ -28,10 +28,6 @@ class Doubler(Worker):
 
     @register(dispatch=Dispatch.RANK_ZERO)
     def whoami(self) -> int:
-        return self.rank
-
-    @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
-    def only_rank0(self) -> int:
         return self.rank
 
     @register(dispatch=Dispatch.ALL_TO_ALL)

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlkit.controller import cluster as cl
+from rlkit.controller.processes import free_port, stop_processes
 from tests.debug._runs import Toy
 
 
@@ -39,7 +40,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
 
     state_file = str(tmp_path_factory.mktemp("state") / "cluster.json")
     temp_dir = tempfile.mkdtemp(prefix="rlk-", dir="/tmp")  # short: Ray puts Unix sockets in it
-    port, dashboard_port = cl.free_port(), cl.free_port()
+    port, dashboard_port = free_port(), free_port()
     mp = pytest.MonkeyPatch()
     mp.setenv(cl.STATE_ENV, state_file)
     mp.setenv("RAY_AUTH_MODE", "disabled")
@@ -53,7 +54,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
         yield ClusterHandle(info, port, dashboard_port, temp_dir, state_file, result.output)
     finally:
         _shutdown_driver()
-        cl.stop_processes(temp_dir, gcs_port=port)  # the port finds Ray's client server (no temp dir in its args)
+        stop_processes(temp_dir, gcs_port=port)  # the port finds Ray's client server (no temp dir in its args)
         mp.undo()
         shutil.rmtree(temp_dir, ignore_errors=True)
 

@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from rlkit.controller import cluster as cl
+from rlkit.controller.processes import cluster_processes, port_in_use, stop_processes
 from rlkit.debug.listeners import SINGLE_NODE_ENV
 from rlkit.debug.session import DebugSession
 from tests.debug._runs import ACTOR_PY, RLKIT, Run, Toy, line_after
@@ -62,7 +63,7 @@ def flat(text: str) -> str:
 
 def wait_ports_free(ports: tuple[int, ...], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
-    while any(cl.port_in_use(p) for p in ports):
+    while any(port_in_use(p) for p in ports):
         if time.monotonic() > deadline:
             holders = [f"{c.laddr.port}: pid {c.pid} {' '.join(psutil.Process(c.pid).cmdline()[:3])}"
                        for c in psutil.net_connections("tcp") if c.laddr.port in ports and c.pid]  # fmt: skip
@@ -86,12 +87,12 @@ def extension_paused(timeout: float, run: Run) -> dict:
 
 
 def cluster_sockets() -> list:
-    return listening([p.pid for p in cl.cluster_processes(TEMP_DIR, GCS)])
+    return listening([p.pid for p in cluster_processes(TEMP_DIR, GCS)])
 
 
 def test_design_card_flow(toy: Toy, user_env: dict[str, str]):
     wait_ports_free((GCS, DASHBOARD))
-    assert not cl.cluster_processes(TEMP_DIR, GCS), f"Ray processes already use {TEMP_DIR}"
+    assert not cluster_processes(TEMP_DIR, GCS), f"Ray processes already use {TEMP_DIR}"
     run = private = None
     try:
         t0 = time.monotonic()
@@ -153,7 +154,7 @@ def test_design_card_flow(toy: Toy, user_env: dict[str, str]):
 
         down = cli(user_env, "cluster", "down")
         assert down.returncode == 0 and "stopped the Ray cluster at 127.0.0.1" in flat(down.stdout), down.stdout
-        assert cl.cluster_processes(TEMP_DIR, GCS) == [] and not os.path.exists(TEMP_DIR)
+        assert cluster_processes(TEMP_DIR, GCS) == [] and not os.path.exists(TEMP_DIR)
         leftovers = [p.pid for p in psutil.process_iter(["cmdline"]) if TEMP_DIR in " ".join(p.info["cmdline"] or [])]
         assert not leftovers, f"Ray processes left after `rlkit cluster down`: {leftovers}"
         again = cli(user_env, "cluster", "down")
@@ -163,6 +164,6 @@ def test_design_card_flow(toy: Toy, user_env: dict[str, str]):
         for r in (run, private):
             if r is not None:
                 r.stop()
-        cl.stop_processes(TEMP_DIR, gcs_port=GCS)
+        stop_processes(TEMP_DIR, gcs_port=GCS)
         shutil.rmtree(TEMP_DIR, ignore_errors=True)
         wait_ports_free((GCS, DASHBOARD))  # the next test may start a Ray with the default dashboard port

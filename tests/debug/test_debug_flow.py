@@ -15,6 +15,7 @@ import time
 import pytest
 
 from rlkit.controller import cluster as cl
+from rlkit.controller.processes import cluster_processes, free_port
 from rlkit.debug.session import DebugSession
 from rlkit_cli.main import app
 from tests.debug import _targets
@@ -66,7 +67,7 @@ def test_cluster_up_listens_on_loopback_only(cluster):
     """Every socket a process of the cluster listens on (read from /proc/net) is on 127.0.0.1."""
     from tests.debug._sockets import listening
 
-    pids = [p.pid for p in cl.cluster_processes(cluster.temp_dir, cluster.port)]
+    pids = [p.pid for p in cluster_processes(cluster.temp_dir, cluster.port)]
     socks = listening(pids)
     services = {s.process for s in socks}
     assert any("gcs_server" in s for s in services) and any("raylet" in s for s in services)
@@ -78,13 +79,13 @@ def test_cluster_up_listens_on_loopback_only(cluster):
 
 
 def test_cluster_up_twice_or_on_a_taken_port_fails(cluster, runner, tmp_path, monkeypatch):
-    ports = ["--port", str(cl.free_port()), "--dashboard-port", str(cl.free_port())]
+    ports = ["--port", str(free_port()), "--dashboard-port", str(free_port())]
     again = runner.invoke(app, ["cluster", "up", *ports])
     assert again.exit_code == 1
     assert "already running" in flat(again.output)
     # Forget our cluster: the GCS port itself is now the obstacle.
     monkeypatch.setenv(cl.STATE_ENV, str(tmp_path / "other.json"))
-    taken = runner.invoke(app, ["cluster", "up", "--port", str(cluster.port), "--dashboard-port", str(cl.free_port())])
+    taken = runner.invoke(app, ["cluster", "up", "--port", str(cluster.port), "--dashboard-port", str(free_port())])
     assert taken.exit_code == 1
     assert f"port {cluster.port} is already in use" in flat(taken.output)
 
@@ -257,7 +258,7 @@ def test_cluster_status_then_down(cluster, runner, driver):
     down = runner.invoke(app, ["cluster", "down"])
     assert down.exit_code == 0, down.output
     assert "stopped" in flat(down.output)
-    assert cl.cluster_processes(cluster.temp_dir, cluster.port) == []
+    assert cluster_processes(cluster.temp_dir, cluster.port) == []
     assert cl.load_state() is None
 
     again = runner.invoke(app, ["cluster", "down"])

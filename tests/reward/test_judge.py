@@ -1,9 +1,9 @@
 """The code judge (rlkit/sandbox/code_judge.py): programs that tamper with the verdict score 0 with a named
 error kind; honest programs and tests of many shapes still pass; the sandbox limits hold inside a call.
 
-Every attack here scored 1.0 under the previous in-process harness (the three classes of issue 14:
-the nonce read from __main__, replaced harness functions, an atexit hook printing the result line)
-or targets the new design itself (its channel, its server code, its decoder)."""
+Every attack here either would score 1.0 if program and verdict-printing harness shared one interpreter
+(three classes: the nonce read from __main__, replaced harness functions, an atexit hook printing the
+result line) or targets the judge's own design (its channel, its server code, its decoder)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from rlkit.sandbox import BOOT, KINDS, JudgeLimits, judge
 # Every test calls the program; the last cannot pass at all: a score above 0 means a forged verdict.
 TESTS = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert False"]}
 
-# Writes "passing" lines of every protocol (old nonce line, new READY/R/V lines) to every fd it has.
+# Writes "passing" lines of every protocol (a nonce-tagged verdict line, READY/R/V lines) to every fd it has.
 FORGE = r'''
 import os, sys, __main__
 _lines = [v + '["ok", "ok", "ok"]' for v in list(vars(__main__).values()) if isinstance(v, str)]
@@ -36,7 +36,7 @@ def _forge():
 WRONG_ADD = "\ndef add(a, b):\n    return None\n"
 
 ATTACKS = {
-    # --- the three classes of issue 14, as they beat the old harness
+    # --- the three classes that beat a harness sharing the program's interpreter
     "nonce_read_from_main": (FORGE + "_forge()\nos._exit(0)\n", {"exited", "protocol_error"}),
     "harness_functions_replaced": (
         "import __main__\nfor _n, _v in list(vars(__main__).items()):\n"

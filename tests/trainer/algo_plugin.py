@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from rlkit.algo import ADV_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, agg_loss, masked_mean, masked_sum
-from rlkit.algo.advantages import group_ids, group_stats, outcome_scores
+from rlkit.algo.advantages import AdvantageInputs, group_ids, group_stats, outcome_scores
 from rlkit.algo.needs import needs, sequences
 
 ESTIMATOR, LOSS, AGG = "test_plugin_centered", "test_plugin_ref_anchored", "test_plugin_seq_sum"
@@ -18,12 +18,12 @@ CALLS: list[int] = []  # rows per estimator call (the estimator runs on the driv
 @ADV_ESTIMATORS.register(ESTIMATOR)
 @needs(groups=True)
 @torch.no_grad()
-def centered(token_level_rewards, response_mask, *, index=None, **_):
+def centered(inputs: AdvantageInputs):
     """Outcome minus the group mean, no std (Dr.GRPO's advantage, written as a user would)."""
-    scores = outcome_scores(token_level_rewards, response_mask)
-    _count, mean, _std = group_stats(scores, group_ids(index, scores.shape[0], ESTIMATOR))
+    scores = outcome_scores(inputs.token_level_rewards, inputs.response_mask)
+    _count, mean, _std = group_stats(scores, group_ids(inputs.index, scores.shape[0], ESTIMATOR))
     CALLS.append(int(scores.shape[0]))
-    adv = (scores - mean).unsqueeze(-1) * response_mask
+    adv = (scores - mean).unsqueeze(-1) * inputs.response_mask
     return adv, adv
 
 

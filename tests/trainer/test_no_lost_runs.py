@@ -1,4 +1,4 @@
-"""No lost runs, no lost files (issue 14, section 4), as a user meets them: real `rlkit` commands.
+"""No lost runs, no lost files, as a user meets them: real `rlkit` commands.
 
 - pre-flight: bad inputs and unwritable outputs stop `rlkit train` (and `--dry-run`, exit 1) before Ray starts;
 - checkpoints: `rlkit export` refuses a non-empty folder without --force and names the checkpoint's problem;
@@ -41,7 +41,8 @@ def _kill_group(pgid: int) -> None:
 
 
 def test_unwritable_checkpoint_dir_stops_train_before_ray(toy_data, tiny_model, tmp_path):
-    """The issue's case: the log dir is writable, the checkpoint dir is not; it used to train, then crash."""
+    """The log dir is writable, the checkpoint dir is not: without the pre-flight check the run would train,
+    then crash when it first saves."""
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     args = toy_overrides(toy_data, tiny_model, tmp_path, trainer__default_local_dir=blocker / "ckpt")

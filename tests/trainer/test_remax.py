@@ -1,5 +1,5 @@
 """ReMax end to end: the trainer generates a greedy response per prompt, scores it with the same reward
-manager, and the estimator subtracts that reward from each sample's (issue 14, item 7).
+manager, and the estimator subtracts that reward from each sample's.
 
 Checked on real workers (Ray, FSDP actor, hf and vllm rollout), not mocks: the baseline responses are
 greedy (deterministic across seeds, equal to greedy validation), every sample row carries the reward of

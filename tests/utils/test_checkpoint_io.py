@@ -12,6 +12,7 @@ import torch
 
 from rlkit.errors import UserError
 from rlkit.utils import checkpoint_io as ck
+from rlkit.utils.checkpoint_verify import COMPLETE
 
 
 def save(root, step, keep_last=None, payload="w"):
@@ -27,7 +28,7 @@ def names(root):
 
 def test_commit_publishes_and_points_latest(tmp_path):
     final = save(tmp_path, 5)
-    assert final == tmp_path / "global_step_5" and (final / ck.COMPLETE).is_file()
+    assert final == tmp_path / "global_step_5" and (final / COMPLETE).is_file()
     assert (tmp_path / ck.LATEST).read_text().strip() == "5"
     assert names(tmp_path) == ["global_step_5", ck.LATEST]
     assert ck.find_latest_checkpoint(tmp_path) == final
@@ -127,7 +128,7 @@ def test_rng_round_trip(tmp_path):
     assert draw() == expected
 
 
-# ------------------------------------------------ verification, rotation and fallback (issue 14, section 4)
+# ------------------------------------------------------------------ verification, rotation and fallback
 
 
 def save_dcp(root, step, keep_last=None):
@@ -157,7 +158,7 @@ def load_dcp(path):
 
 def test_marker_lists_every_file_and_a_deleted_shard_breaks_the_checkpoint(tmp_path):
     good = save_dcp(tmp_path, 5)
-    marker = json.loads((good / ck.COMPLETE).read_text())
+    marker = json.loads((good / COMPLETE).read_text())
     assert set(marker["files"]) == {"actor/.metadata", "actor/__0_0.distcp", "trainer_state.pt"}
     (good / "actor" / "__0_0.distcp").unlink()
     assert not ck.is_complete(good)

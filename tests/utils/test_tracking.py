@@ -12,7 +12,7 @@ import torch
 from rich.console import Console
 
 from rlkit.errors import UserError
-from rlkit.utils.tracking import TRACKERS, ConsoleTracker, RunInfo, Tracking, reduce_metrics, select_keys
+from rlkit.utils.tracking import TRACKERS, ConsoleTracker, RunInfo, Tracking, select_keys, to_floats
 
 METRICS = {
     "actor/pg_loss": 0.125,
@@ -26,8 +26,8 @@ METRICS = {
 }
 
 
-def test_reduce_metrics():
-    out = reduce_metrics({**METRICS, "empty": [], "arr": np.array([1.0, 3.0]), "flag": True, "nan": float("nan")})
+def test_to_floats():
+    out = to_floats({**METRICS, "empty": [], "arr": np.array([1.0, 3.0]), "flag": True, "nan": float("nan")})
     assert out["critic/score/mean"] == 0.5 and out["arr"] == 2.0 and out["flag"] == 1.0
     assert out["actor/kl_loss"] == pytest.approx(0.002) and isinstance(out["response_length/mean"], float)
     assert "note" not in out and "empty" not in out and math.isnan(out["nan"])
@@ -104,7 +104,7 @@ def test_console_renders(terminal):
     console, buf = make_console(terminal)
     run = RunInfo("proj", "exp", log_dir=None, total_steps=10, config={})
     tracker = ConsoleTracker(run, console=console)
-    reduced = reduce_metrics(METRICS)
+    reduced = to_floats(METRICS)
     for step in (1, 2):
         tracker.log(reduced, step)
     tracker.finish()

@@ -5,7 +5,7 @@ travel as cumulative lengths to the attention function (rlkit/workers/varlen_att
 log-probs, entropies and gradients equal the padded path (1e-5; float32 on CPU, the attention sums
 over a different length: measured ~5e-7) on the tiny Llama with 4 heads and with grouped-query
 attention (4 query heads, 2 key/value heads), for the response-logits, full-logits and fused-head
-paths and the critic's values; the old block-diagonal mask path remains only for models that cannot
+paths and the critic's values; the block-diagonal mask path remains only for models that cannot
 take the function (eager attention here), and also matches. Structure instead of time (the timing is
 bench/long_context.py): no tensor with two dimensions >= T is created during a packed forward and
 backward, while the mask path does create one.

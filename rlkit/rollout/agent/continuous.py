@@ -37,9 +37,10 @@ from typing import Any
 import torch
 
 from rlkit.config.rollout import RolloutConfig
-from rlkit.rollout.agent.engine import ENGINE_SERVERS, AsyncEngine, BatchingServer, ServerStats, TurnOutput, TurnRequest
+from rlkit.rollout.agent.engine import ENGINE_SERVERS, AsyncEngine, ServerStats, TurnOutput, TurnRequest
 from rlkit.rollout.base import RolloutBackend, SamplingConfig
 from rlkit.rollout.vllm_rollout import VLLMRollout, row_seed
+from rlkit.utils.once import Once
 
 logger = logging.getLogger(__name__)
 _STOP = object()  # tells the engine thread to abort what is left and exit
@@ -223,7 +224,7 @@ class ContinuousServer:
         _settle_from_thread(item, result)
 
 
-_warned_fallback: set[str] = set()
+_warned_fallback = Once()
 
 
 @ENGINE_SERVERS.register("async")
@@ -238,8 +239,7 @@ def continuous_server(
     if isinstance(backend, VLLMRollout):
         return ContinuousServer(backend, sampling, extra_stop_ids)
     name = type(backend).__name__
-    if name not in _warned_fallback:
-        _warned_fallback.add(name)
+    if _warned_fallback.first(name):
         logger.warning(
             "actor_rollout_ref.rollout.mode=async: %s has no continuous-batching engine; the agent "
             "loop's turns are tick-batched as with mode=sync",
@@ -248,4 +248,4 @@ def continuous_server(
     return ENGINE_SERVERS.get("sync")(backend, sampling, extra_stop_ids, config, last_call_s)
 
 
-__all__ = ["BatchingServer", "ContinuousServer", "continuous_server", "turn_seed"]
+__all__ = ["ContinuousServer", "continuous_server", "turn_seed"]

@@ -40,14 +40,15 @@ from rlkit.rollout.agent.interaction import Interaction
 from rlkit.rollout.agent.parser import ToolCall, ToolParser
 from rlkit.rollout.agent.tools import Tool, ToolResult, release_tool, run_tool
 from rlkit.rollout.base import assemble_output
+from rlkit.utils.once import Once
+from rlkit.utils.tokens import pad_token_id
 
 logger = logging.getLogger(__name__)
-_logged: set[str] = set()
+_logged = Once()
 
 
 def _log_once(message: str) -> None:
-    if message not in _logged:
-        _logged.add(message)
+    if _logged.first(message):
         logger.warning(message)
 
 
@@ -303,7 +304,7 @@ class AgentLoop:
         start = time.perf_counter()
         self.tool_seconds = 0.0
         trajs = run_coroutine(self.run_all(samples, response_length))
-        out = assemble(prompts, trajs, response_length, _pad_id(self.tokenizer), calculate_log_probs)
+        out = assemble(prompts, trajs, response_length, pad_token_id(self.tokenizer), calculate_log_probs)
         out.meta.setdefault("metrics", {})
         out.meta["metrics"] = {**out.meta["metrics"], **agent_metrics(trajs),
                                "timing_s/agent_loop": time.perf_counter() - start,
@@ -321,13 +322,6 @@ def _check_prompt_width(items: Sequence[Sample] | Sequence[Trajectory], width: i
             f"multi-turn: a prompt rendered with the tool schemas has {longest} tokens, more than the "
             f"{width} of data.max_prompt_length; raise data.max_prompt_length"
         )
-
-
-def _pad_id(tokenizer: Any) -> int:
-    pad = getattr(tokenizer, "pad_token_id", None)
-    if pad is None:
-        pad = tokenizer.eos_token_id
-    return int(pad[0] if isinstance(pad, (list, tuple)) else pad)
 
 
 def assemble(

@@ -14,8 +14,8 @@ from the dataset's `tools_kwargs` column.
 Stateful tools (`stateful = True`: a notepad, a REPL, a browser, a game) get one instance per
 episode: the loop calls `episode()` at the episode's first call of the tool (a copy of the
 configured instance, `reset()` to a fresh state), routes every later call of that episode to it,
-and calls `release()` once when the episode ends, however it ends. Stateless tools are shared by
-every episode, as before.
+and calls `release()` once when the episode ends, however it ends. Stateless tools are one instance
+shared by every episode.
 """
 
 from __future__ import annotations

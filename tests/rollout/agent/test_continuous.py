@@ -248,8 +248,9 @@ def test_mode_registry_and_hf_fallback(model_path, caplog, monkeypatch):
     """`async` on a backend without a continuous engine keeps tick batching (logged once); unknown modes fail."""
     from rlkit.errors import UserError
     from rlkit.rollout.agent import continuous
+    from rlkit.utils.once import Once
 
-    monkeypatch.setattr(continuous, "_warned_fallback", set())
+    monkeypatch.setattr(continuous, "_warned_fallback", Once())
 
     assert {"sync", "async"} <= set(ENGINE_SERVERS.names())
     config = make_config()

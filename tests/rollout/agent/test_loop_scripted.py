@@ -271,7 +271,7 @@ def test_fake_engine_fixed_reply_user_and_broken_interaction():
 
 def test_fake_engine_batch_through_the_trainer_pieces():
     """Advantages, data metrics, balancing and the reward manager on an interleaved-mask batch."""
-    from rlkit.algo import ADV_ESTIMATORS
+    from rlkit.algo import ADV_ESTIMATORS, AdvantageInputs
     from rlkit.algo.metrics import compute_data_metrics
     from rlkit.reward.manager import RewardManager
     from rlkit.workers.micro_batch import balance_across_ranks
@@ -288,7 +288,7 @@ def test_fake_engine_batch_through_the_trainer_pieces():
     last_model = (mask * torch.arange(mask.shape[1])).argmax(-1)
     assert scores.sum(-1).tolist() == [1.0, 0.0, 0.0, 1.0], "the final answer after the tool result is scored"
     assert torch.equal(scores.nonzero()[:, 1], last_model[[0, 3]])
-    adv, _ = ADV_ESTIMATORS.get("grpo")(scores, mask.float(), index=out["uid"])
+    adv, _ = ADV_ESTIMATORS.get("grpo")(AdvantageInputs(scores, mask.float(), index=out["uid"]))
     assert (adv[mask == 0] == 0).all() and (adv[0][mask[0].bool()] > 0).all()
     metrics = compute_data_metrics(Batch({**out.tensors, "token_level_scores": scores}))
     total = out["attention_mask"][:, PROMPT_WIDTH:].sum(-1).float()
