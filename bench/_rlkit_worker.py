@@ -164,8 +164,8 @@ def main() -> None:
     from rich.console import Console
 
     from rlkit.config.load import to_dict
-    from rlkit.trainer.async_trainer import build_trainer
     from rlkit.trainer.launch import LaunchOptions, init_ray
+    from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.trainer.run_config import load_config
 
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:
@@ -177,7 +177,7 @@ def main() -> None:
         try:
             sampler = RssSampler(os.getpid())
             sampler.start()
-            trainer = build_trainer(cfg)
+            trainer = RLTrainer(cfg)
             sampler.workers += ray.get([a.pid.remote() for g in trainer.workers.groups for a in g.actors])
             init_s = time.perf_counter() - start
             capture = Capture(sampler.pids)

@@ -74,7 +74,7 @@ def run(overrides: list[str], log_dir: Path) -> tuple[list[dict], dict, dict]:
     """Fit in this process on a local Ray (2 CPUs); returns (train rows, first val, last val)."""
     import ray
 
-    from rlkit.trainer.async_trainer import build_trainer
+    from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.trainer.run_config import load_config
     from rlkit.utils.tracking import Tracking
 
@@ -82,7 +82,7 @@ def run(overrides: list[str], log_dir: Path) -> tuple[list[dict], dict, dict]:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     cfg = load_config("grpo", overrides)
     with Tracking(["file"], log_dir=log_dir) as tracker:
-        trainer = build_trainer(cfg, tracker=tracker)
+        trainer = RLTrainer(cfg, tracker=tracker)
         try:
             summary = trainer.fit()
         finally:

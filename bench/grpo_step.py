@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> dict:
     import ray
 
     from rlkit.config.load import to_dict
-    from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.trainer.run_config import load_config
 
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:
@@ -143,12 +143,10 @@ def run(args: argparse.Namespace) -> dict:
         trainer = RLTrainer(cfg, tracker=rec)
         setup_s = time.perf_counter() - started
         try:
-            trainer._data_iter = batches = trainer._batches()  # what fit() sets up (dynamic sampling reads it)
             for step in range(1, args.steps + 1):
                 trainer.global_step = step
-                prompts = next(batches)
                 start = time.perf_counter()
-                result = trainer.train_step(prompts)
+                result = trainer.train_step()  # the rollout source draws the step's prompts
                 step_s = time.perf_counter() - start
                 rec.log(result.log_row(step_s, trainer.mfu_meter), step)
                 print(f"step {step}/{args.steps}: {step_s:.2f}s", file=sys.stderr, flush=True)

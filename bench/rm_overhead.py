@@ -62,7 +62,7 @@ def build_rm(kind: str, policy: str, out: Path) -> str:
 def one_run(args: argparse.Namespace, model: str, data: Path, scratch: Path, extra: list[str]) -> dict:
     import ray
 
-    from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.trainer.run_config import load_config
 
     cfg = load_config("grpo", overrides(args, model, data, scratch) + extra)
@@ -76,11 +76,10 @@ def one_run(args: argparse.Namespace, model: str, data: Path, scratch: Path, ext
     rec = Recorder()
     trainer = RLTrainer(cfg, tracker=rec)
     try:
-        trainer._data_iter = batches = trainer._batches()
         for step in range(1, args.steps + 1):
             trainer.global_step = step
             start = time.perf_counter()
-            result = trainer.train_step(next(batches))
+            result = trainer.train_step()
             rec.log(result.log_row(time.perf_counter() - start, trainer.mfu_meter), step)
             print(f"step {step}/{args.steps}: {time.perf_counter() - start:.2f}s", file=sys.stderr, flush=True)
     finally:

@@ -126,10 +126,10 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
     import ray
 
     from rlkit.debug.runtime import get_mode
-    from rlkit.trainer.async_trainer import build_trainer
     from rlkit.trainer.interrupt import InterruptWatch, TrainingInterrupted
     from rlkit.trainer.key_checks import check_batch_keys
     from rlkit.trainer.preflight import log_dir_of, preflight
+    from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.utils.checkpoint_io import find_latest_checkpoint
     from rlkit.utils.tracking import Tracking
 
@@ -147,7 +147,7 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
                 init_ray(cfg, opts, console)
                 watch.rearm()  # ray.init put a C++ SIGTERM handler (stack dumps, no shutdown) over ours
             with console.status("starting workers (model load, FSDP, rollout engine)..."):
-                trainer = build_trainer(cfg)
+                trainer = RLTrainer(cfg)
             if get_mode(opts.debug).enabled:
                 check_batch_keys(trainer.workers)  # a role's wrong output names the role and key (rlkit/batch_keys.py)
             with Tracking(cfg.trainer.logger, cfg.trainer.project_name, cfg.trainer.experiment_name, log_dir,

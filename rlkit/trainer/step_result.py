@@ -12,6 +12,10 @@ engine `timing_s/rollout_load_weights`.
 from __future__ import annotations
 
 import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -55,3 +59,18 @@ class StepResult:
 
 
 _WARNED = Once()
+
+
+class Timer:
+    """`with timer("gen"):` accumulates the driver's seconds in phase `gen` (logged as `timing_s/gen`)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start

@@ -60,7 +60,7 @@ def metric_rows(tmp_path) -> list[dict]:
 
 def fit_toy(cfg, tmp_path):
     """Build the trainer of `cfg` (file tracker under tmp_path/logs), fit, always shut down; returns the summary."""
-    from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
 
     trainer = RLTrainer(cfg, tracker=Tracking(["file"], log_dir=tmp_path / "logs"))
@@ -76,7 +76,7 @@ def train_sync_and_compare(tmp_path, steps: int, extra=(), check_group=None, sav
     output equals a fresh single-rank engine loaded from the exported checkpoint and differs from
     before training; engine and trainer log-probs agree (float32 on both sides)."""
     from rlkit.rollout import RolloutConfig, VLLMRollout
-    from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
     from rlkit.workers.fsdp_model import export_hf
 

@@ -47,7 +47,7 @@ class CheckAfterEachStep:
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("one_step_off", [False, True], ids=["colocated", "separate-rollout"])
 def test_engine_equals_trainer_after_every_sync(one_step_off, tmp_path, ray_local):
-    from rlkit.trainer.async_trainer import build_trainer
+    from rlkit.trainer.rl_trainer import RLTrainer
 
     toy, model = make_toy_and_model(tmp_path)
     cfg = toy_config(toy, model, tmp_path, steps=STEPS, extra=[
@@ -58,7 +58,7 @@ def test_engine_equals_trainer_after_every_sync(one_step_off, tmp_path, ray_loca
     # colocated, the engine sleeps between generations; a separate engine never does (finalize)
     assert cfg.actor_rollout_ref.rollout.free_cache_engine == (not one_step_off)
     check = CheckAfterEachStep(None)
-    trainer = build_trainer(cfg, tracker=check)
+    trainer = RLTrainer(cfg, tracker=check)
     check.trainer = trainer
     try:
         assert len(trainer.workers.groups) == (2 if one_step_off else 1)

@@ -13,7 +13,7 @@ import statistics
 
 import pytest
 
-from rlkit.trainer.async_trainer import OneStepOffPolicyTrainer
+from rlkit.trainer.one_step_off import OneStepOffRollout
 from rlkit.trainer.run_config import load_config
 from tests.trainer.conftest import fit, toy_overrides, train_rows
 
@@ -31,7 +31,7 @@ def test_one_step_off_policy_learns_the_copy_task(toy_data, tiny_model, tmp_path
         trainer__rollout_cpus_per_worker=1,
     )
     cfg = load_config("grpo", overrides)  # what the run is built from (finalized)
-    summary, rows, _ = fit("grpo", overrides, tmp_path / "logs", expect=OneStepOffPolicyTrainer)
+    summary, rows, _ = fit("grpo", overrides, tmp_path / "logs", expect=OneStepOffRollout)
     rows = train_rows(rows)
     scores = [r["critic/score/mean"] for r in rows]
     first, last = statistics.fmean(scores[:10]), statistics.fmean(scores[-20:])

@@ -118,18 +118,19 @@ def ensure_ray():
 
 
 def fit(algo: str, overrides: list[str], log_dir: Path, keep_state: bool = False, expect: type | None = None):
-    """Run the trainer the config asks for (`build_trainer`: sync, one-step-off, fully async) in this process, on
-    the shared local Ray; `expect`: the trainer class it must be. Returns (summary, metrics rows, actor weights)."""
-    from rlkit.trainer.async_trainer import build_trainer
+    """Run the trainer on the config (its rollout source: sync, one-step-off or fully async) in this process, on
+    the shared local Ray; `expect`: the rollout source class it must use. Returns (summary, metrics rows, actor
+    weights)."""
+    from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.trainer.run_config import load_config
     from rlkit.utils.tracking import Tracking
 
     ensure_ray()
     cfg = load_config(algo, overrides)
     with Tracking(["file"], log_dir=log_dir) as tracker:
-        trainer = build_trainer(cfg, tracker=tracker)
+        trainer = RLTrainer(cfg, tracker=tracker)
         if expect is not None:
-            assert isinstance(trainer, expect), f"{type(trainer).__name__}, expected {expect.__name__}"
+            assert isinstance(trainer.source, expect), f"{type(trainer.source).__name__}, expected {expect.__name__}"
         try:
             summary = trainer.fit()
             state = trainer.workers.actor.full_state_dict()[0] if keep_state else None

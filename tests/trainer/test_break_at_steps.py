@@ -17,7 +17,7 @@ import pytest
 import ray
 
 from rlkit.models.resolve import resolve_model_path
-from rlkit.trainer.async_trainer import build_trainer
+from rlkit.trainer.rl_trainer import RLTrainer
 from rlkit.trainer.run_config import load_config
 from rlkit.trainer.workers_setup import build_workers
 from tests.trainer.conftest import toy_overrides
@@ -57,7 +57,7 @@ def test_break_at_step_matches_every_role_in_both_layouts(one_step_off, toy_data
     trainer = None
     try:
         workers = build_workers(cfg, model, 3, runtime_env={"env_vars": env})
-        trainer = build_trainer(cfg, workers=workers)
+        trainer = RLTrainer(cfg, workers=workers)
         assert len(workers.groups) == (2 if one_step_off else 1)
         summary = trainer.fit()
         assert summary.steps == 3

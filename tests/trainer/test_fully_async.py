@@ -14,7 +14,8 @@ import statistics
 import pytest
 
 from rlkit.errors import UserError
-from rlkit.trainer.fully_async_trainer import FullyAsyncTrainer
+from rlkit.trainer.fully_async import FullyAsyncRollout
+from rlkit.trainer.rl_trainer import RLTrainer
 from rlkit.trainer.run_config import load_config
 from rlkit.utils.tracking import Tracking
 from tests.trainer.conftest import fit, read_metrics, toy_overrides, train_rows
@@ -46,14 +47,20 @@ def test_incompatible_combinations_name_the_fix(toy_data, tiny_model, tmp_path, 
         load_config("grpo", toy_overrides(toy_data, tiny_model, tmp_path, **(ASYNC | extra)))
 
 
-class RecordingTrainer(FullyAsyncTrainer):
-    """Keeps what each step trained on (versions and masks only)."""
+class RecordingSource:
+    """Stands in front of the trainer's rollout source and keeps what each step trained on (versions, masks)."""
 
-    def _rollout(self, prompts, timer):
-        out, metrics = super()._rollout(prompts, timer)
+    def __init__(self, trainer: RLTrainer) -> None:
+        self.trainer, self.inner, self.seen = trainer, trainer.source, []
+
+    def next_batch(self, timer):
+        out, metrics = self.inner.next_batch(timer)
         keep = ["policy_version", "token_policy_version", "response_mask", "rollout_log_probs"]
-        self.seen = [*getattr(self, "seen", []), (self.global_step, out.select(keep))]
+        self.seen.append((self.trainer.global_step, out.select(keep)))
         return out, metrics
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
 
 def test_partial_rollouts_carry_each_tokens_version_within_the_staleness_bound(
@@ -75,16 +82,18 @@ def test_partial_rollouts_carry_each_tokens_version_within_the_staleness_bound(
         ),
     )
     with Tracking(["file"], log_dir=tmp_path / "logs") as tracker:
-        trainer = RecordingTrainer(cfg, tracker=tracker)
+        trainer = RLTrainer(cfg, tracker=tracker)
+        assert isinstance(trainer.source, FullyAsyncRollout)
+        trainer.source = recorder = RecordingSource(trainer)
         try:
             trainer.fit()
         finally:
             trainer.workers.shutdown()
-    assert not trainer.pump._thread.is_alive()  # stopped with the run
+    assert not recorder.inner.pump._thread.is_alive()  # stopped with the run
     rows = train_rows(read_metrics(tmp_path / "logs"))
-    assert len(rows) == steps == len(trainer.seen)
+    assert len(rows) == steps == len(recorder.seen)
     mixed = 0
-    for (step, batch), row in zip(trainer.seen, rows):
+    for (step, batch), row in zip(recorder.seen, rows):
         assert len(batch) == 16 * 8
         versions, mask = batch["token_policy_version"], batch["response_mask"].bool()
         assert versions.shape == mask.shape
@@ -119,7 +128,7 @@ def test_fully_async_learns_the_copy_task(toy_data, tiny_model, tmp_path, ray_lo
         trainer__partial_rollout_segment=2,
         trainer__rollout_chunk_prompts=8,
     )
-    summary, rows, _ = fit("grpo", overrides, tmp_path / "logs", expect=FullyAsyncTrainer)
+    summary, rows, _ = fit("grpo", overrides, tmp_path / "logs", expect=FullyAsyncRollout)
     rows = train_rows(rows)
     scores = [r["critic/score/mean"] for r in rows]
     first, last = statistics.fmean(scores[:10]), statistics.fmean(scores[-20:])

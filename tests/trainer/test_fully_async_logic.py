@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlkit.protocol import Batch
-from rlkit.trainer.fully_async_trainer import staleness_metrics
+from rlkit.trainer.fully_async import staleness_metrics
 from rlkit.trainer.partial_rollout import PartialChunk
 from rlkit.trainer.sample_buffer import Finished, SampleBuffer, StalenessBudget
 

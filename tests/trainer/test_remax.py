@@ -48,7 +48,7 @@ def compute_score(response, ground_truth, extra_info=None, **kwargs):
 
 
 def _trainer(backend, toy_data, model, out, steps=2):
-    from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.trainer.run_config import load_config
     from rlkit.utils.tracking import Tracking
 
@@ -67,15 +67,16 @@ def _trainer(backend, toy_data, model, out, steps=2):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", ["hf", VLLM])
 def test_remax_baseline_is_the_greedy_reward_of_each_prompt(backend, toy_data, heads2_model, tmp_path):
-    from rlkit.trainer.rollout_flow import Timer, compute_advantages, shape_rewards
+    from rlkit.trainer.advantage_stage import compute_advantages, shape_rewards
+    from rlkit.trainer.step_result import Timer
 
     trainer = _trainer(backend, toy_data, heads2_model, tmp_path)
     rollout = trainer.workers.rollout
     try:
         prompts = trainer.train_set.get_batch(np.arange(16))
         # the baseline responses are greedy: the same whatever the seed, and the same as greedy validation
-        g1 = trainer._launch_baseline(prompts, step=1, seed=1)
-        g2 = trainer._launch_baseline(prompts, step=1, seed=2)
+        g1 = trainer.source.baseline.launch(prompts, step=1, seed=1)
+        g2 = trainer.source.baseline.launch(prompts, step=1, seed=2)
         val = rollout.generate_sequences(prompts.select(PROMPT_KEYS), validate=True)
         s1 = rollout.generate_sequences(prompts.select(PROMPT_KEYS), seed=1)
         s2 = rollout.generate_sequences(prompts.select(PROMPT_KEYS), seed=2)
@@ -84,8 +85,8 @@ def test_remax_baseline_is_the_greedy_reward_of_each_prompt(backend, toy_data, h
         assert not torch.equal(s1["responses"], s2["responses"]), "sampling calls should differ (control)"
 
         # one rollout phase: n samples per prompt, each row carrying its prompt's greedy reward
-        batch, _ = trainer._rollout(prompts, Timer())
-        greedy = trainer._launch_baseline(prompts, step=1, seed=3)
+        batch = trainer.source.generate(prompts, attempt=0, timer=Timer())
+        greedy = trainer.source.baseline.launch(prompts, step=1, seed=3)
         greedy.non_tensors.update(prompts.non_tensors)
         greedy_scores = trainer.reward_fn(greedy)["token_level_scores"].sum(-1)
         assert len(batch) == len(prompts) * N and "reward_baselines" in batch
@@ -120,7 +121,7 @@ def test_remax_one_step_off_policy_baseline_uses_the_samples_weights(toy_data, h
     its samples (same weights). Training rollouts greedy too (do_sample=false) makes every sample equal
     its baseline response, so the advantages must be exactly 0 on every step: a baseline from another
     prompt or another weight version would not be."""
-    from rlkit.trainer.async_trainer import OneStepOffPolicyTrainer
+    from rlkit.trainer.one_step_off import OneStepOffRollout
 
     reward = tmp_path / "spread_reward.py"
     reward.write_text(SPREAD_REWARD)
@@ -129,7 +130,7 @@ def test_remax_one_step_off_policy_baseline_uses_the_samples_weights(toy_data, h
         trainer__one_step_off_policy=True, trainer__rollout_cpus_per_worker=1, trainer__save_freq=-1,
         actor_rollout_ref__rollout__do_sample=False, custom_reward_function__path=reward,
     )
-    summary, rows, _ = fit("remax", overrides, tmp_path / "logs", expect=OneStepOffPolicyTrainer)
+    summary, rows, _ = fit("remax", overrides, tmp_path / "logs", expect=OneStepOffRollout)
     rows = train_rows(rows)
     assert summary.steps == 3 and [r["rollout/staleness"] for r in rows] == [0, 1, 1]
     for row in rows:

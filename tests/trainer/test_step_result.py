@@ -46,7 +46,7 @@ def test_a_worker_timing_under_a_phase_name_warns_and_the_driver_wins(caplog):
 def test_train_step_returns_a_step_result(ray_local, toy_data, tiny_model, tmp_path):
     """One real PPO step (critic, reference, recomputed old log-probs): every phase timed once by the driver,
     the engine's own time under its own name, FLOPs counted from the phases."""
-    from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.trainer.run_config import load_config
 
     overrides = toy_overrides(
@@ -67,9 +67,8 @@ def test_train_step_returns_a_step_result(ray_local, toy_data, tiny_model, tmp_p
 
     meter.step_flops = recording_step_flops
     try:
-        trainer._data_iter = batches = trainer._batches()
         trainer.global_step = 1
-        result = trainer.train_step(next(batches))
+        result = trainer.train_step()
     finally:
         trainer.workers.shutdown()
 

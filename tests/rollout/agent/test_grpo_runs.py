@@ -51,7 +51,7 @@ def overrides(root, name, *extra):
 
 
 def run(root, name, *extra):
-    from rlkit.trainer.ppo_trainer import RLTrainer
+    from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.trainer.run_config import load_config
 
     cfg = load_config("grpo", overrides(root, name, *extra))

@@ -1,11 +1,11 @@
-"""Fully asynchronous training (`trainer.fully_async=true`): the rollout streams, the trainer consumes full batches.
+"""Fully asynchronous rollout (`trainer.fully_async=true`): the rollout streams, the trainer consumes full batches.
 
-Same separate-rollout layout as one-step-off (rlkit/trainer/async_trainer.py): the engines have a
+Same separate-rollout layout as one-step-off (rlkit/trainer/one_step_off.py): the engines have a
 worker group of their own and weights reach them through Ray's object store. Instead of one
 batch ahead, a driver thread (`RolloutPump`, rlkit/trainer/rollout_pump.py) keeps small
 generation requests in flight all the time and puts finished chunks into a buffer; each step
 takes `train_batch_size x rollout.n` samples from it (oldest policy version first, GRPO groups
-whole), trains on them with the unchanged `train_step`, and pushes the new weights, which the
+whole), trains on them with the unchanged RL step, and pushes the new weights, which the
 engines pick up between requests.
 
     staleness of a sample = (policy version being updated) - (version its first token was sampled with)
@@ -33,22 +33,22 @@ from typing import Any
 import torch
 
 from rlkit.algo.run_needs import run_needs
-from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
 from rlkit.models.model_info import special_token_ids
 from rlkit.protocol import Batch
 from rlkit.trainer.partial_rollout import PartialChunk
-from rlkit.trainer.ppo_trainer import FitSummary, RLTrainer
-from rlkit.trainer.rollout_flow import Timer, repeat_with_uids
 from rlkit.trainer.rollout_pump import RolloutPump, VersionClock, VersionedRoute
+from rlkit.trainer.rollout_source import ROLLOUT_SOURCES, RolloutContext, RolloutSource, repeat_with_uids
 from rlkit.trainer.sample_buffer import SampleBuffer, StalenessBudget
-from rlkit.trainer.workers_setup import WorkerHandles
+from rlkit.trainer.step_result import Timer
 
 
-class FullyAsyncTrainer(RLTrainer):
-    """`RLTrainer` fed by a rollout pump with bounded staleness (see the module docstring)."""
+@ROLLOUT_SOURCES.register("fully_async")
+class FullyAsyncRollout(RolloutSource):
+    """Full batches from a rollout pump with bounded staleness (see the module docstring)."""
 
-    def __init__(self, cfg: RLConfig, workers: WorkerHandles | None = None, tracker: Any = None) -> None:
+    def __init__(self, ctx: RolloutContext) -> None:
+        cfg = ctx.cfg
         if not (cfg.actor_rollout_ref.rollout.calculate_log_probs and cfg.algorithm.rollout_is):
             raise UserError(
                 "trainer.fully_async: this config was not finalized (rollout log-probs and "
@@ -60,52 +60,44 @@ class FullyAsyncTrainer(RLTrainer):
                 f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs; use "
                 "trainer.one_step_off_policy=true instead of trainer.fully_async"
             )
-        super().__init__(cfg, workers=workers, tracker=tracker)
+        super().__init__(ctx)
         self.clock = VersionClock()
-        route = self.workers.weights
-        self.workers.weights = VersionedRoute(route.actor, route.rollout, self.clock)
-        self.stop_ids, self.pad_id = special_token_ids(self.model_path, self.tokenizer)
+        route = ctx.workers.weights
+        ctx.workers.weights = VersionedRoute(route.actor, route.rollout, self.clock)
+        self.stop_ids, self.pad_id = special_token_ids(ctx.model_path, ctx.tokenizer)
         self.pump: RolloutPump | None = None
-
-    # ----------------------------------------------------------- loop
-    def fit(self) -> FitSummary:
-        try:
-            return super().fit()
-        finally:
-            if self.pump is not None:
-                self.pump.stop()
-
-    def _batches(self):
-        """`fit`'s per-step prompts are unused: the pump draws its own (`_prompt_chunks`)."""
-        while True:
-            yield None
 
     def busy_groups(self) -> tuple[Any, ...]:
         """The rollout group is generating between steps (its memory peaks are not popped)."""
-        return (self.workers.rollout.group,) if self.pump is not None else ()
+        return (self.ctx.workers.rollout.group,) if self.pump is not None else ()
+
+    def close(self) -> None:
+        if self.pump is not None:
+            self.pump.stop()
 
     def _prompt_chunks(self):
-        """The training loader's batches cut into chunks of `rollout_chunk_prompts` prompts, each repeated n times."""
-        c, n = self.cfg.trainer.rollout_chunk_prompts, self.cfg.actor_rollout_ref.rollout.n
-        for prompts in super()._batches():
+        """The training prompts cut into chunks of `rollout_chunk_prompts` prompts, each repeated n times."""
+        c, n = self.ctx.cfg.trainer.rollout_chunk_prompts, self.ctx.cfg.actor_rollout_ref.rollout.n
+        for prompts in self.ctx.prompts:
             for start in range(0, len(prompts), c):
                 yield repeat_with_uids(prompts[start : start + c], n)
 
     def _new_chunk(self, gen: Batch) -> PartialChunk:
-        keys = [k for k in self._rollout_keys(gen) if k not in gen.tensors]
+        keys = [k for k in self.ctx.rollout_keys(gen) if k not in gen.tensors]
         return PartialChunk(
-            gen, self.cfg.actor_rollout_ref.rollout.response_length, self.pad_id, self.stop_ids, request_keys=keys
+            gen, self.ctx.cfg.actor_rollout_ref.rollout.response_length, self.pad_id, self.stop_ids,
+            request_keys=keys,
         )
 
     def _start_pump(self) -> None:
-        t, n = self.cfg.trainer, self.cfg.actor_rollout_ref.rollout.n
-        batch = self.cfg.data.train_batch_size * n
-        self.clock.value = self.global_step - 1  # the policy after global_step - 1 updates (resumed or not)
-        budget = StalenessBudget(
-            batch, t.staleness_threshold, total=batch * self.total_steps, started=batch * (self.global_step - 1)
-        )
+        t, n = self.ctx.cfg.trainer, self.ctx.cfg.actor_rollout_ref.rollout.n
+        batch = self.ctx.cfg.data.train_batch_size * n
+        step = self.ctx.step()
+        self.clock.value = step - 1  # the policy after step - 1 updates (resumed or not)
+        budget = StalenessBudget(batch, t.staleness_threshold, total=batch * self.ctx.total_steps,
+                                 started=batch * (step - 1))
         self.pump = RolloutPump(
-            self.workers.rollout,
+            self.ctx.workers.rollout,
             self._prompt_chunks(),
             self._new_chunk,
             self.clock,
@@ -115,23 +107,22 @@ class FullyAsyncTrainer(RLTrainer):
         )
         self.pump.start()
 
-    # ----------------------------------------------------------- rollout
-    def _rollout(self, prompts: Batch | None, timer: Timer) -> tuple[Batch, dict[str, float]]:
+    def next_batch(self, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """The next full batch from the pump's buffer, scored; staleness metrics."""
         if self.pump is None:
             self._start_pump()
         assert self.pump is not None
-        trained = self.global_step - 1
-        batch_size = self.cfg.data.train_batch_size * self.cfg.actor_rollout_ref.rollout.n
+        trained = self.ctx.step() - 1
+        batch_size = self.ctx.cfg.data.train_batch_size * self.ctx.cfg.actor_rollout_ref.rollout.n
         with timer("gen_wait"):
             chunks, dropped = self.pump.take(batch_size, trained)
         out = Batch.concat(chunks)
         with timer("reward"):
-            out.union(self.reward_fn(out))
+            out.union(self.ctx.reward_fn(out))
         metrics = staleness_metrics(out, trained)
         metrics["rollout/dropped_stale"] = float(dropped)
         metrics["rollout/dropped_stale_total"] = float(self.pump.dropped_total)
-        metrics.update(self.workers.weights.collect_if_done())  # the last load, if it has run by now
+        metrics.update(self.ctx.workers.weights.collect_if_done())  # the last load, if it has run by now
         return out, metrics
 
 

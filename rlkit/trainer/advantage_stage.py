@@ -1,0 +1,55 @@
+"""The driver's advantage stage (phase 5 of the RL step): rewards shaped, then the registered estimator.
+
+Pure functions over a `Batch`, unit-testable without Ray.
+"""
+
+from __future__ import annotations
+
+from rlkit.algo import ADV_ESTIMATORS, AdvantageInputs
+from rlkit.algo.dapo import overlong_reward_shaping
+from rlkit.algo.kl import apply_kl_penalty
+from rlkit.config.schema import RLConfig
+from rlkit.protocol import Batch
+from rlkit.reward.placement import on_last_token
+
+
+def shape_rewards(batch: Batch, cfg: RLConfig, kl_ctrl) -> dict[str, float]:
+    """token_level_scores -> token_level_rewards: optional overlong penalty and in-reward KL."""
+    metrics: dict[str, float] = {}
+    scores = batch["token_level_scores"].clone()
+    overlong = cfg.reward_model.overlong_buffer
+    if overlong.get("enable"):
+        lengths = batch["response_mask"].sum(-1)
+        penalty = overlong_reward_shaping(
+            lengths, cfg.data.max_response_length, int(overlong["len"]), float(overlong["penalty_factor"])
+        )
+        scores += on_last_token(penalty, batch["response_mask"])
+        metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
+    if cfg.algorithm.use_kl_in_reward:
+        rewards, kl_metrics = apply_kl_penalty(
+            scores, batch["old_log_probs"], batch["ref_log_prob"], batch["response_mask"].float(),
+            kl_ctrl, cfg.algorithm.kl_penalty,
+        )
+        metrics.update(kl_metrics)
+    else:
+        rewards = scores
+    batch["token_level_rewards"] = rewards
+    return metrics
+
+
+def compute_advantages(batch: Batch, cfg: RLConfig) -> None:
+    """Look the estimator up by name and write `advantages` and `returns` into the batch."""
+    algo = cfg.algorithm
+    estimator = ADV_ESTIMATORS.get(algo.adv_estimator)
+    advantages, returns = estimator(AdvantageInputs(
+        batch["token_level_rewards"],
+        batch["response_mask"].float(),
+        index=batch["uid"] if "uid" in batch else None,
+        values=batch["values"] if "values" in batch else None,
+        gamma=algo.gamma,
+        lam=algo.lam,
+        norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
+        reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
+    ))
+    batch["advantages"] = advantages.float()
+    batch["returns"] = returns.float()

@@ -1,0 +1,267 @@
+"""The RL trainer: one class for every algorithm (GRPO, PPO, RLOO, REINFORCE++, DAPO, ReMax...) and every rollout
+mode. The algorithm is chosen by registry names in the config and the rollout mode by the rollout source
+(synchronous, one-step-off, fully async: rlkit/trainer/rollout_source.py); the step never branches on either.
+Read `train_step` top to bottom: it is the RL algorithm, in numbered phases. The loop around it (resume,
+validation and checkpoint schedules, tracking) is `TrainerBase`'s (rlkit/trainer/trainer_base.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlkit.algo.kl import make_kl_controller
+from rlkit.algo.metrics import compute_data_metrics
+from rlkit.config.schema import RLConfig
+from rlkit.protocol import Batch
+from rlkit.trainer.advantage_stage import compute_advantages, shape_rewards
+from rlkit.trainer.fully_async import FullyAsyncRollout
+from rlkit.trainer.key_checks import check_batch_keys
+from rlkit.trainer.one_step_off import OneStepOffRollout
+from rlkit.trainer.rollout_source import (
+    ROLLOUT_SOURCES,
+    PromptStream,
+    RolloutContext,
+    SyncRollout,
+    repeat_with_uids,
+    source_name,
+)
+from rlkit.trainer.step_metrics import reduce_worker_metrics, validation_metrics
+from rlkit.trainer.step_result import StepResult, Timer
+from rlkit.trainer.trainer_base import FitSummary, TrainerBase
+from rlkit.trainer.workers_setup import WorkerHandles, build_workers
+from rlkit.workers.micro_batch import balance_across_ranks
+
+log = logging.getLogger("rlkit.trainer")
+
+
+class RLTrainer(TrainerBase):
+    """Owns the data, the reward stage, the worker groups and the rollout source; `fit()` runs the loop."""
+
+    def __init__(self, cfg: RLConfig, workers: WorkerHandles | None = None, tracker: Any = None) -> None:
+        from rlkit.data import RLDataLoader, RLDataset
+        from rlkit.models.loading import load_tokenizer
+        from rlkit.models.resolve import resolve_model_path
+        from rlkit.reward.mix import build_reward_fn
+        from rlkit.reward.registry import build_reward_manager
+
+        self.cfg = cfg
+        self.model_path = str(resolve_model_path(cfg.actor_rollout_ref.model.path))
+        self.tokenizer = load_tokenizer(self.model_path)
+        d = cfg.data
+        self.train_set = RLDataset(d.train_files, self.tokenizer, d.max_prompt_length, d.truncation, d.prompt_key)
+        self.train_loader = RLDataLoader(self.train_set, d.train_batch_size, shuffle=d.shuffle, seed=d.seed)
+        self.val_set = (
+            RLDataset(d.val_files, self.tokenizer, d.max_prompt_length, d.truncation, d.prompt_key,
+                      max_samples=d.val_max_samples)
+            if d.val_files else None
+        )
+        if len(self.train_loader) == 0:
+            raise_user(f"data.train_batch_size={d.train_batch_size} is larger than the {len(self.train_set)} "
+                       f"training prompts in {d.train_files}; lower it")
+        self.total_steps = cfg.trainer.total_training_steps or len(self.train_loader) * cfg.trainer.total_epochs
+        manager = build_reward_manager(cfg, self.tokenizer)  # reward_model.reward_manager, before workers start
+        kl = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
+        self.workers = workers or self._build_workers()
+        if cfg.trainer.debug.check_batch_keys:
+            check_batch_keys(self.workers)
+        # the reward stage (rlkit.reward.mix): the reward manager, mixed with the model reward when enabled
+        self.reward_fn = build_reward_fn(cfg, self.tokenizer, {"reward_model": self.workers.reward_model},
+                                         manager=manager)
+        self.mfu_meter = _mfu_meter(cfg, self.model_path)
+        self.global_step = 0
+        self.tracker = tracker
+        self.ckpt_root = Path(cfg.trainer.default_local_dir).expanduser()
+        self.rollout_ctx = RolloutContext(cfg, self.workers, self.reward_fn, PromptStream(self.train_loader),
+                                          lambda: self.global_step, self.total_steps, self.model_path, self.tokenizer)
+        self.source = ROLLOUT_SOURCES.get(source_name(cfg))(self.rollout_ctx)  # sync, one-step-off, fully async
+
+    # ------------------------------------------------------------------ step
+    def run_step(self) -> StepResult:
+        self.workers.set_step(self.global_step)  # every later worker call carries it (break_at `step=`)
+        return self.train_step()
+
+    def finish_row(self, result: StepResult, step_s: float) -> dict[str, float]:
+        row = result.log_row(step_s, self.mfu_meter)
+        row.update(self.memory_metrics())
+        row["training/epoch"] = self.train_loader.epoch
+        return row
+
+    def train_step(self) -> StepResult:
+        cfg, w, timer = self.cfg, self.workers, Timer()
+        # 1. generate and score: the rollout source's next batch (n samples per prompt, rewarded)
+        with timer("gen"):
+            batch, gen_metrics = self.source.next_batch(timer)
+        if cfg.trainer.balance_batch:
+            batch.reorder(balance_across_ranks(batch, w.world_size))
+        # 2. old log-probs: the policy before this step's update (unneeded for a single on-policy pass)
+        if self._needs_old_log_probs():
+            with timer("old_log_prob"):
+                batch.union(w.actor.compute_log_prob(batch))
+            gen_metrics.update(_engine_gap(batch))
+        # 3. reference log-probs (KL loss or KL in the reward), 4. values (a critic)
+        if w.ref is not None:
+            with timer("ref"):
+                batch.union(w.ref.compute_ref_log_prob(batch))
+        if w.critic is not None:
+            with timer("values"):
+                batch.union(w.critic.compute_values(batch))
+        # 5. rewards -> advantages (driver-side, the registered estimator)
+        with timer("adv"):
+            gen_metrics.update(shape_rewards(batch, cfg, self.kl_ctrl))
+            compute_advantages(batch, cfg)
+        # 6. critic update, 7. actor update
+        if w.critic is not None:
+            with timer("update_critic"):
+                batch.union(w.critic.update_critic(batch))
+        with timer("update_actor"):
+            batch.union(w.actor.update_actor(batch))
+        # 8. the new weights to the rollout engines
+        with timer("update_weights"):
+            sync = w.sync_weights()
+        metrics = {
+            **reduce_worker_metrics(batch.meta.get("metrics", {})),
+            **reduce_worker_metrics({k: [s[k] for s in sync] for k in sync[0]}),
+            **compute_data_metrics(batch), **gen_metrics,
+        }
+        mask = batch["attention_mask"]
+        flops = self.mfu_meter.step_flops(mask, timer.seconds) if self.mfu_meter is not None else None
+        return StepResult(metrics, dict(timer.seconds), tokens=float(mask.sum()), flops=flops)
+
+    def _needs_old_log_probs(self) -> bool:
+        cfg = self.cfg
+        actor = cfg.actor_rollout_ref.actor
+        one_pass = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == cfg.data.train_batch_size
+        return actor.recompute_old_log_prob or not one_pass or cfg.algorithm.use_kl_in_reward
+
+    def _build_workers(self) -> WorkerHandles:
+        """The worker groups of the layout the config asks for (colocated, or a separate rollout group)."""
+        return build_workers(self.cfg, self.model_path, self.total_steps)
+
+    def close(self) -> None:
+        self.source.close()
+
+    # ----------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        assert self.val_set is not None
+        start = time.perf_counter()
+        n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
+        total = len(self.val_set)
+        bs = self.cfg.data.val_batch_size or val_chunk_size(total)
+        outs = []
+        self._progress(VAL_PHASE, 0, total)
+        for i in range(0, total, bs):
+            end = min(i + bs, total)
+            prompts = self.val_set.get_batch(np.arange(i, end))
+            gen = repeat_with_uids(prompts, n)
+            out = self.workers.rollout.generate_sequences(gen.select(self.rollout_ctx.rollout_keys(gen)), validate=True,
+                                                          stay_awake=end < total)  # one wake/sleep per pass
+            out.non_tensors.update(gen.non_tensors)
+            out.union(self.reward_fn(out))
+            outs.append(out)
+            self._progress(VAL_PHASE, end, total)
+        batch = Batch.concat(outs)
+        metrics = validation_metrics(batch, n)
+        # each reward component's mean (reward/rule|rm|judge/mean, rlkit.reward.mix), as in training
+        for key, values in batch.meta.get("metrics", {}).items():
+            if key.startswith("reward/") and key.endswith("/mean") and key.count("/") == 2 and values:
+                metrics[f"val/{key}"] = float(np.mean(values))
+        metrics["timing_s/validate"] = time.perf_counter() - start
+        for key, value in self.memory_metrics().items():  # validation's own peaks, apart from the step's
+            name = "memory/validate/" + key.rsplit("/", 1)[1]
+            metrics[name] = max(metrics.get(name, 0.0), value)
+        return metrics
+
+    def memory_metrics(self) -> dict[str, float]:
+        """Each worker call's peak memory since the last pop (`memory/<method>/rss_peak_gb`, and the CUDA
+        allocator's on GPU), max over workers; groups still generating (async modes) are left for later."""
+        return self.workers.memory_peaks(skip=self.source.busy_groups())
+
+    # ---------------------------------------------------------- checkpoints
+    def save_state(self, folder: Path) -> None:
+        self.workers.actor.save_checkpoint(str(folder / "actor"))
+        if self.workers.critic is not None:
+            self.workers.critic.save_checkpoint(str(folder / "critic"))
+        self.tokenizer.save_pretrained(folder / "actor" / "tokenizer")
+
+    def required_files(self) -> list[str]:
+        files = ["actor/.metadata", "actor/hf_config/config.json"]
+        return files + (["critic/.metadata"] if self.workers.critic is not None else [])
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"kl_coef": float(self.kl_ctrl.value)}
+
+    def load_state(self, folder: Path) -> None:
+        self.workers.actor.load_checkpoint(str(folder / "actor"))
+        if self.workers.critic is not None and (folder / "critic").exists():
+            self.workers.critic.load_checkpoint(str(folder / "critic"))
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        try:
+            self.kl_ctrl.value = state.get("kl_coef", self.kl_ctrl.value)
+        except AttributeError:  # a controller whose value is derived, not stored
+            pass
+
+    def on_resumed(self, path: Path | None) -> None:
+        """The resumed weights reach the engines before step 1."""
+        if path is not None:
+            self.workers.sync_weights(wait=True)
+        elif self.cfg.trainer.separate_rollout and self.cfg.actor_rollout_ref.model.lora_adapter_path:
+            # the separate engine loaded the base folder; the actor starts from the adapter: push it first
+            # (colocated engines load it themselves when built: RolloutWorker.init_model)
+            self.workers.sync_weights(wait=True)
+
+
+def _engine_gap(batch: Batch) -> dict[str, float]:
+    """`rollout/log_prob_abs_diff`: how far the engine's log-probs are from the trainer's (when it returned them)."""
+    if "rollout_log_probs" not in batch:
+        return {}
+    gap = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * batch["response_mask"]
+    return {"rollout/log_prob_abs_diff": float(gap.sum() / batch["response_mask"].sum().clamp(min=1))}
+
+
+VAL_PHASE = "validation prompts"
+VAL_CHUNKS, VAL_MIN_CHUNK = 10, 64
+
+
+def val_chunk_size(total: int) -> int:
+    """Prompts per validation call when data.val_batch_size is null: about VAL_CHUNKS calls (so the console
+    shows progress and an ETA), never fewer than VAL_MIN_CHUNK prompts per call (the engine stays busy)."""
+    return max(VAL_MIN_CHUNK, -(-total // VAL_CHUNKS))
+
+
+def raise_user(msg: str) -> None:
+    from rlkit.errors import UserError
+
+    raise UserError(msg)
+
+
+def _mfu_meter(cfg: RLConfig, model_path: str):
+    """perf/mfu's FLOP counter and peak (rlkit.utils.flops); None (no perf/mfu) if the model config is unreadable."""
+    from rlkit.utils.flops import MFUMeter
+    from rlkit.workers.fsdp_model import resolve_dtype
+
+    try:
+        import ray
+
+        gpu = cfg.trainer.device == "cuda" or (
+            cfg.trainer.device == "auto" and ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
+        )
+        dtype = resolve_dtype(cfg.actor_rollout_ref.actor.fsdp_config.param_dtype,
+                              torch.device("cuda" if gpu else "cpu"))
+        return MFUMeter.for_run(cfg, model_path, gpu, dtype)
+    except Exception as exc:  # a metric must never stop a run
+        log.warning("perf/mfu disabled: %s", exc)
+        return None
+
+
+#: the registered sources (imported for their registration; the registry picks one by name)
+SOURCES = (SyncRollout, OneStepOffRollout, FullyAsyncRollout)
+
+__all__ = ["RLTrainer", "FitSummary"]
