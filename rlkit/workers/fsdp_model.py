@@ -229,6 +229,8 @@ class FSDPModel:
             if attention_mask is not None or position_ids is not None or routed_experts is not None:
                 raise TypeError("forward(ModelInputs, ...): the mask, positions and routes belong in the ModelInputs")
             inputs = input_ids
+        elif attention_mask is None or position_ids is None:
+            raise TypeError("forward(input_ids, attention_mask, position_ids, response_length) or forward(ModelInputs)")
         else:
             inputs = ModelInputs.of(input_ids, attention_mask, position_ids, routed_experts)
         if response_length is None:
