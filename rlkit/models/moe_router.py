@@ -8,10 +8,11 @@ also pass through the routers; the token mask comes from the top module's 2-D `a
 forward with a 4-D block mask has no padding), so neither the loss nor the metrics count them.
 
 Routing replay (`actor_rollout_ref.actor.router_replay`): `replay(routes)` before a forward hands the tap one
-(N, layers, k) tensor of expert ids, one row per token the routers will see, in their order (the caller
-selects them like the tokens: packed or trimmed, rlkit/workers/fsdp_model.py); -1 rows keep the router's own
-choice. Each router's output becomes (its logits, scores of the given experts recomputed from those logits
-the way that router family normalises them, the given experts), so gradients still reach the router weights.
+(N, layers, k) tensor of expert ids, one row per token the routers will see, in their order; -1 rows keep the
+router's own choice. The trainer's forward hands them over as the model input `routed_experts` (`INPUT`,
+`inputs()`), selected like the tokens (packed and sliced, or trimmed; rlkit/workers/model_inputs.py).
+Each router's output becomes (its logits, scores of the given experts recomputed from those logits the way
+that router family normalises them, the given experts), so gradients still reach the router weights.
 The scoring rule is declared per router class (`ROUTE_SCORES`); a family without one is refused. The routes
 stay in force until the next forward of the top module, so a backward that recomputes checkpointed layers
 uses them too.
@@ -61,7 +62,10 @@ def is_router(module: torch.nn.Module) -> bool:
 
 
 class RouterTap:
-    """Records each router's logits and chosen experts while `recording()` is open."""
+    """Records each router's logits and chosen experts while `recording()` is open; replays given routes."""
+
+    INPUT = "routed_experts"  # the model input it consumes: (rows, tokens, layers, k) expert ids
+    OWN_CHOICE = -1  # a token's route that keeps the router's own choice
 
     def __init__(self, model: torch.nn.Module, routers: list[torch.nn.Module]) -> None:
         self.routers = routers
@@ -92,6 +96,15 @@ class RouterTap:
         for router in self.routers:  # refuse a family with no declared scoring rule before any forward
             _scorer(router)
         self._pending = routes.long()
+
+    def inputs(self) -> dict[str, Callable[[torch.Tensor], None]]:
+        """The model inputs this tap consumes, by name: the forward hands each its per-token value."""
+        return {self.INPUT: self.replay_rows}
+
+    def replay_rows(self, routes: torch.Tensor) -> None:
+        """`replay` of (rows, tokens, layers, k) routes selected as the tokens fed to the next forward (row-major
+        is the routers' token order)."""
+        self.replay(routes.flatten(0, 1))
 
     def _take_mask(self, module: Any, args: tuple, kwargs: dict) -> None:
         mask = kwargs.get("attention_mask")

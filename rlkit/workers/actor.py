@@ -24,8 +24,10 @@ from rlkit.controller import Dispatch, Worker, register
 from rlkit.debug import maybe_break
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
-from rlkit.workers.fsdp_model import ForwardOut, FSDPModel
+from rlkit.workers.fsdp_model import FSDPModel
+from rlkit.workers.heads import ForwardOut
 from rlkit.workers.micro_batch import split_by_count
+from rlkit.workers.model_inputs import ModelInputs
 from rlkit.workers.trainable import MicroLoss, TrainableModelRole, UpdatePlan
 
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
@@ -41,12 +43,11 @@ class _PolicyScorer(Worker):
     router_replay: bool = False  # MoE: forward with the rollout's experts (`routed_experts`)
 
     def _forward(self, mb: Batch, response_length: int, with_entropy: bool) -> ForwardOut:
+        inputs = ModelInputs.of(mb["input_ids"], mb["attention_mask"], mb["position_ids"], self._routes(mb))
         return self.model.forward(
-            mb["input_ids"], mb["attention_mask"], mb["position_ids"], response_length,
-            temperature=self.temperature, with_entropy=with_entropy,
+            inputs, response_length=response_length, temperature=self.temperature, with_entropy=with_entropy,
             remove_padding=self.model_cfg.use_remove_padding, chunk_size=self.logits_chunk_size,
-            response_logits_only=self.model_cfg.response_logits_only, fused_lm_head=self.model_cfg.fused_lm_head,
-            routed_experts=self._routes(mb),
+            response_logits_only=self.model_cfg.response_logits_only,
         )
 
     def _routes(self, mb: Batch) -> torch.Tensor | None:
@@ -103,6 +104,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
             lora=self.model_cfg,
             ulysses_sequence_parallel_size=self.actor.ulysses_sequence_parallel_size,
             compile_layers=self.model_cfg.use_torch_compile,
+            fused_lm_head=self.model_cfg.fused_lm_head,
         )
         self.model.setup_optimizer(self.actor.optim, self.total_steps)
         self.router_tap = self.model.router_tap  # None for a dense model
@@ -234,7 +236,7 @@ class RefWorker(_PolicyScorer):
             self.model_cfg.path, self.ref.fsdp_config, self.device,
             attn_implementation=self.model_cfg.attn_implementation, trust_remote_code=self.model_cfg.trust_remote_code,
             ulysses_sequence_parallel_size=self.ref.ulysses_sequence_parallel_size,
-            compile_layers=self.model_cfg.use_torch_compile,
+            compile_layers=self.model_cfg.use_torch_compile, fused_lm_head=self.model_cfg.fused_lm_head,
         )
         for p in self.model.module.parameters():
             p.requires_grad_(False)

@@ -15,6 +15,7 @@ from rlkit.debug import maybe_break
 from rlkit.protocol import Batch
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.micro_batch import split_by_count
+from rlkit.workers.model_inputs import ModelInputs
 from rlkit.workers.trainable import TrainableModelRole, UpdatePlan
 
 
@@ -41,9 +42,9 @@ class CriticWorker(Worker, TrainableModelRole):
         self.model.setup_optimizer(c.optim, self.total_steps)
 
     def _values(self, mb: Batch) -> torch.Tensor:
+        inputs = ModelInputs.of(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
         return self.model.forward(
-            mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["responses"].shape[1],
-            remove_padding=self.use_remove_padding,
+            inputs, response_length=mb["responses"].shape[1], remove_padding=self.use_remove_padding
         ).values
 
     @register(dispatch=Dispatch.DP_COMPUTE)

@@ -16,7 +16,6 @@ import inspect
 import logging
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +29,11 @@ from rlkit.models.moe_router import RouterTap
 from rlkit.utils.cpu_precision import auto_cpu_dtype
 from rlkit.utils.lr_schedule import lr_lambda
 from rlkit.workers import layer_compile, ulysses
+from rlkit.workers.heads import ForwardOut, Head, HeadCall, make_head
 from rlkit.workers.hf_export import export_hf, export_lora  # noqa: F401  (re-exported: callers import them here)
-from rlkit.workers.log_prob_head import FusionGate, head_log_probs
 from rlkit.workers.master_dither import dither_masters
-from rlkit.workers.packing import PackedRow, pack_mask, response_targets, trim_left_padding
+from rlkit.workers.model_inputs import ModelInputs, TokenInput
+from rlkit.workers.packing import pack_mask, trim_left_padding  # noqa: F401  (trim_left_padding: re-exported)
 from rlkit.workers.varlen_attention import enable as enable_varlen
 from rlkit.workers.varlen_attention import packed_kwargs
 
@@ -48,16 +48,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else auto_cpu_dtype()
     return DTYPES[name]
-
-
-@dataclass
-class ForwardOut:
-    log_probs: torch.Tensor | None = None  # (b, R)
-    entropy: torch.Tensor | None = None  # (b, R)
-    values: torch.Tensor | None = None  # (b, R)
-
-    def rows(self, own: slice) -> ForwardOut:
-        return ForwardOut(*(None if t is None else t[own] for t in (self.log_probs, self.entropy, self.values)))
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -88,12 +78,14 @@ class FSDPModel:
         auto_class: str | None = None,
         ulysses_sequence_parallel_size: int = 1,
         compile_layers: bool = False,
+        fused_lm_head: bool = False,
     ) -> None:
         """`auto_class`: a transformers Auto class name to load instead (the reward model's
         `AutoModelForSequenceClassification`); it gets the same wrapping, not `forward`'s heads.
         `ulysses_sequence_parallel_size` > 1: groups of that many consecutive ranks split each packed row
         along the sequence (rlkit/workers/ulysses.py); the caller gives the ranks of a group the same rows.
-        `compile_layers`: torch.compile each decoder layer (rlkit/workers/layer_compile.py)."""
+        `compile_layers`: torch.compile each decoder layer (rlkit/workers/layer_compile.py).
+        `fused_lm_head`: the policy's log-probs from the fused chunked LM head (rlkit/workers/heads.py)."""
         import transformers
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -154,8 +146,10 @@ class FSDPModel:
             model.to(device)
         self.module = model
         self.router_tap = RouterTap.attach(model)  # MoE: router hooks (aux loss, load metrics, replay); None if dense
-        self._has_logits_to_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
-        self._fusion = FusionGate()
+        logits_to_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
+        self.head = make_head(value_head, fused_lm_head, logits_to_keep)  # on top of the model, in `forward`
+        # model inputs that are not the model's keywords, by name -> who takes them (MoE: the replayed routes)
+        self._input_consumers = self.router_tap.inputs() if self.router_tap is not None else {}
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
 
@@ -202,121 +196,82 @@ class FSDPModel:
     # ------------------------------------------------------------- forward
     def forward(
         self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        response_length: int,
+        input_ids: torch.Tensor | ModelInputs,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        response_length: int | None = None,
         *,
         temperature: float = 1.0,
         with_entropy: bool = False,
         remove_padding: bool = True,
         chunk_size: int = 1024,
         response_logits_only: bool = True,
-        fused_lm_head: bool = False,
+        fused_lm_head: bool | None = None,
         routed_experts: torch.Tensor | None = None,
     ) -> ForwardOut:
-        """Log-probs (and entropy) of the response tokens, or values when this is a critic.
+        """Log-probs (and entropy) of the response tokens, or values when this is a critic (the head chosen at
+        construction, rlkit/workers/heads.py).
 
+        Inputs: `forward(inputs, response_length=R)` with a `ModelInputs` (rlkit/workers/model_inputs.py: the
+        (b, S) rows and their per-token extras), or the (b, S) tensors, with `routed_experts` (b, S, layers, k):
+        MoE routing replay (issue 18), the experts each token must use (-1 = its own), for the router tap.
         `remove_padding` packs the valid tokens into one row (rlkit/workers/packing.py) whose sequences
         attend only to themselves (varlen attention, no (T x T) mask; models it cannot serve get the
         block-diagonal mask); with sequence parallelism the row is always packed and split over the group.
+        Otherwise the leading columns no row uses are trimmed. Every per-token extra follows the tokens.
         `response_logits_only` runs the LM head only where a response token is predicted (the
         model's `logits_to_keep`), so no (rows x length x vocab) logits exist for prompt or pad
         positions; other response positions get log-prob 0 (they are masked by `response_mask`).
-        `fused_lm_head` (with `response_logits_only`) computes them from the hidden states in chunks
-        without keeping the logits for backward (rlkit/workers/fused_lm_head.py).
-        `routed_experts` (b, S, layers, k): MoE routing replay (issue 18), the experts each token must use (-1 = its
-        own), handed to the router tap selected exactly as the tokens are (packed + SP slice, or trimmed).
+        `fused_lm_head` (with `response_logits_only`; None = the constructor's choice) computes them from the
+        hidden states in chunks without keeping the logits for backward (rlkit/workers/fused_lm_head.py).
         """
-        input_ids, attention_mask, position_ids = (t.to(self.device) for t in (input_ids, attention_mask, position_ids))
-        routes = None if routed_experts is None else routed_experts.to(self.device).long()  # MoE routing replay
-        if routes is not None and self.sp is not None:  # routing replay: the group's rows, as gather_rows below
-            routes = self.sp.gather_rows(routes)[0][0]
-        keep = response_logits_only and not self.value_head and self._has_logits_to_keep
-        if fused_lm_head and not self.value_head and not keep:
-            self._fusion.log_unfused("response_logits_only is off or the model takes no logits_to_keep")
-        fused = fused_lm_head and keep and self._fusion.can_fuse(self.module)
-        head = dict(temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size, fused=fused)
+        if isinstance(input_ids, ModelInputs):
+            if attention_mask is not None or position_ids is not None or routed_experts is not None:
+                raise TypeError("forward(ModelInputs, ...): the mask, positions and routes belong in the ModelInputs")
+            inputs = input_ids
+        elif attention_mask is None or position_ids is None:
+            raise TypeError("forward(input_ids, attention_mask, position_ids, response_length) or forward(ModelInputs)")
+        else:
+            inputs = ModelInputs.of(input_ids, attention_mask, position_ids, routed_experts)
+        if response_length is None:
+            raise TypeError("forward() needs response_length")
+        inputs = inputs.to(self.device)
+        head = self.head if fused_lm_head is None else self.head.with_fused(fused_lm_head)
+        call = HeadCall(response_length, temperature, with_entropy, chunk_size, response_logits_only)
         if self.sp is not None:  # the group's micro-batches together, packed and split along the sequence
-            (input_ids, attention_mask, position_ids), own = self.sp.gather_rows(
-                input_ids, attention_mask, position_ids
-            )
-            return self._packed_forward(
-                input_ids, attention_mask, position_ids, response_length, keep, head, routes
-            ).rows(own)
+            inputs, own = inputs.gather_rows(self.sp)
+            return self._packed_forward(inputs, head, call).rows(own)
         if remove_padding:
-            return self._packed_forward(input_ids, attention_mask, position_ids, response_length, keep, head, routes)
-        input_ids, attention_mask, position_ids = trim_left_padding(
-            input_ids, attention_mask, position_ids, response_length
+            return self._packed_forward(inputs, head, call)
+        rows = inputs.trim_left_padding(response_length)
+        kwargs = self._model_kwargs(
+            rows.extras, input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=rows.position_ids
         )
-        if routes is not None:  # routing replay: the columns trimming kept, row-major as the routers see them
-            self._replay(routes[:, -input_ids.shape[1] :].flatten(0, 1))
-        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-        if self.value_head:
-            return ForwardOut(values=self.module(**kwargs).logits[:, -response_length - 1 : -1, 0].float())
-        _, resp_need, labels = response_targets(input_ids, attention_mask, response_length)
-        if keep:
-            kwargs["logits_to_keep"] = response_length + 1
-            rows = lambda kept: kept[:, :-1][resp_need]  # noqa: E731  (b, R+1, X) -> (K, X)
-        else:
-            rows = lambda logits: logits[:, -response_length - 1 : -1][resp_need]  # noqa: E731
-        return self._scatter(resp_need, *head_log_probs(self.module, kwargs, rows, labels, **head))
+        return head.padded(self.module, kwargs, rows, call)
 
-    def _packed_forward(
-        self, input_ids, attention_mask, position_ids, response_length, keep, head, routes=None
-    ) -> ForwardOut:
+    def _packed_forward(self, inputs: ModelInputs, head: Head, call: HeadCall) -> ForwardOut:
         """The packed row, or under SP this rank's slice of it; outputs gathered back to (b, R)."""
-        sp = self.sp
-        packed = PackedRow.pack(input_ids, attention_mask, position_ids, multiple_of=sp.size if sp else 1)
-        lo, hi = sp.slice(packed.length) if sp else (0, packed.length)
-        if routes is not None:  # routing replay: the packed tokens' routes (-1 on the end padding), this rank's slice
-            end = routes.new_full((packed.length - packed.tokens, *routes.shape[2:]), -1)
-            self._replay(torch.cat([routes[packed.valid], end])[lo:hi])
-        kwargs: dict[str, Any] = dict(
-            input_ids=packed.input_ids[:, lo:hi], position_ids=packed.position_ids[:, lo:hi], use_cache=False
-        )
+        packed = inputs.pack(self.sp)
+        kwargs = self._model_kwargs(packed.extras, input_ids=packed.input_ids, position_ids=packed.position_ids)
         if self.varlen_reason is None:
-            kwargs.update(packed_kwargs(packed.cu_seqlens, packed.max_len))
-            if sp is not None:
-                kwargs[ulysses.GROUP_KWARG] = sp.group
+            kwargs.update(packed_kwargs(packed.row.cu_seqlens, packed.row.max_len))
+            if self.sp is not None:
+                kwargs[ulysses.GROUP_KWARG] = self.sp.group
         else:
-            kwargs["attention_mask"] = pack_mask(attention_mask, self.param_dtype)
-        if self.value_head:
-            values = self.module(**kwargs).logits[0, :, 0]  # (hi - lo,)
-            per_token = packed.unpack(sp.gather(values) if sp else values)  # (b, L)
-            return ForwardOut(values=per_token[:, -response_length - 1 : -1].float())
-        need, resp_need, labels = response_targets(input_ids, attention_mask, response_length)
-        kept = packed.index()[need]  # (K,) packed positions whose logits are needed, row-major
-        local = (kept >= lo) & (kept < hi)
-        at = kept[local] - lo
-        if keep:
-            kwargs["logits_to_keep"] = at
-            rows = lambda out: out[0]  # noqa: E731  (1, K_local, X) -> (K_local, X)
-        else:
-            rows = lambda logits: logits[0, at]  # noqa: E731
-        k_lp, k_ent = head_log_probs(self.module, kwargs, rows, labels[local], **head)
-        if sp is not None:  # each rank holds the values at its slice's kept positions: gather the whole row's
-            k_lp, k_ent = (
-                None if v is None else sp.gather(v.new_zeros(hi - lo).index_put((at,), v))[kept] for v in (k_lp, k_ent)
-            )
-        return self._scatter(resp_need, k_lp, k_ent)
+            kwargs["attention_mask"] = pack_mask(inputs.attention_mask, self.param_dtype)
+        return head.packed(self.module, kwargs, inputs, packed, call)
 
-    def _replay(self, routes: torch.Tensor) -> None:
-        """MoE routing replay: the next forward's routers use `routes` (tokens in the routers' order, layers, k)."""
-        if self.router_tap is None:
-            raise ValueError("routed_experts given to a model without routers")
-        self.router_tap.replay(routes)
-
-    @staticmethod
-    def _scatter(resp_need: torch.Tensor, k_lp: torch.Tensor, k_ent: torch.Tensor | None) -> ForwardOut:
-        """(K,) values at the needed response positions -> (b, R), 0 elsewhere."""
-        lp = torch.zeros(resp_need.shape, dtype=torch.float32, device=resp_need.device)
-        lp[resp_need] = k_lp
-        ent = None
-        if k_ent is not None:
-            ent = torch.zeros_like(lp)
-            ent[resp_need] = k_ent
-        return ForwardOut(log_probs=lp, entropy=ent)
+    def _model_kwargs(self, extras: dict[str, TokenInput], **kwargs: Any) -> dict[str, Any]:
+        """The model's forward keywords; extras that are not model keywords go to their consumers (the router
+        tap's replayed routes) before the forward."""
+        for name, extra in extras.items():
+            if extra.to_model:
+                kwargs[name] = extra.value
+            elif name in self._input_consumers:
+                self._input_consumers[name](extra.value)
+            else:
+                raise ValueError(f"{name} given to a model that has nothing consuming it (a dense model: no routers)")
+        return dict(kwargs, use_cache=False)
 
     # ------------------------------------------------------- weights out
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -36,9 +36,8 @@ class PackedRow:
         lengths = lengths[lengths > 0]
         tokens = int(lengths.sum())
         pad = -tokens % multiple_of
-        ids, pos = input_ids[valid], position_ids[valid]
+        ids, pos = _pad_end(input_ids[valid], pad, pad_id), position_ids[valid]
         if pad:
-            ids = torch.cat([ids, ids.new_full((pad,), pad_id)])
             pos = torch.cat([pos, torch.arange(pad, dtype=pos.dtype, device=pos.device)])
             lengths = torch.cat([lengths, lengths.new_tensor([pad])])
         cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=ids.device)
@@ -55,11 +54,20 @@ class PackedRow:
         """(b, L) long: each valid token's position in the packed row (meaningless elsewhere)."""
         return self.valid.reshape(-1).long().cumsum(0).view_as(self.valid) - 1
 
+    def pack_tokens(self, per_token: torch.Tensor, fill: int | float) -> torch.Tensor:
+        """(b, L, ...) per token -> (Tp, ...): the valid tokens as the ids are packed, `fill` on the end padding."""
+        return _pad_end(per_token[self.valid], self.length - self.tokens, fill)
+
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
         """(Tp, ...) per packed position -> (b, L, ...), zeros at padding."""
         full = packed.new_zeros((*self.valid.shape, *packed.shape[1:]))
         full[self.valid] = packed[: self.tokens]
         return full
+
+
+def _pad_end(packed: torch.Tensor, pad: int, fill: int | float) -> torch.Tensor:
+    """(T, ...) -> (T + pad, ...), `fill` in the new rows."""
+    return torch.cat([packed, packed.new_full((pad, *packed.shape[1:]), fill)]) if pad else packed
 
 
 def response_targets(
@@ -95,7 +103,12 @@ def trim_left_padding(
     """Drop the leading columns that are padding in every row (prompts are left-padded to the
     longest allowed prompt, usually much longer than this micro-batch's). Exact: those columns are
     masked out of attention; the response columns (counted from the end) are never touched."""
+    first = left_padding_start(attention_mask, response_length)
+    return input_ids[:, first:], attention_mask[:, first:], position_ids[:, first:]
+
+
+def left_padding_start(attention_mask: torch.Tensor, response_length: int) -> int:
+    """The first column some row uses (at most the last prompt column: the response's first logit stays)."""
     has_token = attention_mask.bool().any(0)
     first = int(has_token.int().argmax()) if bool(has_token.any()) else 0
-    first = min(first, max(0, input_ids.shape[1] - response_length - 1))
-    return input_ids[:, first:], attention_mask[:, first:], position_ids[:, first:]
+    return min(first, max(0, attention_mask.shape[1] - response_length - 1))

@@ -1,0 +1,143 @@
+"""What sits on top of the model in `FSDPModel.forward`, chosen once at construction: a head strategy.
+
+`LogProbHead` (the policy): log-probs (and entropy) of the response tokens, from the plain LM head or the fused
+chunked one (rlkit/workers/log_prob_head.py; `FusionGate` falls back to the plain head with a logged reason).
+`ValueHead` (the critic): the token-classification head's one value per response position.
+Each serves both layouts of `FSDPModel.forward`: `padded` (the trimmed rows) and `packed` (one packed row, or
+under sequence parallelism this rank's slice of it, rlkit/workers/model_inputs.py). Both return (b, R).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import torch
+
+from rlkit.workers.log_prob_head import FusionGate, head_log_probs
+from rlkit.workers.model_inputs import ModelInputs, PackedInputs
+from rlkit.workers.packing import response_targets
+
+
+@dataclass
+class ForwardOut:
+    log_probs: torch.Tensor | None = None  # (b, R)
+    entropy: torch.Tensor | None = None  # (b, R)
+    values: torch.Tensor | None = None  # (b, R)
+
+    def rows(self, own: slice) -> ForwardOut:
+        return ForwardOut(*(None if t is None else t[own] for t in (self.log_probs, self.entropy, self.values)))
+
+
+@dataclass(frozen=True)
+class HeadCall:
+    """One forward's head options (`FSDPModel.forward`'s keywords)."""
+
+    response_length: int
+    temperature: float = 1.0
+    with_entropy: bool = False
+    chunk_size: int = 1024
+    response_logits_only: bool = True
+
+
+class Head(Protocol):
+    def with_fused(self, fused: bool) -> Head: ...
+
+    def padded(self, module: torch.nn.Module, kwargs: dict[str, Any], rows: ModelInputs, call: HeadCall) -> ForwardOut:
+        """`rows`: the trimmed inputs that `kwargs` feed the model."""
+        ...
+
+    def packed(
+        self, module: torch.nn.Module, kwargs: dict[str, Any], rows: ModelInputs, packed: PackedInputs, call: HeadCall
+    ) -> ForwardOut:
+        """`rows`: the inputs before packing; `packed`: the row (and slice) that `kwargs` feed the model."""
+        ...
+
+
+class ValueHead:
+    """The critic's: the model's one logit per position, at the positions that predict the response tokens."""
+
+    def with_fused(self, fused: bool) -> ValueHead:
+        return self  # no LM head to fuse
+
+    def padded(self, module: torch.nn.Module, kwargs: dict[str, Any], rows: ModelInputs, call: HeadCall) -> ForwardOut:
+        r = call.response_length
+        return ForwardOut(values=module(**kwargs).logits[:, -r - 1 : -1, 0].float())
+
+    def packed(
+        self, module: torch.nn.Module, kwargs: dict[str, Any], rows: ModelInputs, packed: PackedInputs, call: HeadCall
+    ) -> ForwardOut:
+        values = module(**kwargs).logits[0, :, 0]  # (hi - lo,)
+        per_token = packed.row.unpack(packed.gather(values))  # (b, L)
+        return ForwardOut(values=per_token[:, -call.response_length - 1 : -1].float())
+
+
+@dataclass(frozen=True)
+class LogProbHead:
+    """The policy's: log p(response token) (and entropy), 0 where no response token is predicted.
+
+    `response_logits_only` runs the LM head only where a response token is predicted (the model's
+    `logits_to_keep`, when its forward takes it); `fused` (with it) computes them from the hidden states in
+    chunks without keeping the logits for backward (rlkit/workers/fused_lm_head.py)."""
+
+    fused: bool
+    logits_to_keep: bool  # the model's forward takes `logits_to_keep`
+    gate: FusionGate  # shared by `with_fused` copies: the fallback is logged once per model
+
+    def with_fused(self, fused: bool) -> LogProbHead:
+        return self if fused == self.fused else replace(self, fused=fused)
+
+    def _options(self, module: torch.nn.Module, call: HeadCall) -> tuple[bool, dict[str, Any]]:
+        keep = call.response_logits_only and self.logits_to_keep
+        if self.fused and not keep:
+            self.gate.log_unfused("response_logits_only is off or the model takes no logits_to_keep")
+        fused = self.fused and keep and self.gate.can_fuse(module)
+        return keep, dict(temperature=call.temperature, with_entropy=call.with_entropy, chunk_size=call.chunk_size,
+                          fused=fused)
+
+    def padded(self, module: torch.nn.Module, kwargs: dict[str, Any], rows: ModelInputs, call: HeadCall) -> ForwardOut:
+        keep, options = self._options(module, call)
+        r = call.response_length
+        _, resp_need, labels = response_targets(rows.input_ids, rows.attention_mask, r)
+        if keep:
+            kwargs["logits_to_keep"] = r + 1
+            pick = lambda kept: kept[:, :-1][resp_need]  # noqa: E731  (b, R+1, X) -> (K, X)
+        else:
+            pick = lambda logits: logits[:, -r - 1 : -1][resp_need]  # noqa: E731
+        return _scatter(resp_need, *head_log_probs(module, kwargs, pick, labels, **options))
+
+    def packed(
+        self, module: torch.nn.Module, kwargs: dict[str, Any], rows: ModelInputs, packed: PackedInputs, call: HeadCall
+    ) -> ForwardOut:
+        keep, options = self._options(module, call)
+        need, resp_need, labels = response_targets(rows.input_ids, rows.attention_mask, call.response_length)
+        kept = packed.row.index()[need]  # (K,) packed positions whose logits are needed, row-major
+        local = (kept >= packed.lo) & (kept < packed.hi)
+        at = kept[local] - packed.lo
+        if keep:
+            kwargs["logits_to_keep"] = at
+            pick = lambda out: out[0]  # noqa: E731  (1, K_local, X) -> (K_local, X)
+        else:
+            pick = lambda logits: logits[0, at]  # noqa: E731
+        k_lp, k_ent = head_log_probs(module, kwargs, pick, labels[local], **options)
+        # under SP each rank holds the values at its slice's kept positions: gather the whole row's
+        k_lp, k_ent = (None if v is None else packed.gather_kept(v, at, kept) for v in (k_lp, k_ent))
+        return _scatter(resp_need, k_lp, k_ent)
+
+
+def _scatter(resp_need: torch.Tensor, k_lp: torch.Tensor, k_ent: torch.Tensor | None) -> ForwardOut:
+    """(K,) values at the needed response positions -> (b, R), 0 elsewhere."""
+    lp = torch.zeros(resp_need.shape, dtype=torch.float32, device=resp_need.device)
+    lp[resp_need] = k_lp
+    ent = None
+    if k_ent is not None:
+        ent = torch.zeros_like(lp)
+        ent[resp_need] = k_ent
+    return ForwardOut(log_probs=lp, entropy=ent)
+
+
+def make_head(value_head: bool, fused_lm_head: bool, logits_to_keep: bool) -> Head:
+    """The critic's value head, or the policy's log-prob head (`fused_lm_head`: the fused one where it can serve)."""
+    if value_head:
+        return ValueHead()
+    return LogProbHead(fused=fused_lm_head, logits_to_keep=logits_to_keep, gate=FusionGate())

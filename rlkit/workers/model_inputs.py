@@ -1,0 +1,126 @@
+"""What a model forward reads per row: token ids, mask, positions, and the per-token extras a model family needs.
+
+`ModelInputs` holds the (b, S) `input_ids` / `attention_mask` / `position_ids` of a micro-batch and a dict of
+extra per-token inputs (`TokenInput`), each naming the dimensions it is aligned on (rows, tokens): MoE routing
+replay's `routed_experts` (b, S, layers, k) today; a vision-language model's 3-D rotary position ids (3, b, S)
+would be `TokenInput(ids, row_dim=1, token_dim=2)`. Every way the forward selects tokens treats every extra as
+it treats the token ids, in one code path each (`to`, `gather_rows`, `trim_left_padding`, `pack`), so a new
+per-token input needs no edit there:
+
+    ModelInputs ──SP: gather_rows (the group's rows)──▶ pack ──▶ PackedInputs (this rank's slice of the row)
+                └─padded: trim_left_padding (the columns some row uses)─────────▶ ModelInputs (trimmed)
+
+An extra with `to_model` goes to the model's forward under its name; one without (the replayed routes) is handed
+to whoever consumes it (`FSDPModel` asks its `RouterTap` for the names it takes), as the model would see it:
+(rows, tokens, ...) after packing/slicing or trimming, rows-then-tokens in the model's token order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from rlkit.models.moe_router import RouterTap
+from rlkit.workers.packing import PackedRow, left_padding_start
+from rlkit.workers.ulysses import SequenceParallel
+
+
+@dataclass(frozen=True, eq=False)
+class TokenInput:
+    """An extra per-token input: `value`'s dims `row_dim` and `token_dim` align with input_ids' (b, S)."""
+
+    value: torch.Tensor
+    row_dim: int = 0
+    token_dim: int = 1
+    fill: int | float = 0  # on the packed row's end padding (a sequence of its own, nothing reads its outputs)
+    to_model: bool = True  # a keyword of the model's forward; False: handed to the model's consumer of that name
+
+    def rows_tokens(self) -> torch.Tensor:
+        """`value` viewed (rows, tokens, ...)."""
+        return self.value.movedim((self.row_dim, self.token_dim), (0, 1))
+
+    def with_rows_tokens(self, value: torch.Tensor) -> TokenInput:
+        """The same input with a new (rows, tokens, ...) value, laid out as this one."""
+        return replace(self, value=value.movedim((0, 1), (self.row_dim, self.token_dim)))
+
+
+def replayed_routes(routed_experts: torch.Tensor) -> TokenInput:
+    """MoE routing replay's extra: (b, S, layers, k) expert ids for the router tap (-1 = the router's own)."""
+    return TokenInput(routed_experts.long(), fill=RouterTap.OWN_CHOICE, to_model=False)
+
+
+@dataclass(frozen=True, eq=False)
+class ModelInputs:
+    input_ids: torch.Tensor  # (b, S)
+    attention_mask: torch.Tensor  # (b, S)
+    position_ids: torch.Tensor  # (b, S)
+    extras: dict[str, TokenInput] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        routed_experts: torch.Tensor | None = None,
+    ) -> ModelInputs:
+        """From tensors; `routed_experts` (b, S, layers, k): MoE routing replay's routes, None = the routers' own."""
+        extras = {} if routed_experts is None else {RouterTap.INPUT: replayed_routes(routed_experts)}
+        return cls(input_ids, attention_mask, position_ids, extras)
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ModelInputs:
+        """`fn` on every per-token tensor viewed (rows, tokens, ...), the extras laid out back as they were."""
+        extras = {name: x.with_rows_tokens(fn(x.rows_tokens())) for name, x in self.extras.items()}
+        return ModelInputs(fn(self.input_ids), fn(self.attention_mask), fn(self.position_ids), extras)
+
+    def to(self, device: torch.device) -> ModelInputs:
+        return self._map(lambda t: t.to(device))
+
+    def trim_left_padding(self, response_length: int) -> ModelInputs:
+        """Without the leading columns that are padding in every row (rlkit/workers/packing.py)."""
+        first = left_padding_start(self.attention_mask, response_length)
+        return self._map(lambda t: t[:, first:])
+
+    def gather_rows(self, sp: SequenceParallel) -> tuple[ModelInputs, slice]:
+        """The SP group's micro-batches stacked in rank order, and this rank's rows in them."""
+        names = list(self.extras)
+        tensors = [self.input_ids, self.attention_mask, self.position_ids]
+        tensors += [self.extras[name].rows_tokens() for name in names]
+        gathered, own = sp.gather_rows(*tensors)
+        extras = {name: self.extras[name].with_rows_tokens(t) for name, t in zip(names, gathered[3:], strict=True)}
+        return ModelInputs(*gathered[:3], extras), own
+
+    def pack(self, sp: SequenceParallel | None) -> PackedInputs:
+        """The valid tokens in one row (padded to a multiple of the SP size), and this rank's slice of it."""
+        row = PackedRow.pack(self.input_ids, self.attention_mask, self.position_ids, multiple_of=sp.size if sp else 1)
+        lo, hi = sp.slice(row.length) if sp else (0, row.length)
+        extras = {
+            name: x.with_rows_tokens(row.pack_tokens(x.rows_tokens(), x.fill)[lo:hi].unsqueeze(0))
+            for name, x in self.extras.items()
+        }
+        return PackedInputs(row, lo, hi, sp, row.input_ids[:, lo:hi], row.position_ids[:, lo:hi], extras)
+
+
+@dataclass(frozen=True, eq=False)
+class PackedInputs:
+    """A packed row (rlkit/workers/packing.py) and what of it this rank feeds the model: [lo, hi) (all without SP)."""
+
+    row: PackedRow
+    lo: int
+    hi: int
+    sp: SequenceParallel | None
+    input_ids: torch.Tensor  # (1, hi - lo)
+    position_ids: torch.Tensor  # (1, hi - lo)
+    extras: dict[str, TokenInput]  # (rows 1, tokens hi - lo, ...) in each one's layout
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """(hi - lo, ...) per local position -> (Tp, ...) for the whole row."""
+        return self.sp.gather(local) if self.sp is not None else local
+
+    def gather_kept(self, local: torch.Tensor, at: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        """Values at this slice's positions `at` (of the row's `kept`, those in the slice) -> values at all `kept`."""
+        if self.sp is None:
+            return local
+        return self.sp.gather(local.new_zeros(self.hi - self.lo).index_put((at,), local))[kept]
