@@ -66,22 +66,28 @@ def test_grpo_learns_the_copy_task(grpo_run):
     assert summary.checkpoint is not None and summary.checkpoint.endswith(f"global_step_{STEPS}")
 
 
-#: bf16 may trail the fp32 run of the same seed by at most this (train reward, last 20 steps; greedy validation):
-#: over data seeds 1-5 the toy's fp32 runs spread by SEED_SPREAD (bench/results/learning_precision.md)
+#: bf16 may trail the fp32 run of the same data seed by at most this (train reward of the last 20 steps, greedy
+#: validation after): the toy's seed-to-seed spread (bench/results/learning_precision_toy.md)
 BF16_TOLERANCE = 0.15
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_grpo_learns_in_bf16_as_in_fp32(grpo_run, toy_data, tiny_model, tmp_path):
+def test_grpo_learns_in_bf16_as_in_fp32(grpo_run, toy_data, tmp_path):
     """bf16 compute forced (`param_dtype=bfloat16`, what `auto` picks where bf16 matmuls are faster: AMX,
-    AVX512-BF16): the same seed learns as the fp32 run (`grpo_run`) does; fp32 master weights and Adam state."""
+    AVX512-BF16) on the same tiny model stored in bf16, as published checkpoints are: every weight then starts on
+    the bf16 grid, where updates smaller than half a grid step never reached the forward before the masters were
+    dithered (rlkit/workers/master_dither.py; without it this run reached ~0.67 where fp32 reaches ~0.9). It must
+    learn as the fp32 run of the same data seed (`grpo_run`) does."""
+    from rlkit.testing import save_tiny_model
     from tests.trainer.conftest import learning_curve
 
     fp32_summary, fp32_rows, _, _ = grpo_run
-    fp32_first, fp32_last, val_key = learning_curve(fp32_summary, fp32_rows, STEPS, "fp32 GRPO")
-    overrides = learning_overrides(
-        toy_data, tiny_model, tmp_path, STEPS, actor_rollout_ref__actor__fsdp_config__param_dtype="bfloat16"
+    _, fp32_last, val_key = learning_curve(fp32_summary, fp32_rows, STEPS, "fp32 GRPO")
+    model = save_tiny_model(tmp_path / "tiny_bf16", tie_embeddings=True, dtype="bfloat16")
+    overrides = learning_overrides(  # the engine in bf16 too, as `auto` picks both on such a CPU
+        toy_data, model, tmp_path, STEPS, actor_rollout_ref__actor__fsdp_config__param_dtype="bfloat16",
+        actor_rollout_ref__rollout__dtype="bfloat16",
     )
     summary, rows, _ = fit("grpo", overrides, tmp_path / "logs")
     first, last, _ = learning_curve(summary, rows, STEPS, "bf16 GRPO")
