@@ -32,8 +32,6 @@ from typing import Any
 
 import torch
 
-from rlkit.algo.run_needs import run_needs
-from rlkit.errors import UserError
 from rlkit.models.model_info import special_token_ids
 from rlkit.protocol import Batch
 from rlkit.trainer.partial_rollout import PartialChunk
@@ -48,18 +46,8 @@ class FullyAsyncRollout(RolloutSource):
     """Full batches from a rollout pump with bounded staleness (see the module docstring)."""
 
     def __init__(self, ctx: RolloutContext) -> None:
-        cfg = ctx.cfg
-        if not (cfg.actor_rollout_ref.rollout.calculate_log_probs and cfg.algorithm.rollout_is):
-            raise UserError(
-                "trainer.fully_async: this config was not finalized (rollout log-probs and "
-                "algorithm.rollout_is are off); build it with rlkit.trainer.run_config.load_config"
-            )
-        if run_needs(cfg).greedy_baseline:
-            raise UserError(
-                f"trainer.fully_async does not generate the greedy baseline responses "
-                f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs; use "
-                "trainer.one_step_off_policy=true instead of trainer.fully_async"
-            )
+        """The config is finalized (rlkit.trainer.run_config.load_config): rollout log-probs and the correction
+        are on, and no estimator needs a greedy baseline (refused there)."""
         super().__init__(ctx)
         self.clock = VersionClock()
         route = ctx.workers.weights

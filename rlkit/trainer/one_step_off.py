@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.rollout.lifecycle import call_seed
 from rlkit.trainer.rollout_source import ROLLOUT_SOURCES, RolloutContext, RolloutSource, repeat_with_uids
@@ -50,10 +49,8 @@ class OneStepOffRollout(RolloutSource):
     """The batch launched one step earlier on the separate rollout group (see the module docstring)."""
 
     def __init__(self, ctx: RolloutContext) -> None:
-        cfg = ctx.cfg
-        if not (cfg.actor_rollout_ref.rollout.calculate_log_probs and cfg.algorithm.rollout_is):
-            raise UserError("trainer.one_step_off_policy: this config was not finalized (rollout log-probs and "
-                            "algorithm.rollout_is are off); build it with rlkit.trainer.run_config.load_config")
+        """The config is finalized (rlkit.trainer.run_config.load_config): rollout log-probs and the correction
+        are on for this mode."""
         super().__init__(ctx)
         self._pending: _InFlight | None = None
 

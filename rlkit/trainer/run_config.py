@@ -71,6 +71,19 @@ def router_replay_backend(cfg: RLConfig) -> None:
                         "routes yet; turn off rollout.multi_turn.enable or router_replay")
 
 
+def async_baseline(cfg: RLConfig) -> None:
+    """The fully async pump generates no greedy baseline: an estimator that needs one (ReMax) is refused."""
+    from rlkit.algo.run_needs import run_needs
+    from rlkit.errors import UserError
+
+    if cfg.trainer.fully_async and run_needs(cfg).greedy_baseline:
+        raise UserError(
+            f"trainer.fully_async does not generate the greedy baseline responses "
+            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs; use "
+            "trainer.one_step_off_policy=true instead of trainer.fully_async"
+        )
+
+
 def agent_names(cfg: RLConfig) -> None:
     multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
     if multi_turn.enable:
@@ -83,7 +96,7 @@ def agent_names(cfg: RLConfig) -> None:
 #: checks, which read the resolved `critic.enable`
 HOOKS: tuple[ConfigHook, ...] = (
     default_rollout_backend, break_at_rules, named_entries, tensor_parallel_backend, router_replay_backend,
-    agent_names,
+    async_baseline, agent_names,
 )
 
 

@@ -22,7 +22,6 @@ from typing import Any
 from rlkit.config.rollout import RolloutConfig
 from rlkit.controller import Dispatch, Worker, register
 from rlkit.debug import maybe_break, set_step
-from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS
 from rlkit.rollout.lifecycle import ActorAdapter, ActorWeights, EngineLifecycle, StateDictWeights, sampling_seed
@@ -97,10 +96,6 @@ class RolloutWorker(Worker):
             sampling.seed = sampling_seed(rollout.seed, seed, self.dispatch_info().dp_rank)
         sampling.return_routed_experts = self.router_replay and not validate
         out, memory = self.lifecycle.generate(batch, sampling, stay_awake=stay_awake)
-        if sampling.return_routed_experts and "routed_experts" not in out:
-            engine = f"{rollout.name} rollout" + (" with multi_turn" if rollout.multi_turn.enable else "")
-            raise UserError(f"actor_rollout_ref.actor.router_replay=true: the {engine} does not return the experts "
-                            "it routed each token to (docs/moe.md); use rollout.name=hf (single turn)")
         gen_s = time.perf_counter() - start
         tokens = float(out["response_mask"].sum())
         out.meta["metrics"] = {

@@ -36,6 +36,7 @@ def test_finalize_turns_on_the_correction_and_the_separate_layout(toy_data, tiny
         (dict(algorithm__filter_groups__enable=True), "turn one of them off"),
         (dict(trainer__rollout_chunk_prompts=3), "must divide data.train_batch_size=16"),
         (dict(trainer__staleness_threshold=-1), "trainer.staleness_threshold=-1 must be >= 0"),
+        (dict(algorithm__adv_estimator="remax"), "use trainer.one_step_off_policy=true instead"),
         (
             dict(trainer__partial_rollout_segment=2, actor_rollout_ref__actor__router_replay=True),
             "trainer.partial_rollout_segment=0",
