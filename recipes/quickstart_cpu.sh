@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CPU quickstart (what `make quickstart` runs after set-up): data -> model -> GRPO -> summary.
-# Hardware: 2 CPU cores, no GPU, no model hub needed. Expected: ~11 min (measured); training reward 0.03 -> 0.13, test score 0.025 -> 0.225.
+# Hardware: 2 CPU cores, no GPU, no model hub needed. Expected (float32, measured): ~11 min; training reward 0.03 -> 0.13,
+# test score 0.025 -> 0.225. bf16 (CPUs with AMX / AVX512-BF16): per seed in bench/results/learning_precision.md.
 # Extra arguments are passed to `rlkit train` as overrides, e.g. trainer.total_training_steps=4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
