@@ -11,6 +11,7 @@ base weights exist once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 import torch
@@ -232,8 +233,9 @@ class RefWorker(_PolicyScorer):
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         self.init_distributed()
+        frozen = dataclasses.replace(self.ref.fsdp_config, dither_master_weights=False)  # never updated: no dither
         self.model = FSDPModel(
-            self.model_cfg.path, self.ref.fsdp_config, self.device,
+            self.model_cfg.path, frozen, self.device,
             attn_implementation=self.model_cfg.attn_implementation, trust_remote_code=self.model_cfg.trust_remote_code,
             ulysses_sequence_parallel_size=self.ref.ulysses_sequence_parallel_size,
             compile_layers=self.model_cfg.use_torch_compile, fused_lm_head=self.model_cfg.fused_lm_head,

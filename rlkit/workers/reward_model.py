@@ -13,6 +13,7 @@ comparing ids with pad_token_id and so misses a response that ends in an EOS equ
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -53,7 +54,7 @@ class RewardModelScorer:
             )
         self.model = FSDPModel(
             m.path,
-            m.fsdp_config,
+            dataclasses.replace(m.fsdp_config, dither_master_weights=False),  # frozen: never updated, no dither
             device,
             attn_implementation=m.attn_implementation,
             trust_remote_code=m.trust_remote_code,
