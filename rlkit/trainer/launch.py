@@ -25,6 +25,7 @@ def resource_plan(cfg: RLConfig) -> Table:
     """What will run where (printed by --dry-run and at start-up)."""
     from rlkit.reward.mix import describe as describe_reward
     from rlkit.trainer.workers_setup import plan_layout
+    from rlkit.utils.cpu_precision import plan_row
 
     t = cfg.trainer
     name = {"rollout": f"rollout ({cfg.actor_rollout_ref.rollout.name})"}
@@ -43,28 +44,34 @@ def resource_plan(cfg: RLConfig) -> Table:
     table.add_row("optimizer steps per step", str(bsz // actor.ppo_mini_batch_size * actor.ppo_epochs))
     table.add_row("advantage estimator", cfg.algorithm.adv_estimator)
     table.add_row("policy loss", f"{actor.policy_loss} ({actor.loss_agg_mode})")
-    actor_dtype, engine = precision(cfg)
-    table.add_row("actor compute dtype", actor_dtype)
-    table.add_row("rollout engine dtype", engine)
+    threads = max(1, int(t.cpus_per_worker))  # the workers' torch threads: their measurement is the one cached
+    table.add_row("actor compute dtype", plan_row(actor.fsdp_config.param_dtype, t.device, threads))
+    name = cfg.actor_rollout_ref.rollout.dtype
+    table.add_row("rollout engine dtype", f"auto -> {engine_precision(cfg)}" if name == "auto" else name)
     table.add_row("reward", describe_reward(cfg))
     table.add_row("checkpoints", cfg.trainer.default_local_dir)
     return table
 
 
-def precision(cfg: RLConfig) -> tuple[str, str]:
-    """(the actor's compute dtype with why, the engine's dtype): the resource plan's and the run summary's line."""
+def engine_precision(cfg: RLConfig) -> str:
+    """The rollout engine's dtype, `rollout.dtype` resolved."""
     import torch
 
     from rlkit.rollout.base import engine_dtype
-    from rlkit.utils.cpu_precision import plan_row
 
     t = cfg.trainer
-    threads = max(1, int(t.cpus_per_worker))  # the workers' torch threads: their measurement is the one cached
-    on_gpu = t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
-    actor = plan_row(cfg.actor_rollout_ref.actor.fsdp_config.param_dtype, t.device, threads)
-    name = cfg.actor_rollout_ref.rollout.dtype
-    engine = engine_dtype(name, on_gpu)
-    return actor, f"auto -> {engine}" if name == "auto" else engine
+    return engine_dtype(cfg.actor_rollout_ref.rollout.dtype,
+                        t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available()))
+
+
+def precision_line(cfg: RLConfig) -> str:
+    """The run summary's `precision` row: the actor's compute dtype and the engine's, resolved."""
+    from rlkit.utils.cpu_precision import resolved_param_dtype
+
+    t = cfg.trainer
+    actor = resolved_param_dtype(cfg.actor_rollout_ref.actor.fsdp_config.param_dtype, t.device,
+                                 max(1, int(t.cpus_per_worker)))
+    return f"actor {actor}, engine {engine_precision(cfg)}"
 
 
 def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
@@ -157,9 +164,7 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
             summary.log_dir = log_dir
             summary.memory = {**(actor_memory(trainer.workers.actor) or {}), **moe_params(trainer.model_path)}
             summary.wall_s = time.perf_counter() - started  # type: ignore[attr-defined]
-            actor_dtype, engine = precision(cfg)
-            actor_dtype = actor_dtype.split(" (")[0].removeprefix("auto -> ")
-            summary.precision = f"actor {actor_dtype}, engine {engine.removeprefix('auto -> ')}"  # type: ignore[attr-defined]
+            summary.precision = precision_line(cfg)  # type: ignore[attr-defined]
             console.print(summary_table(summary))
             return summary
         except BaseException as exc:

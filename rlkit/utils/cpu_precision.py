@@ -250,3 +250,12 @@ def plan_row(param_dtype: str, device: str, threads: int | None = None) -> str:
         return "auto -> bfloat16 (GPU)"
     choice = choose(threads=threads)
     return f"auto -> {choice.line().removeprefix('CPU compute dtype ')}"
+
+
+def resolved_param_dtype(param_dtype: str, device: str, threads: int | None = None) -> str:
+    """What `param_dtype` resolves to on `device` (the dtype `plan_row` shows, without the why)."""
+    if param_dtype != "auto":
+        return param_dtype
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return "bfloat16"
+    return choose(threads=threads).dtype
