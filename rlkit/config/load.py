@@ -33,6 +33,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlkit.config.schema import REMOVED_KEYS, RLConfig
+from rlkit.config.verl_keys import VERL_KEYS
+from rlkit.config.verl_rules import find_rule, flatten, translate, unflatten
 from rlkit.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -41,11 +43,13 @@ SCHEMA_NODE = "rlkit_schema"
 RUN_NODE = "_rlkit_run"  # generated primary config when a user config sits over the base
 FILE_NODE = "_rlkit_config_file"  # the content of --config FILE
 CLI = "command line"
+MAIN_PPO = "_main_ppo"  # the preset of `rlkit train` without one: verl's main_ppo defaults (adv_estimator gae)
+VERL_BASES = ("ppo_trainer", "ppo_megatron_trainer")  # verl's built-in config names, as rlkit's base
 
 
 # ----------------------------------------------------------------------------------------- schema
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / "algorithm").glob("*.yaml"))
+    return sorted(p.stem for p in (CONF_DIR / "algorithm").glob("*.yaml") if not p.stem.startswith("_"))
 
 
 def schema_keys(cls: type = RLConfig, prefix: str = "") -> list[str]:
@@ -108,6 +112,74 @@ def _check_known(cfg: dict, source: Any, known: set[str], prefix: str = "") -> N
             _check_known(value, source, known, dotted + ".")
             continue
         raise unknown_key_error(dotted, source(dotted) if callable(source) else source, known)
+
+
+# ----------------------------------------------------------------------------------------- verl's keys
+class _Verl:
+    """verl's keys of the user's layers in rlkit's terms (rlkit.config.verl_keys), and the notices that says."""
+
+    def __init__(self, known: set[str]) -> None:
+        self.known = known
+        self.mappings = mapping_keys()
+        self.notices: list[str] = []
+
+    def is_rlkit(self, key: str) -> bool:
+        return _is_known(key, self.known, self.mappings)
+
+    def keep_whole(self, key: str) -> bool:
+        """A free-form mapping of rlkit's stays one value when a layer is flattened."""
+        return key in self.mappings
+
+    def claims(self, key: str, value: Any) -> bool:
+        """Whether a rule reads this key (a verl key; or rlkit's own key with a value spelled as verl does)."""
+        hit = find_rule(key, VERL_KEYS)
+        return hit is not None and (not self.is_rlkit(key) or (hit[0].when is not None and hit[0].when(value)))
+
+    def layer(self, tree: dict, source: str) -> dict:
+        """A nested layer with its verl keys translated (a refused one raises, naming `source`)."""
+        flat = flatten(tree, keep=self.keep_whole)
+        if not any(self.claims(k, v) for k, v in flat.items()):
+            return tree
+        done = translate(flat, VERL_KEYS, self.is_rlkit, source)
+        self.say(done.notices)
+        return unflatten(done.values)
+
+    def say(self, notices: Iterable[str]) -> None:
+        self.notices.extend(n for n in notices if n not in self.notices)
+
+
+def _hydra_literal(value: Any) -> str:
+    """A Python value written in Hydra's override grammar (quoted strings, [lists], {dicts}, null)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_hydra_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_hydra_literal(v)}" for k, v in value.items()) + "}"
+    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{text}'"
+
+
+def _translate_overrides(parsed: list[Any], verl: _Verl) -> list[Any]:
+    """The command line's verl keys as rlkit overrides (`++key=value`), the rest as given."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out, parser = [], OverridesParser.create()
+    for o in parsed:
+        key = o.key_or_group
+        if not key or o.is_delete() or not verl.claims(key, o.value()):
+            if o.is_delete() and key and not verl.is_rlkit(key) and find_rule(key, VERL_KEYS):
+                continue  # `~verl_key`: back to verl's default, which asks nothing of rlkit
+            out.append(o)
+            continue
+        done = translate({key: o.value()}, VERL_KEYS, verl.is_rlkit, f"{CLI} '{o.input_line}'")
+        verl.say(done.notices)
+        out += [parser.parse_override(f"++{k}={_hydra_literal(v)}") for k, v in done.values.items()]
+    return out
 
 
 # ----------------------------------------------------------------------------------------- overrides
@@ -210,7 +282,7 @@ def _config_file(config_file: str) -> dict:
 def _lists_base(defaults: Any) -> bool:
     """Whether a user defaults list already pulls in rlkit's base (verl style: `defaults: [rlkit, _self_]`)."""
     names = [d if isinstance(d, str) else next(iter(d), "") for d in defaults or [] if isinstance(d, str | dict)]
-    return any(str(n).lstrip("/").split("@")[0] == BASE for n in names)
+    return any(str(n).lstrip("/").split("@")[0] in (BASE, *VERL_BASES) for n in names)
 
 
 def _store_nodes(file_layer: dict | None, user_name: str | None, base_listed: bool) -> str:
@@ -249,24 +321,34 @@ def _compose(primary: str, config_dir: Path, overrides: list[str]) -> DictConfig
         raise UserError(f"config: {what}{' '.join(lines)}") from None
 
 
-def compose_config(algo: str = "grpo", overrides: list[str] | None = None, config_file: str | None = None, *,
-                   config_path: str | None = None, config_name: str | None = None) -> RLConfig:
-    """Compose and validate the RLConfig of `rlkit train ALGO [...]`; not finalized (see `finalize`)."""
-    if algo not in preset_names():
+def compose_config(algo: str | None = "grpo", overrides: list[str] | None = None, config_file: str | None = None,
+                   *, config_path: str | None = None, config_name: str | None = None,
+                   notices: list[str] | None = None) -> RLConfig:
+    """Compose and validate the RLConfig of `rlkit train [ALGO] [...]`; not finalized (see `finalize`).
+
+    Without a preset (`algo=None`) the run starts from verl's main_ppo defaults (rlkit's schema with
+    `algorithm.adv_estimator: gae`). verl's keys are read as rlkit.config.verl_keys says; each mapped key's
+    line is appended to `notices` (logged as a warning when no list is given)."""
+    algo = algo or MAIN_PPO
+    if algo != MAIN_PPO and algo not in preset_names():
         close = difflib.get_close_matches(algo, preset_names(), n=2)
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
         raise UserError(f"unknown algorithm preset '{algo}'. Known: {', '.join(preset_names())}.{hint}")
     if config_file and (config_path or config_name):
         raise UserError("pass either --config FILE or --config-path DIR --config-name NAME, not both")
-    if bool(config_path) != bool(config_name):
+    if config_name and config_name.removesuffix(".yaml") in VERL_BASES:
+        config_path, config_name = str(CONF_DIR), config_name.removesuffix(".yaml")
+    elif bool(config_path) != bool(config_name):
         raise UserError("--config-path and --config-name go together (a folder and the name of a YAML file in it)")
     known = set(schema_keys())
-    parsed = _parse_overrides(list(overrides or []))
+    verl = _Verl(known)
+    parsed = _translate_overrides(_parse_overrides(list(overrides or [])), verl)
     layers: list[tuple[str, dict]] = [(f"preset {algo}.yaml", _user_yaml(CONF_DIR / "algorithm" / f"{algo}.yaml"))]
     file_layer, config_dir, base_listed = None, CONF_DIR, False
     if config_file:
         file_layer = _config_file(config_file)
-        _check_known({k: v for k, v in file_layer.items() if k not in ("defaults", "hydra")}, config_file, known)
+        _check_known(verl.layer({k: v for k, v in file_layer.items() if k not in ("defaults", "hydra")},
+                                config_file), config_file, known)
         layers.append((config_file, file_layer))
     if config_path and config_name:
         config_dir = Path(config_path).expanduser().resolve()
@@ -275,13 +357,27 @@ def compose_config(algo: str = "grpo", overrides: list[str] | None = None, confi
             raise UserError(f"--config-name {config_name}: {primary_file} does not exist")
         user = _user_yaml(primary_file)
         base_listed = _lists_base(user.get("defaults"))
-        _check_known({k: v for k, v in user.items() if k not in ("defaults", "hydra")}, str(primary_file), known)
+        _check_known(verl.layer({k: v for k, v in user.items() if k not in ("defaults", "hydra")}, str(primary_file)),
+                     str(primary_file), known)
         layers.append((f"the config tree {config_dir}", user))
         config_name = primary_file.stem
     layers.append((CLI, _cli_layer(parsed)))
     primary = _store_nodes(file_layer, config_name, base_listed)
     composed = _compose(primary, config_dir, _hydra_overrides(algo, parsed, known))
-    return validate(OmegaConf.to_container(composed), layers, known)
+    data = OmegaConf.to_container(composed)
+    cfg = validate(verl.layer(data, "the composed config"), layers, known)
+    _announce(verl.notices, notices)
+    return cfg
+
+
+def _announce(lines: list[str], sink: list[str] | None) -> None:
+    if sink is not None:
+        sink.extend(lines)
+        return
+    import logging
+
+    for line in lines:
+        logging.getLogger("rlkit.config").warning(line)
 
 
 def _source_of(dotted: str, layers: list[tuple[str, dict]]) -> str:

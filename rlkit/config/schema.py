@@ -256,9 +256,5 @@ class RLConfig:
 
 #: keys that did nothing and were removed; naming one is an error that says what to do instead
 REMOVED_KEYS: dict[str, str] = {
-    "actor_rollout_ref.hybrid_engine": "the actor, rollout and reference always share one process per device; "
-    "for a rollout group of its own set trainer.one_step_off_policy=true",
-    "actor_rollout_ref.actor.strategy": "the actor always trains with FSDP2",
-    "algorithm.filter_groups.metric": "dynamic sampling always compares the samples' scores (token_level_scores)",
     "actor_rollout_ref.rollout.update_weights_bucket_mb": "the weight sync has no bucket size to set",
 }

@@ -100,11 +100,13 @@ HOOKS: tuple[ConfigHook, ...] = (
 )
 
 
-def load_config(algo: str = "grpo", overrides: list[str] | None = None, config_file: str | None = None,
-                config_path: str | None = None, config_name: str | None = None) -> RLConfig:
-    """The validated, finalized RLConfig of `rlkit train ALGO [--config FILE | --config-path DIR --config-name NAME]
-    [override ...]` (see rlkit.config.load.compose_config for the grammar)."""
-    cfg = compose_config(algo, overrides, config_file, config_path=config_path, config_name=config_name)
+def load_config(algo: str | None = "grpo", overrides: list[str] | None = None, config_file: str | None = None,
+                config_path: str | None = None, config_name: str | None = None,
+                notices: list[str] | None = None) -> RLConfig:
+    """The validated, finalized RLConfig of `rlkit train [ALGO] [--config FILE | --config-path DIR --config-name NAME]
+    [override ...]` (see rlkit.config.load.compose_config for the grammar; `notices` gets the verl-key lines)."""
+    cfg = compose_config(algo, overrides, config_file, config_path=config_path, config_name=config_name,
+                         notices=notices)
     return finalize(cfg, HOOKS)
 
 

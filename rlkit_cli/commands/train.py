@@ -16,7 +16,10 @@ DEBUG_MODES = {"on": "on", "post-mortem": "post-mortem", "postmortem": "post-mor
 
 
 def train(
-    algo: str = typer.Argument(..., help=f"Algorithm preset: {' | '.join(preset_names())}."),
+    algo: str = typer.Argument(
+        None, help=f"Algorithm preset: {' | '.join(preset_names())}. Optional: without it the run starts from "
+        "verl's main_ppo defaults and algorithm.adv_estimator (default gae) picks the algorithm.", show_default=False,
+    ),
     overrides: list[str] = typer.Argument(
         None, help="Config overrides in Hydra's grammar: key=v, +key=v (add), ++key=v (add or set), ~key (back to "
         "the default), lists [a,b], ${interpolation}; e.g. actor_rollout_ref.rollout.n=8"
@@ -37,11 +40,16 @@ def train(
     ),
     num_cpus: int = typer.Option(None, "--num-cpus", help="CPUs for a local Ray (default: all)."),
 ) -> None:
-    """Train with an algorithm preset and any key=value overrides.
+    """Train with an algorithm preset (or none, as verl's main_ppo) and any key=value overrides.
 
     Example:
       rlkit train grpo data.train_files=~/data/toy/train.parquet actor_rollout_ref.model.path=./tiny
       rlkit train ppo --config-path ./conf --config-name my_run +reward_model.scorer_kwargs.gsm8k.method=flexible
+      rlkit train algorithm.adv_estimator=grpo data.train_files=... (a verl script: `python3 -m
+      verl.trainer.main_ppo` replaced by `rlkit train`; docs/verl.md)
+
+    verl's config keys are accepted: each is implemented, mapped to rlkit's equivalent (one line at start-up
+    says what to what), or refused with one line saying why and what to use instead (docs/verl.md).
 
     The preset is the Hydra config group `algorithm` (rlkit/config/conf/algorithm/<ALGO>.yaml); the
     config is composed with Hydra's compose API (no output folder, no working-directory change).
@@ -58,6 +66,8 @@ def train(
     from rlkit.trainer.run_config import load_config
 
     overrides = list(overrides or [])
+    if algo is not None and ("=" in algo or algo.startswith(("+", "~")) or (debug and algo in DEBUG_MODES)):
+        overrides, algo = [algo, *overrides], None  # no preset: the first word is an override (verl's main_ppo)
     mode = None
     if debug:
         mode = "on"
@@ -65,8 +75,13 @@ def train(
             mode = DEBUG_MODES[word]
             overrides.remove(word)
     console = Console()
+    notices: list[str] = []
     cfg = load_config(algo, overrides, str(config) if config else None,
-                      config_path=str(config_path) if config_path else None, config_name=config_name)
+                      config_path=str(config_path) if config_path else None, config_name=config_name,
+                      notices=notices)
+    err = Console(stderr=True, soft_wrap=True)
+    for line in notices:
+        err.print(line, markup=False, highlight=False, style="yellow")
     if dry_run:
         from rlkit.trainer.preflight import preflight
 

@@ -1,0 +1,459 @@
+"""verl's config keys that rlkit's schema does not hold under verl's name, each as one rule (rlkit.config.verl_rules).
+
+Keys rlkit implements under verl's own name live in the schema (schema.py and its sections); the rules below are
+the rest of verl's key space (both layouts: the current one with `reward.*`, and the older one most published scripts
+use, with `reward_model.*` / `reward_manager.*` at the top level), first match wins. `docs/verl.md` is generated
+from this table (`python -m rlkit.config.verl_doc`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlkit.config.verl_rules import VerlKey, alias, mapped, only, refused
+from rlkit.errors import UserError
+
+ARR = "actor_rollout_ref"
+ACTOR, REF, ROLLOUT, MODEL = f"{ARR}.actor", f"{ARR}.ref", f"{ARR}.rollout", f"{ARR}.model"
+ANY: Any = lambda value: True  # noqa: E731 - an `inert` test: every value (a parameter of a refused switch)
+
+# verl spells dtypes short; rlkit spells them as torch does
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16",
+               "float16": "float16", "float32": "float32"}
+
+
+def dtype_name(value: Any) -> str:
+    name = DTYPE_NAMES.get(str(value).lower())
+    if name is None:
+        raise UserError(f"dtype '{value}' is not one of {sorted(DTYPE_NAMES)}")
+    return name
+
+
+REPLAY_OFF = "nothing to set: routing replay off"
+FSDP2 = "FSDP2 (rlkit's training engine for every role)"
+
+
+def strategy(value: Any, key: str) -> tuple[dict, str]:
+    """`*.strategy`: rlkit trains every role with FSDP2; Megatron's parallel sizes are mapped key by key."""
+    name = str(value).lower()
+    if name == "fsdp2":
+        return {}, ""
+    if name == "fsdp":
+        return {}, "FSDP2 (rlkit's training engine: the same full sharding as verl's FSDP1, per decoder layer)"
+    if name == "megatron":
+        return {}, ("FSDP2: rlkit trains with FSDP2; megatron.* sizes map as their own lines say "
+                    "(tensor/pipeline/expert parallel -> FSDP2 sharding, context parallel -> Ulysses SP)")
+    raise UserError(f"config key '{key}={value}' is not supported by rlkit: rlkit trains with FSDP2 "
+                    "(strategy fsdp, fsdp2 or megatron are accepted and run as FSDP2)")
+
+
+def rollout_engine(value: Any, key: str) -> tuple[dict, str]:
+    """`rollout.name`: SGLang / TensorRT-LLM scripts run on the vLLM engine with the same sampling settings."""
+    return {key: "vllm"}, f"{key}=vllm (rlkit's engines are vllm and hf; the sampling settings are kept)"
+
+
+def recompute(target: str) -> Any:
+    def derive(value: Any, key: str) -> tuple[dict, str]:
+        on = str(value).lower() in ("full", "selective")
+        return ({target: True}, f"{target}=true (activation recomputation per decoder layer)") if on else ({}, "")
+    return derive
+
+
+def offload_policy(prefix: str) -> Any:
+    def derive(value: Any, key: str) -> tuple[dict, str]:
+        if not value:
+            return {}, ""
+        return ({f"{prefix}.param_offload": True, f"{prefix}.optimizer_offload": True},
+                f"{prefix}.param_offload=true and optimizer_offload=true (FSDP2 CPU offload; a no-op on CPU)")
+    return derive
+
+
+def router_replay(target: str) -> Any:
+    """verl's routing-replay modes: R2 replays the trainer's own routes, R3 the rollout engine's (rlkit's)."""
+    def derive(value: Any, key: str) -> tuple[dict, str]:
+        mode = str(value).upper()
+        if mode in ("DISABLED", "NONE"):
+            return {}, ""
+        if mode == "R3":
+            return {target: True}, f"{target}=true (the experts the rollout engine chose, replayed in training)"
+        raise UserError(f"config key '{key}={value}' is not supported by rlkit: rlkit replays the rollout engine's "
+                        f"routes (verl's R3): set {key}=R3 or {target}=true")
+    return derive
+
+
+def checkpoint_contents(value: Any) -> bool:
+    """rlkit's checkpoints always hold the model, the optimizer and the run state (verl's model/optimizer/extra)."""
+    return value is None or (isinstance(value, str) and value.startswith("${")) or (
+        isinstance(value, list | tuple) and set(map(str, value)) <= {"model", "optimizer", "extra"})
+
+
+def resume_path(value: Any, key: str) -> tuple[dict, str]:
+    if value in (None, ""):
+        return {}, ""
+    return {"trainer.resume_mode": value}, f"trainer.resume_mode={value} (rlkit's resume_mode takes the path itself)"
+
+
+def fsdp_rules(prefix: str, role: str) -> list[VerlKey]:
+    """verl's FSDP engine keys of one role's fsdp section (`prefix`: actor.fsdp_config, critic.fsdp, ...)."""
+    target = f"{role}.fsdp_config"
+    sp = f"{role}.ulysses_sequence_parallel_size"
+    return [
+        alias(f"{prefix}.{{param_offload,optimizer_offload}}", f"{target}.{{1}}"),
+        alias(f"{prefix}.dtype", f"{target}.param_dtype", dtype_name),
+        alias(f"{prefix}.ulysses_sequence_parallel_size", sp),
+        mapped(f"{prefix}.offload_policy", "nothing to set: no CPU offload asked", derive=offload_policy(target)),
+        mapped(f"{prefix}.wrap_policy.**", "rlkit's FSDP2 wraps each decoder layer (and the root); the wrap policy "
+               "has nothing to choose"),
+        mapped(f"{prefix}.{{forward_prefetch,use_orig_params,seed,forward_only,pad_to_length_bucket}}",
+               "nothing to set: FSDP2 keeps the original parameters, prefetches the next layer, seeds from "
+               "trainer.seed, and the frozen reference is forward-only by role"),
+        mapped(f"{prefix}.{{entropy_from_logits_with_chunking,entropy_from_logits_chunk_size,entropy_checkpointing,"
+               "use_torch_compile}", "read from the role's own keys (logits_chunk_size, model.fused_lm_head, "
+               "model.use_torch_compile), which rlkit's FSDP section does not repeat"),
+        mapped(f"{prefix}.strategy", FSDP2, derive=strategy),
+        mapped(f"{prefix}.turbo_config.**", "verl's turbo engine settings: rlkit's engine is FSDP2, sharded over "
+               "every data-parallel worker"),
+        refused(f"{prefix}.model_dtype", "rlkit keeps float32 master weights and optimizer state (param_dtype "
+                "is the compute dtype); remove it", inert=only("fp32", "float32")),
+        refused(f"{prefix}.reshard_after_forward", "rlkit's FSDP2 units always reshard after forward; remove it",
+                inert=only(True)),
+        refused(f"{prefix}.fsdp_size", "hybrid sharding (an FSDP group smaller than the world) is not in rlkit "
+                "yet: every worker shares one FSDP2 group; remove it or set -1", inert=only(-1)),
+        refused(f"{prefix}.full_determinism", "rlkit does not switch on torch's deterministic algorithms; remove it"),
+        refused(f"{prefix}.pad_to_length", "rlkit packs sequences (model.use_remove_padding) or trims padding; "
+                "remove it"),
+        refused(f"{prefix}.qat.**", "quantisation-aware training is not in rlkit; remove qat.*", switch="enable"),
+    ]
+
+
+def megatron_rules(prefix: str, role: str, model_prefix: str) -> list[VerlKey]:
+    """verl's Megatron engine keys of one role (`prefix`: actor.megatron, ...) on rlkit's FSDP2."""
+    return [
+        mapped(f"{prefix}.{{tensor_model_parallel_size,pipeline_model_parallel_size,"
+               "virtual_pipeline_model_parallel_size,expert_model_parallel_size,expert_tensor_parallel_size}",
+               "FSDP2 sharding: every parameter is sharded over all data-parallel workers instead of "
+               "tensor/pipeline/expert splits"),
+        alias(f"{prefix}.context_parallel_size", f"{role}.ulysses_sequence_parallel_size",
+              why=f"= {role}.ulysses_sequence_parallel_size (sequence parallelism over the same number of workers)"),
+        alias(f"{prefix}.{{param_offload,optimizer_offload}}", f"{role}.fsdp_config.{{1}}"),
+        alias(f"{prefix}.dtype", f"{role}.fsdp_config.param_dtype", dtype_name),
+        mapped(f"{prefix}.override_transformer_config.recompute_granularity", "nothing to set: no recomputation asked",
+               derive=recompute(f"{model_prefix}.enable_gradient_checkpointing")),
+        mapped(f"{prefix}.{{override_transformer_config}}", "Megatron transformer overrides: the HF model runs as "
+               "its config says (attention: actor_rollout_ref.model.attn_implementation)"),
+        mapped(f"{prefix}.override_transformer_config.**", "Megatron transformer overrides: the HF model runs as "
+               "its config says (attention: actor_rollout_ref.model.attn_implementation)"),
+        mapped(f"{prefix}.{{grad_offload,seed,use_mbridge,vanilla_mbridge,use_dist_checkpointing,"
+               "dist_checkpointing_path,dist_checkpointing_prefix,dist_ckpt_optim_fully_reshardable,"
+               "distrib_optim_fully_reshardable_mem_efficient,use_distributed_optimizer,use_megatron_fsdp,"
+               "sequence_parallel,pad_bshd_to_minibatch_max,max_seqlen_per_dp_cp_rank,dynamic_context_parallel,"
+               "forward_only,override_ddp_config,override_mcore_model_config,pad_to_length,pad_to_length_bucket,"
+               "use_remove_padding,entropy_from_logits_with_chunking,entropy_from_logits_chunk_size}",
+               "a Megatron engine setting with no counterpart in FSDP2: rlkit loads and saves HF weights directly, "
+               "shards optimizer state with the parameters and packs sequences as model.use_remove_padding says"),
+        refused(f"{prefix}.qat.**", "quantisation-aware training is not in rlkit; remove qat.*", switch="enable"),
+        mapped(f"{prefix}.router_replay.mode", REPLAY_OFF, derive=router_replay(f"{ACTOR}.router_replay")),
+        refused(f"{prefix}.router_replay.{{record_file,replay_file}}", "rlkit replays routes in memory from the "
+                "rollout of the same step; there are no route files"),
+    ]
+
+
+def optim_rules(prefix: str, role: str) -> list[VerlKey]:
+    """verl's optimizer keys of one role beyond rlkit's (lr, betas, weight_decay, warmup, scheduler)."""
+    return [
+        alias(f"{prefix}.clip_grad", f"{role}.grad_clip"),
+        alias(f"{prefix}.{{warmup_style,lr_decay_style}}", f"{prefix}.lr_scheduler_type"),
+        mapped(f"{prefix}.total_training_steps", "nothing to set: the schedule's length is "
+               "trainer.total_training_steps (or the epochs' steps), filled in by the trainer as verl does"),
+        refused(f"{prefix}.optimizer", "rlkit's optimizer is AdamW; remove it", inert=only("adamw", "adam")),
+        refused(f"{prefix}.optimizer_impl", "rlkit uses torch.optim.AdamW; remove it", inert=only("torch.optim")),
+        refused(f"{prefix}.num_cycles", "rlkit's cosine schedule is one half-cycle; remove it", inert=only(0.5)),
+        refused(f"{prefix}.zero_indexed_step", "rlkit's schedules count steps from 0; remove it", inert=only(True)),
+        refused(f"{prefix}.{{exp_avg_dtype,exp_avg_sq_dtype,main_grads_dtype}}", "rlkit keeps optimizer state and "
+                "gradients in float32; remove it", inert=only("fp32", "float32")),
+        refused(f"{prefix}.weight_decay_incr_style", "rlkit's weight decay is constant", inert=only("constant")),
+        refused(f"{prefix}.{{min_lr,lr_warmup_init}}", "use optim.min_lr_ratio (the floor as a fraction of lr) and "
+                "lr_warmup_steps; remove it"),
+        refused(f"{prefix}.{{lr_decay_steps,lr_wsd_decay_steps}}", "the decay runs over the whole run "
+                "(lr_scheduler_type, min_lr_ratio); remove it"),
+        refused(f"{prefix}.lr_wsd_decay_style", "rlkit has no warmup-stable-decay schedule; remove it",
+                inert=only("exponential")),
+        refused(f"{prefix}.{{override_optimizer_config,use_checkpoint_opt_param_scheduler,"
+                "use_layer_wise_distributed_optimizer,use_precision_aware_optimizer}",
+                "a Megatron optimizer option rlkit does not have; remove it"),
+        refused(f"{prefix}.muon_*", "read only by the Muon optimizer, which rlkit does not have", inert=ANY),
+    ]
+
+
+def model_rules(prefix: str) -> list[VerlKey]:
+    """verl's model keys beyond rlkit's (path, LoRA, remove-padding, gradient checkpointing, trust_remote_code)."""
+    return [
+        mapped(f"{prefix}.external_lib", "nothing to set: no library named",
+               derive=lambda v, k: ({"trainer.plugins": [v]} if v else {},
+               f"trainer.plugins=[{v}] (imported by the driver and every worker first)" if v else "")),
+        mapped(f"{prefix}.use_shm", "nothing to set: the model is read from local disk (rlkit never downloads at "
+               "run time)"),
+        mapped(f"{prefix}.fused_kernel_options.**", "nothing to set: rlkit's fused LM head is pure torch"),
+        refused(f"{prefix}.use_liger", "Liger kernels are CUDA-only; use model.use_fused_kernels (rlkit's fused "
+                "log-prob head)"),
+        refused(f"{prefix}.{{tokenizer_path,hf_config_path}}", "rlkit reads the tokenizer and config from "
+                "model.path; put them in that folder"),
+        refused(f"{prefix}.custom_chat_template", "rlkit uses the tokenizer's own chat template; edit "
+                "tokenizer_config.json in the model folder"),
+        refused(f"{prefix}.override_config", "rlkit loads the model with its own config.json; edit it in the model "
+                "folder"),
+        refused(f"{prefix}.enable_activation_offload", "use model.enable_gradient_checkpointing to save activation "
+                "memory"),
+        refused(f"{prefix}.tiled_mlp.**", "tiled MLP is not in rlkit", switch="enabled"),
+        refused(f"{prefix}.mtp.**", "multi-token prediction is not in rlkit", switch="enable"),
+        refused(f"{prefix}.lora.**", "this is Megatron's LoRA section: use model.lora_rank / lora_alpha / "
+                "target_modules (rlkit's PEFT LoRA)", switch="rank"),
+    ]
+
+
+def role_common(prefix: str, role: str) -> list[VerlKey]:
+    """Keys every trained or frozen role of verl carries (checkpoint contents, profiler, internal interpolations)."""
+    return [
+        refused(f"{prefix}.checkpoint.{{save_contents,load_contents}}", "rlkit's checkpoints always hold the model, "
+                "the optimizer and the run state; for an HF folder use `rlkit export`", inert=checkpoint_contents),
+        refused(f"{prefix}.checkpoint.async_save", "rlkit saves checkpoints synchronously (atomic, verified); "
+                "remove it"),
+        refused(f"{prefix}.checkpoint.strict", "rlkit loads checkpoints strictly", inert=only(True)),
+        refused(f"{prefix}.checkpoint.mbridge_config", "Megatron bridge checkpoints are not in rlkit"),
+        refused(f"{prefix}.profiler.**", "verl's per-role profiler (nsys/npu/torch) is not in rlkit: use "
+                "`rlkit debug stacks` or py-spy, and the phase timings in metrics.jsonl", switch="enable"),
+        mapped(f"{prefix}.{{rollout_n,nccl_timeout,data_loader_seed,shuffle}}", "nothing to set: rollout.n, "
+               "trainer.seed and actor.shuffle already say it, and torch.distributed's default timeout applies"),
+        refused(f"{prefix}.loss_scale_factor", "rlkit normalises losses by loss_agg_mode alone; remove it"),
+        refused(f"{prefix}.router_replay.{{record_file,replay_file}}", "rlkit replays routes in memory from the "
+                "rollout of the same step; there are no route files"),
+        refused(f"{prefix}.pad_to_length", "rlkit packs sequences (model.use_remove_padding) or trims padding; "
+                "remove it"),
+    ]
+
+
+def _rules() -> list[VerlKey]:
+    rules: list[VerlKey] = []
+    # --- strategies and engines, whatever the role
+    rules += [
+        mapped(f"{ARR}.{{actor,ref}}.strategy", FSDP2, derive=strategy),
+        mapped("{critic,reward_model}.strategy", FSDP2, derive=strategy),
+        mapped(f"{ROLLOUT}.name", "the vLLM engine", derive=rollout_engine,
+               when=lambda v: str(v).lower() in ("sglang", "trtllm")),
+        refused(f"{ARR}.hybrid_engine", "the actor, rollout and reference always share one process per device in "
+                "rlkit; for a rollout group of its own set trainer.one_step_off_policy=true", inert=only(True)),
+        mapped(f"{ARR}.nccl_timeout", "nothing to set: torch.distributed's default timeout applies"),
+    ]
+    # --- actor
+    rules += fsdp_rules(f"{ACTOR}.fsdp_config", ACTOR) + megatron_rules(f"{ACTOR}.megatron", ACTOR, MODEL)
+    rules += optim_rules(f"{ACTOR}.optim", ACTOR) + role_common(ACTOR, ACTOR)
+    rules += [
+        alias(f"{ACTOR}.policy_loss.loss_mode", f"{ACTOR}.policy_loss"),
+        refused(f"{ACTOR}.policy_loss.{{clip_cov_ratio,clip_cov_lb,clip_cov_ub,kl_cov_ratio,ppo_kl_coef}}",
+                "read only by the clip_cov / kl_cov losses, which rlkit does not have yet (refused there)", inert=ANY),
+        refused(f"{ACTOR}.policy_loss.dro_beta", "read only by the dro loss, which rlkit does not have yet"),
+        refused(f"{ACTOR}.{{tau_pos,tau_neg}}", "read only by the SAPO loss, which rlkit does not have yet "
+                "(refused there)", inert=ANY),
+        alias(f"{ACTOR}.use_torch_compile", f"{MODEL}.use_torch_compile"),
+        alias(f"{ACTOR}.use_fused_kernels", f"{MODEL}.fused_lm_head"),
+        alias(f"{ACTOR}.use_remove_padding", f"{MODEL}.use_remove_padding"),
+        alias(f"{ACTOR}.entropy_from_logits_chunk_size", f"{ACTOR}.logits_chunk_size"),
+        mapped(f"{ACTOR}.entropy_from_logits_with_chunking", "nothing to set: rlkit always computes log-probs and "
+               "entropy in chunks of actor.logits_chunk_size rows"),
+        mapped(f"{ACTOR}.entropy_checkpointing", "nothing to set: off", derive=lambda v, k: (
+            {f"{MODEL}.fused_lm_head": True}, f"{MODEL}.fused_lm_head=true (log-probs and entropy recomputed in "
+            "backward, no logits kept)") if v else ({}, "")),
+        mapped(f"{ACTOR}.calculate_entropy", "nothing to set: rlkit computes the entropy in every update "
+               "(actor/entropy)"),
+        refused(f"{ACTOR}.{{calculate_sum_pi_squared,sum_pi_squared_checkpointing}}", "read only by the optimal "
+                "token baseline estimator, which rlkit does not have yet"),
+        refused(f"{ACTOR}.use_prefix_grouper", "shared-prefix grouping is not in rlkit; remove it"),
+        refused(f"{ACTOR}.freeze_vision_tower", "vision-language models are not in rlkit yet"),
+        mapped(f"{ACTOR}.router_replay.mode", REPLAY_OFF, derive=router_replay(f"{ACTOR}.router_replay")),
+        refused(f"{ACTOR}.qat.**", "quantisation-aware training is not in rlkit; remove qat.*", switch="enable"),
+    ]
+    # --- reference
+    rules += fsdp_rules(f"{REF}.fsdp_config", REF) + megatron_rules(f"{REF}.megatron", REF, MODEL)
+    rules += role_common(REF, REF)
+    rules += [
+        mapped(f"{REF}.{{use_torch_compile,entropy_from_logits_with_chunking,entropy_from_logits_chunk_size,"
+               "entropy_checkpointing}", "nothing to set: the reference computes as the actor's keys say"),
+        mapped(f"{REF}.router_replay.mode", REPLAY_OFF, derive=router_replay(f"{ACTOR}.router_replay")),
+    ]
+    # --- rollout
+    rules += role_common(ROLLOUT, ROLLOUT)
+    rules += [
+        refused(f"{ROLLOUT}.agent.default_agent_loop", "rlkit's loops: plain generation, or the tool agent with "
+                "rollout.multi_turn.enable=true", inert=only("single_turn_agent")),
+        mapped(f"{ROLLOUT}.agent.num_workers", "nothing to set: rlkit's agent loop runs inside each rollout worker"),
+        refused(f"{ROLLOUT}.agent.{{agent_loop_config_path}}", "custom agent loops: register one in a module named "
+                "in trainer.plugins (rlkit.rollout.agent registries; docs/agents.md)"),
+        refused(f"{ROLLOUT}.agent.custom_async_server.**", "custom async servers are not in rlkit; use "
+                "multi_turn.external_agent for an agent against rlkit's OpenAI endpoint", switch="path"),
+        refused(f"{ROLLOUT}.checkpoint_engine.backend", "rlkit syncs weights in memory (colocated) or through Ray's "
+                "object store (separate rollout group)", inert=only("naive")),
+        mapped(f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", "nothing to set: rlkit's weight sync "
+               "streams tensor by tensor, with no bucket size"),
+        refused(f"{ROLLOUT}.checkpoint_engine.{{engine_kwargs,custom_backend_module}}", "custom weight-sync "
+                "backends are not in rlkit"),
+        refused(f"{ROLLOUT}.cudagraph_capture_sizes", "pass vLLM options in rollout.engine_kwargs.vllm "
+                "(e.g. compilation_config)"),
+        refused(f"{ROLLOUT}.{{data_parallel_size,expert_parallel_size,pipeline_model_parallel_size}}",
+                "rlkit runs one engine per tensor-parallel group of workers; use tensor_model_parallel_size",
+                inert=only(1)),
+        refused(f"{ROLLOUT}.disaggregation.**", "prefill/decode disaggregation is not in rlkit", switch="enabled"),
+        alias(f"{ROLLOUT}.enable_rollout_routing_replay", f"{ACTOR}.router_replay"),
+        refused(f"{ROLLOUT}.{{full_determinism,ignore_eos,skip_rollout,over_sample_rate,quantization,"
+                "quantization_config_file,mtp,moe_load_balance_metrics_interval,qat}",
+                "not in rlkit's rollout; remove it"),
+        mapped(f"{ROLLOUT}.{{layered_summon,multi_stage_wake_up,skip_tokenizer_init,skip_dump_dir}}",
+               "nothing to set: rlkit streams the FSDP state dict layer by layer into the engine and wakes it in "
+               "one step on CPU and GPU alike"),
+        refused(f"{ROLLOUT}.logprobs_mode", "rlkit's rollout log-probs are of the processed (temperature-scaled) "
+                "distribution the tokens were sampled from", inert=only("processed_logprobs")),
+        mapped(f"{ROLLOUT}.{{nnodes,n_gpus_per_node}}", "nothing to set: the rollout shares the actor's workers; "
+               "a separate rollout group is trainer.rollout_workers_per_node with trainer.one_step_off_policy"),
+        refused(f"{ROLLOUT}.prometheus.**", "rlkit exports no Prometheus metrics; the trackers get every "
+                "rollout metric", switch="enable"),
+        refused(f"{ROLLOUT}.scheduling_policy", "vLLM's scheduling stays first-come-first-served",
+                inert=only("fcfs")),
+        refused(f"{ROLLOUT}.trace.**", "rollout tracing backends (weave, mlflow traces) are not in rlkit; "
+                "trainer.rollout_data_dir dumps generations", switch="backend"),
+        refused(f"{ROLLOUT}.multi_turn.{{function_tool_path,num_repeat_rollouts,use_inference_chat_template}}",
+                "not in rlkit's agent loop; tools are registered in rlkit.rollout.agent.TOOLS (docs/agents.md)"),
+        mapped(f"{ROLLOUT}.multi_turn.tokenization_sanity_check_mode", "nothing to set: rlkit's agent loop "
+               "tokenises each turn once and appends, so no re-tokenisation check is needed"),
+    ]
+    # --- model
+    rules += model_rules(MODEL)
+    rules += [alias(f"{MODEL}.use_fused_kernels", f"{MODEL}.fused_lm_head")]
+    # --- critic (the new layout's `critic.fsdp`, the older `critic.model.fsdp_config`)
+    rules += fsdp_rules("critic.fsdp", "critic") + fsdp_rules("critic.model.fsdp_config", "critic")
+    rules += megatron_rules("critic.megatron", "critic", "critic.model")
+    rules += optim_rules("critic.optim", "critic") + role_common("critic", "critic") + model_rules("critic.model")
+    rules += [
+        refused("critic.model.lora_rank", "LoRA on the critic is not in rlkit; the critic trains all its weights",
+                inert=only(0)),
+        refused("critic.model.{lora_alpha,target_modules,exclude_modules,lora_adapter_path}", "read only with "
+                "critic.model.lora_rank > 0, which rlkit refuses", inert=ANY),
+        mapped("critic.model.{use_remove_padding,trust_remote_code,use_fused_kernels}", "nothing to set: the critic "
+               "packs and loads as the actor_rollout_ref.model keys say"),
+    ]
+    # --- data
+    rules += [
+        alias("data.{tool_config_path}", f"{ROLLOUT}.multi_turn.tool_config_path"),
+        refused("data.function_tool_path", "not in rlkit's agent loop; tools are registered in "
+                "rlkit.rollout.agent.TOOLS (docs/agents.md)"),
+        refused("data.tokenizer", "rlkit tokenises with the model's tokenizer (actor_rollout_ref.model.path)"),
+        mapped("data.{use_shm,dataloader_num_workers}", "nothing to set: rlkit reads the parquet once into memory; "
+               "there are no loader workers"),
+        mapped("data.trust_remote_code", "nothing to set: the tokenizer loads with "
+               "actor_rollout_ref.model.trust_remote_code"),
+        refused("data.{image_key,video_key,audio_key}", "vision-language and audio data are not in rlkit yet; "
+                "train a text model (remove the key)", inert=lambda v: False),
+        refused("data.{image_patch_size,mm_processor_kwargs,return_multi_modal_inputs}", "read only for "
+                "multimodal data, which rlkit refuses (data.image_key)", inert=ANY),
+        refused("data.{return_raw_input_ids,return_full_prompt}", "rlkit's batch carries the prompt ids and "
+                "(data.return_raw_chat) the messages; remove it"),
+        refused("data.apply_chat_template_kwargs", "rlkit renders prompts with the chat template's defaults; "
+                "remove it"),
+        refused("data.custom_cls.**", "custom dataset classes are not in rlkit: convert the data to the common "
+                "RL parquet schema (`rlkit data inspect` checks it)", switch="path"),
+        refused("data.datagen.**", "dynamic data generation is not in rlkit", switch="path"),
+        refused("data.sampler.**", "custom samplers are not in rlkit (data.shuffle, data.seed)", switch="class_path"),
+    ]
+    # --- rewards: the current layout's `reward.*`, then the older top-level `reward_model.*` / `reward_manager.*`
+    sandbox = ("SandboxFusion is not used: rlkit runs code rewards in its own local sandbox (rlkit.sandbox); "
+               "remove the url")
+    rules += [
+        alias("reward.custom_reward_function.{path,name}", "custom_reward_function.{1}"),
+        alias("reward.num_workers", "reward_model.num_workers"),
+        alias("reward.reward_manager.name", "reward_model.reward_manager"),
+        refused("reward.reward_manager.source", "reward managers are looked up by name; register your own in a "
+                "module named in trainer.plugins", inert=only("register")),
+        refused("reward.reward_manager.module.**", "register your reward manager (rlkit.reward.REWARD_MANAGERS) in "
+                "a module named in trainer.plugins", switch="path"),
+        alias("reward.reward_model.{enable,enable_resource_pool,n_gpus_per_node,nnodes}", "reward_model.{1}"),
+        alias("reward.reward_model.model_path", "reward_model.model.path"),
+        refused("reward.reward_model.rollout.**", "a generative reward model served by vLLM: use "
+                "reward_model.style=judge with reward_model.judge.* (docs/rewards.md)", switch="name"),
+        refused("{reward,reward_model}.sandbox_fusion.**", sandbox, switch="url"),
+        refused("sandbox_fusion.**", sandbox, switch="url"),
+        alias("reward_manager.name", "reward_model.reward_manager"),
+        refused("reward_manager.source", "reward managers are looked up by name; register your own in a module "
+                "named in trainer.plugins", inert=only("register")),
+        refused("reward_manager.module.**", "register your reward manager (rlkit.reward.REWARD_MANAGERS) in a module "
+                "named in trainer.plugins", switch="path"),
+        alias("reward_model.micro_batch_size", "reward_model.micro_batch_size_per_gpu"),
+        refused("reward_model.rollout.**", "a generative reward model served by vLLM: use reward_model.style=judge "
+                "with reward_model.judge.* (docs/rewards.md)", switch="name"),
+        refused("reward_model.launch_reward_fn_async", "rlkit scores on the driver's thread pool while nothing else "
+                "waits on it; remove it"),
+        mapped("reward_model.{use_dynamic_bsz,forward_max_token_len_per_gpu,ulysses_sequence_parallel_size,"
+               "use_reward_loop,reward_loop_source,reward_loop_module_path,reward_loop_class_name}",
+               "nothing to set: rlkit's reward model scores in micro-batches of reward_model.micro_batch_size_per_gpu "
+               "rows, in the reward stage of the driver"),
+        mapped("reward_model.model.{external_lib,use_shm,use_remove_padding,use_fused_kernels,override_config}",
+               "nothing to set: the reward model loads plainly from reward_model.model.path"),
+        mapped("reward_model.model.fsdp_config.{forward_prefetch,reshard_after_forward,fsdp_size}", "nothing to set: "
+               "the frozen reward model is one FSDP2 group wrapped per decoder layer"),
+        mapped("reward_model.model.fsdp_config.wrap_policy.**", "nothing to set: the frozen reward model is one "
+               "FSDP2 group wrapped per decoder layer"),
+        refused("reward_model.profiler.**", "verl's per-role profiler (nsys/npu/torch) is not in rlkit: use "
+                "`rlkit debug stacks` or py-spy, and the phase timings in metrics.jsonl", switch="enable"),
+    ]
+    # --- algorithm
+    rules += [
+        alias("algorithm.rollout_correction.{rollout_is,rollout_is_threshold,rollout_rs,rollout_rs_threshold}",
+              "algorithm.{1}"),
+        refused("algorithm.rollout_correction.bypass_mode", "rlkit always recomputes old log-probs with the actor "
+                "when rollout correction is on; remove it"),
+        refused("algorithm.rollout_correction.loss_type", "rollout correction weights the PPO-clip loss",
+                inert=only("ppo_clip")),
+        refused("algorithm.rollout_correction.rollout_is_batch_normalize", "importance weights are not "
+                "batch-normalised in rlkit; remove it"),
+        mapped("algorithm.filter_groups.metric", "nothing to set: dynamic sampling compares the samples' scores "
+               "(for 0/1 rewards acc and score are the same)"),
+        mapped("algorithm.filter_groups.max_inflight_gen_batches", "nothing to set: rlkit generates one refill "
+               "batch at a time"),
+        refused("algorithm.use_pf_ppo", "preference-feedback PPO reweighting is not in rlkit; remove it"),
+        refused("algorithm.pf_ppo.**", "read only with algorithm.use_pf_ppo=true, which rlkit refuses", inert=ANY),
+    ]
+    # --- distillation (the group exists in verl's PPO config)
+    rules += [refused("distillation.**", "on-policy distillation is not in rlkit yet; remove distillation.*",
+                      switch="enabled")]
+    # --- trainer, Ray, profiler, verl's own switches
+    rules += [
+        mapped("trainer.resume_from_path", "nothing to set: no path given", derive=resume_path),
+        mapped("trainer.resume_mode", "nothing to set: the path comes from trainer.resume_from_path",
+               when=lambda v: str(v) == "resume_path"),
+        refused("trainer.device", "Ascend NPUs are not supported by rlkit; use trainer.device=cuda, cpu or auto",
+                inert=lambda v: False, when=lambda v: str(v).lower() == "npu"),
+        mapped("trainer.max_critic_ckpt_to_keep", "nothing to set: one checkpoint holds every role, kept as "
+               "trainer.max_actor_ckpt_to_keep says"),
+        refused("trainer.default_hdfs_dir", "rlkit writes checkpoints to trainer.default_local_dir only; copy them "
+                "with your own tools"),
+        refused("trainer.del_local_ckpt_after_load", "rlkit keeps checkpoints until rotation "
+                "(trainer.max_actor_ckpt_to_keep); remove it"),
+        refused("trainer.val_only", "use `rlkit eval CKPT --data FILE` (the same rollout and scoring as "
+                "validation)"),
+        mapped("trainer.{esi_redundant_time,ray_wait_register_center_timeout,use_legacy_worker_impl,use_v1}",
+               "nothing to set: verl's worker-implementation and elastic-training switches have no counterpart"),
+        mapped("trainer.v1.**", "nothing to set: verl's v1 trainer modes; rlkit's modes are "
+               "trainer.one_step_off_policy and trainer.fully_async"),
+        refused("transfer_queue.**", "verl's transfer queue is not in rlkit: batches travel through Ray's object "
+                "store", switch="enable"),
+        refused("skip.*.**", "skipping rollouts with dumped generations is not in rlkit", switch="enable"),
+        refused("global_profiler.**", "verl's profilers (nsys/npu/torch) are not in rlkit: use `rlkit debug "
+                "stacks`, py-spy, and the phase timings in metrics.jsonl", switch="tool"),
+        refused("ray_kwargs.ray_init.num_cpus", "pass --num-cpus N to `rlkit train` (or start `rlkit cluster up "
+                "--num-cpus N`)"),
+        refused("ray_kwargs.ray_init.runtime_env.**", "rlkit sets Ray's runtime env itself (the debugger's in "
+                "--debug mode); remove it"),
+        refused("ray_kwargs.timeline_json_file", "Ray timelines are not written by rlkit; `ray timeline` on a "
+                "running cluster does it"),
+    ]
+    return rules
+
+
+VERL_KEYS: list[VerlKey] = _rules()
