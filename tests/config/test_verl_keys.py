@@ -161,3 +161,10 @@ def test_a_user_tree_over_verls_base_with_verl_keys(tmp_path):
     assert cfg.data.max_prompt_length == 64 and cfg.algorithm.adv_estimator == "grpo"
     assert any("rollout.name=sglang -> actor_rollout_ref.rollout.name=vllm" in n for n in notices)
     assert any("filter_groups.metric=acc" in n for n in notices)
+
+
+def test_docs_verl_md_is_current():
+    from rlkit.config.verl_doc import render
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "verl.md"
+    assert doc.read_text() == render(), "regenerate: python -m rlkit.config.verl_doc > docs/verl.md"

@@ -1,0 +1,69 @@
+"""Generate docs/verl.md (moving a verl run script, and the table of verl keys rlkit maps or refuses) from
+rlkit.config.verl_keys, so it cannot drift: `python -m rlkit.config.verl_doc > docs/verl.md` (a test checks it)."""
+
+from __future__ import annotations
+
+from rlkit.config.verl_keys import VERL_KEYS
+from rlkit.config.verl_rules import Kind, VerlKey
+
+GUIDE = """# Moving a verl run script to rlkit
+
+rlkit reads verl's configuration keys. A verl script changes in one line: the launcher.
+
+```bash
+# before                                    # after
+python3 -m verl.trainer.main_ppo \\          rlkit train \\
+    algorithm.adv_estimator=grpo \\              algorithm.adv_estimator=grpo \\
+    data.train_files=$HOME/data/train.parquet \\ data.train_files=$HOME/data/train.parquet \\
+    ...                                           ...
+```
+
+- **No preset needed.** Without one, `rlkit train` starts from verl's `main_ppo` defaults: the algorithm is
+  `algorithm.adv_estimator` (default `gae`, PPO with a critic, as in verl). A preset (`rlkit train grpo ...`) still
+  works and is applied below the script's keys.
+- **verl's config names.** `--config-path <dir> --config-name ppo_trainer` (or `ppo_megatron_trainer`) is rlkit's
+  schema, whether or not `<dir>` exists here; a recipe's own YAML with `defaults: [ppo_trainer, _self_]` composes
+  over it as in verl.
+- **Every verl key is one of three things**, in both of verl's layouts (the current one with `reward.*`, and the
+  older one with `reward_model.*` / `reward_manager.*` at the top level that most published scripts use):
+  - *implemented*: rlkit's schema has the key under verl's name and meaning (docs/config.md), or the same setting
+    under rlkit's name (the alias rows below; the value moves there without a word);
+  - *mapped*: rlkit sets its nearest equivalent, or there is nothing to set, and prints one line at start-up
+    (also with `--dry-run`) saying what became what, e.g.
+    `verl key actor_rollout_ref.actor.strategy=megatron -> FSDP2: ...`;
+  - *refused*: one error line names the key, why, and what to use instead; a refused key set to a value that asks
+    for nothing (the feature's switch off, e.g. `profiler.enable=false`) is accepted with a line.
+  Nothing is accepted and silently ignored; a key verl does not have either is an error naming the closest keys.
+- **Run it with `--dry-run` first**: it prints the mapped keys' lines, the resolved config and the resource plan,
+  and runs the pre-flight checks.
+
+What differs by design: rlkit trains every role with FSDP2 (Megatron's parallel sizes become FSDP2 sharding,
+context parallelism becomes Ulysses sequence parallelism), generates with vLLM or HF (`rollout.name=sglang` runs
+on vLLM with the same sampling settings), and runs code rewards in its own sandbox (no SandboxFusion).
+
+## The keys rlkit maps or refuses
+
+Patterns: `*` is one name, `**` any keys below, `{a,b}` one of the names. First match wins; rlkit's own keys
+(docs/config.md) come first.
+"""
+
+
+def _row(rule: VerlKey) -> str:
+    what = rule.why.replace("|", "\\|")
+    if rule.kind is Kind.REFUSED and rule.switch:
+        what += f" (accepted while `{rule.switch}` is off)"
+    return f"| `{rule.pattern}` | {rule.kind.value if not rule.is_alias else 'implemented (alias)'} | {what} |"
+
+
+def render() -> str:
+    lines = [GUIDE, "| verl key | class | what rlkit does |", "|---|---|---|"]
+    lines += [_row(rule) for rule in VERL_KEYS]
+    counts = {kind: sum(1 for r in VERL_KEYS if r.kind is kind) for kind in Kind}
+    lines.append("")
+    lines.append(f"{len(VERL_KEYS)} rules: {counts[Kind.IMPLEMENTED]} aliases, {counts[Kind.MAPPED]} mapped, "
+                 f"{counts[Kind.REFUSED]} refused.")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")
