@@ -66,7 +66,8 @@ class RLTrainer(TrainerBase):
             if d.val_files else None
         )
         if len(self.train_loader) == 0:
-            raise_user(f"data.train_batch_size={d.train_batch_size} is larger than the {len(self.train_set)} "
+            key = "gen_batch_size" if d.gen_batch_size != d.train_batch_size else "train_batch_size"
+            raise_user(f"data.{key}={d.gen_batch_size} is larger than the {len(self.train_set)} "
                        f"training prompts in {d.train_files}; lower it")
         if d.reward_fn_key not in self.train_set.columns:
             raise_user(missing_key_message(d.reward_fn_key, self.train_set.columns))
