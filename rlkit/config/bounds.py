@@ -31,12 +31,17 @@ AT_LEAST_1 = Bound(1, operator.ge, ">= 1")
 AT_LEAST_1_OR_NULL = Bound(1, operator.ge, ">= 1 (or null)", optional=True)
 NON_NEGATIVE = Bound(0, operator.ge, ">= 0")
 POSITIVE = Bound(0, operator.gt, "> 0")
+#: a row limit: N >= 1, or -1 (verl's "all") or null
+ROW_LIMIT = Bound(1, lambda value, limit: value == -1 or value >= limit, ">= 1, or -1 / null for all", optional=True)
 
 _A = "actor_rollout_ref.actor."
 BOUNDS: dict[str, Bound] = {
     "data.train_batch_size": AT_LEAST_1,
     "data.val_batch_size": AT_LEAST_1_OR_NULL,
-    "data.val_max_samples": AT_LEAST_1_OR_NULL,
+    "data.gen_batch_size": AT_LEAST_1_OR_NULL,
+    "data.train_max_samples": ROW_LIMIT,
+    "data.val_max_samples": ROW_LIMIT,
+    "data.filter_overlong_prompts_workers": AT_LEAST_1,
     "data.max_prompt_length": AT_LEAST_1,
     "data.max_response_length": AT_LEAST_1,
     _A + "ppo_mini_batch_size": AT_LEAST_1,
@@ -71,6 +76,7 @@ BOUNDS: dict[str, Bound] = {
     "trainer.n_gpus_per_node": AT_LEAST_1,
     "trainer.cpus_per_worker": POSITIVE,
     "trainer.total_epochs": AT_LEAST_1,
+    "trainer.critic_warmup": NON_NEGATIVE,
     "trainer.total_training_steps": AT_LEAST_1_OR_NULL,
     "trainer.max_actor_ckpt_to_keep": AT_LEAST_1_OR_NULL,
     "trainer.staleness_threshold": NON_NEGATIVE,

@@ -51,6 +51,13 @@ def check_config(cfg: RLConfig) -> None:
         raise UserError(f"trainer.device='{cfg.trainer.device}' must be auto | cpu | cuda")
     if cfg.algorithm.filter_groups.enable and n < 2:
         raise UserError("algorithm.filter_groups.enable needs actor_rollout_ref.rollout.n >= 2")
+    if cfg.data.gen_batch_size != bsz and not cfg.algorithm.filter_groups.enable:
+        raise UserError(f"data.gen_batch_size={cfg.data.gen_batch_size} differs from data.train_batch_size={bsz}, "
+                        "but only dynamic sampling (algorithm.filter_groups.enable=true) generates in batches of "
+                        "another size; enable it or drop data.gen_batch_size")
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable and not cfg.data.return_raw_chat:
+        raise UserError("actor_rollout_ref.rollout.multi_turn.enable renders each prompt's chat messages with the "
+                        "tool schemas, so it needs data.return_raw_chat=true")
     model = cfg.actor_rollout_ref.model
     if model.fused_lm_head and not model.response_logits_only:
         raise UserError("actor_rollout_ref.model.fused_lm_head=true needs actor_rollout_ref.model.response_logits_only="

@@ -21,6 +21,8 @@ from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
 
 ConfigHook = Callable[[RLConfig], None]
+#: data.seed=null: the data order seed rlkit has always used (not trainer.seed, so the order stays put when it moves)
+DEFAULT_DATA_SEED = 1
 
 
 def derive(cfg: RLConfig) -> None:
@@ -29,7 +31,15 @@ def derive(cfg: RLConfig) -> None:
     rollout.prompt_length = cfg.data.max_prompt_length
     rollout.response_length = cfg.data.max_response_length
     rollout.max_lora_rank = cfg.actor_rollout_ref.model.lora_rank
-    rollout.batch_rows = min(rollout.max_num_seqs, cfg.data.train_batch_size * rollout.n)
+    data = cfg.data
+    if data.gen_batch_size is None:
+        data.gen_batch_size = data.train_batch_size
+    for key in ("train_max_samples", "val_max_samples"):  # verl's -1 and rlkit's null both mean every row
+        if getattr(data, key) == -1:
+            setattr(data, key, None)
+    if data.seed is None:
+        data.seed = DEFAULT_DATA_SEED
+    rollout.batch_rows = min(rollout.max_num_seqs, data.gen_batch_size * rollout.n)
     actor = cfg.actor_rollout_ref.actor
     if actor.clip_ratio_low is None:
         actor.clip_ratio_low = actor.clip_ratio
@@ -78,6 +88,10 @@ def check_fully_async(cfg: RLConfig) -> None:
     if cfg.data.train_batch_size % t.rollout_chunk_prompts:
         raise UserError(f"trainer.rollout_chunk_prompts={t.rollout_chunk_prompts} must divide data.train_batch_size="
                         f"{cfg.data.train_batch_size} (a batch is whole chunks); e.g. trainer.rollout_chunk_prompts=1")
+    if t.critic_warmup:
+        raise UserError(f"trainer.critic_warmup={t.critic_warmup}: with trainer.fully_async the rollout pump counts "
+                        "policy versions by weight pushes, which the warm-up skips; set trainer.critic_warmup=0 or "
+                        "use trainer.one_step_off_policy")
     if t.partial_rollout_segment and rollout.multi_turn.enable:
         raise UserError("trainer.partial_rollout_segment: multi-turn rollouts (rollout.multi_turn.enable) run whole "
                         "episodes per request; set trainer.partial_rollout_segment=0")

@@ -31,10 +31,27 @@ class DataConfig:
     max_response_length: int = f(512, "max new tokens per response (sets rollout.response_length)")
     train_batch_size: int = f(64, "prompts per training step (before the n samples per prompt)")
     val_batch_size: int | None = f(None, "prompts per validation call; null = ~10 calls of >= 64 (progress bar)")
-    val_max_samples: int | None = f(None, "use only the first N validation rows (a fixed subset)")
-    truncation: str = f("error", "what to do with over-long prompts (rlkit.data.TRUNCATION)")
+    gen_batch_size: int | None = f(None, "prompts per generation batch when algorithm.filter_groups (DAPO dynamic "
+                                   "sampling) refills a step's train_batch_size prompts; null = train_batch_size")
+    train_max_samples: int | None = f(-1, "use only the first N training rows (before any filter); -1 or null = all")
+    val_max_samples: int | None = f(None, "use only the first N validation rows (a fixed subset); -1 or null = all")
+    filter_overlong_prompts: bool = f(False, "drop rows whose chat-templated prompt is longer than max_prompt_length "
+                                      "at load time, logging each file's kept/dropped counts; then `truncation` "
+                                      "sees no over-long prompt")
+    filter_overlong_prompts_workers: int = f(1, "accepted for verl's scripts (>= 1), changes nothing: rlkit "
+                                             "tokenizes every prompt once at load time (one batched call, which a "
+                                             "fast tokenizer spreads over the cores) and the filter reads those "
+                                             "lengths, so there is no separate filter pass for workers to share")
+    truncation: str = f("error", "what to do with over-long prompts: error | left | right | middle (keep the head "
+                        "and the tail) | filter (drop them) (rlkit.data.TRUNCATION)")
+    return_raw_chat: bool = f(True, "carry each row's chat messages (un-tokenized) in the batch as `raw_prompt` "
+                              "(multi-turn rollouts, the judge and a reward model with its own tokenizer read it)")
+    reward_fn_key: str = f("data_source", "column whose value selects the reward scorer (passed to scorers and "
+                           "custom functions as data_source)")
     shuffle: bool = f(True, "shuffle the training set each epoch (seeded, resumable)")
-    seed: int = f(1, "data order seed")
+    validation_shuffle: bool = f(False, "visit the validation rows in a seeded random order (a new one each "
+                                 "validation) instead of file order")
+    seed: int | None = f(None, "data order seed; null = 1 (independent of trainer.seed)")
 
 
 @dataclass
@@ -213,6 +230,8 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: int | None = f(2, "keep the last K loadable checkpoints (null = all); "
                                                  "broken ones get no slot")
     seed: int = f(42, "global seed")
+    critic_warmup: int = f(0, "train only the critic until step k: the actor's update and the weight sync are "
+                           "skipped while global step < critic_warmup (the actor first updates at step k)")
     balance_batch: bool = f(True, "balance tokens across data-parallel ranks")
     one_step_off_policy: bool = f(
         False, "async: a separate rollout group generates batch k+1 while the actor trains on batch k "

@@ -54,9 +54,12 @@ class RLDataset:
     """Prompts from one or more parquet files, chat-templated and tokenized at load time.
 
     `truncation` says what to do with prompts over `max_prompt_length` tokens:
-    "error" (UserError naming file and row), "left"/"right" (cut that side) or
-    "filter" (drop them, logging how many). `chat_template` overrides the tokenizer's;
-    `chat_template_kwargs` go to `apply_chat_template` (e.g. {"enable_thinking": False}).
+    "error" (UserError naming file and row), "left"/"right" (cut that side), "middle"
+    (keep head and tail) or "filter" (drop them, logging how many). `filter_overlong_prompts`
+    drops them first (verl's order), logging each file's kept/dropped counts, so `truncation`
+    then sees none. `chat_template` overrides the tokenizer's; `chat_template_kwargs` go to
+    `apply_chat_template` (e.g. {"enable_thinking": False}). `return_raw_chat=False` leaves the
+    un-tokenized messages (`raw_prompt`) out of the rows.
     """
 
     def __init__(
@@ -69,6 +72,8 @@ class RLDataset:
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         max_samples: int | None = None,
+        filter_overlong_prompts: bool = False,
+        return_raw_chat: bool = True,
     ) -> None:
         if max_prompt_length <= 0:
             raise UserError(f"max_prompt_length must be positive, got {max_prompt_length}")
@@ -80,6 +85,8 @@ class RLDataset:
         self.truncation = truncation
         self.prompt_key = prompt_key
         self._truncate = TRUNCATION.get(truncation)
+        self.filter_overlong_prompts = filter_overlong_prompts
+        self.return_raw_chat = return_raw_chat
         self._template_kwargs = dict(chat_template_kwargs or {})
         self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
         if not self.chat_template:
@@ -92,7 +99,8 @@ class RLDataset:
 
         self._ids: list[np.ndarray] = []
         self._columns: dict[str, list[Any]] = {}
-        self.num_filtered = 0
+        self.num_filtered = 0  # by truncation=filter
+        self.num_overlong_dropped = 0  # by filter_overlong_prompts
         self.num_truncated = 0
         seen = 0
         for path in self.files:
@@ -118,7 +126,8 @@ class RLDataset:
         if not self._ids:
             raise UserError(
                 f"no prompts left: all {seen} are longer than max_prompt_length={self.max_prompt_length}; "
-                "raise max_prompt_length or use truncation=left/right"
+                "raise max_prompt_length, or cut them instead "
+                "(data.filter_overlong_prompts=false, truncation=left/right/middle)"
             )
 
     # ------------------------------------------------------------------ loading
@@ -127,7 +136,11 @@ class RLDataset:
         messages = [[_clean_message(m) for m in row] for row in table.column(self.prompt_key).to_pylist()]
         ids = self._tokenize(messages, path)
         keep: list[int] = []
+        dropped = 0
         for row, seq in enumerate(ids):
+            if len(seq) > self.max_prompt_length and self.filter_overlong_prompts:
+                dropped += 1
+                continue
             if len(seq) > self.max_prompt_length:
                 cut = self._truncate(seq, self.max_prompt_length, f"{path} row {row}")
                 if cut is None:
@@ -137,10 +150,16 @@ class RLDataset:
                 seq = cut
             keep.append(row)
             self._ids.append(np.asarray(seq, dtype=np.int32))
+        if self.filter_overlong_prompts:
+            self.num_overlong_dropped += dropped
+            logger.warning(
+                "%s: filter_overlong_prompts kept %d rows, dropped %d with prompts over max_prompt_length=%d tokens",
+                path, len(ids) - dropped, dropped, self.max_prompt_length,
+            )  # fmt: skip
 
         extra_info = [e if e is not None else {} for e in table.column("extra_info").to_pylist()]
         fields: dict[str, list[Any]] = {
-            "raw_prompt": messages,
+            **({"raw_prompt": messages} if self.return_raw_chat else {}),
             "data_source": table.column("data_source").to_pylist(),
             "reward_model": table.column("reward_model").to_pylist(),
             "extra_info": extra_info,
@@ -192,6 +211,11 @@ class RLDataset:
         row = {"input_ids": self._ids[i]}
         row.update({k: v[i] for k, v in self._columns.items()})
         return row
+
+    @property
+    def columns(self) -> list[str]:
+        """The non-tensor fields of every row (raw_prompt, data_source, ... and passed-through columns)."""
+        return list(self._columns)
 
     @property
     def prompt_lengths(self) -> np.ndarray:

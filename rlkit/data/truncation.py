@@ -19,7 +19,7 @@ TRUNCATION: Registry[TruncationFn] = Registry("truncation mode")
 def _error(ids: list[int], max_len: int, where: str) -> list[int] | None:
     raise UserError(
         f"{where}: prompt has {len(ids)} tokens, more than max_prompt_length={max_len}; "
-        "raise max_prompt_length or set truncation to filter, left or right"
+        "raise max_prompt_length, set data.filter_overlong_prompts=true or truncation to filter, left, right or middle"
     )
 
 
@@ -32,6 +32,14 @@ def _left(ids: list[int], max_len: int, where: str) -> list[int] | None:
 @TRUNCATION.register("right")
 def _right(ids: list[int], max_len: int, where: str) -> list[int] | None:
     return ids[:max_len]
+
+
+@TRUNCATION.register("middle")
+def _middle(ids: list[int], max_len: int, where: str) -> list[int] | None:
+    """Keep the head (system prompt, instructions) and the tail (question, generation prompt); the head gets
+    max_len // 2 tokens, the tail the rest."""
+    head = max_len // 2
+    return ids[:head] + ids[len(ids) - (max_len - head) :]
 
 
 @TRUNCATION.register("filter")

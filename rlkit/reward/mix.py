@@ -31,6 +31,7 @@ from rlkit.reward.interaction_reward import with_interaction_reward
 from rlkit.reward.model_styles import RULE, Component, all_components, model_style
 from rlkit.reward.placement import on_last_token
 from rlkit.reward.registry import RewardFn, build_reward_manager
+from rlkit.reward.scorer_key import with_scorer_key
 
 if TYPE_CHECKING:
     from rlkit.config.schema import RLConfig
@@ -177,12 +178,12 @@ def build_reward_fn(
     weight = mt.interaction_reward_weight if mt.enable else 0.0
     style = model_style(cfg)
     if style is None:
-        return with_interaction_reward(manager, weight)
+        return with_scorer_key(with_interaction_reward(manager, weight), cfg.data.reward_fn_key)
     weights = MixWeights(cfg.reward_model.mix)
     worker = (workers or {}).get(style.worker_role) if style.worker_role else None
     component = style.build(cfg, tokenizer, worker)
     mix = RewardMix(manager if weights.ever_used(RULE) else None, {style.component: component}, weights)
-    return with_interaction_reward(mix, weight)
+    return with_scorer_key(with_interaction_reward(mix, weight), cfg.data.reward_fn_key)
 
 
 def describe(cfg: RLConfig) -> str:

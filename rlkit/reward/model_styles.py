@@ -87,6 +87,9 @@ class ClassifierStyle:
             )
         if rm.max_length is not None and rm.max_length < 2:
             raise UserError(f"reward_model.max_length={rm.max_length} must be >= 2 (or null)")
+        if rm.model.input_tokenizer and not cfg.data.return_raw_chat:
+            raise UserError("reward_model.model.input_tokenizer re-renders each prompt's chat messages with the RM's "
+                            "template, so it needs data.return_raw_chat=true")
 
     @staticmethod
     def build(cfg: RLConfig, tokenizer: Any, worker: Any) -> Component:
@@ -119,6 +122,9 @@ class JudgeStyle:
         from rlkit.reward.llm_judge import check_judge_config
 
         check_judge_config(cfg.reward_model.judge)
+        if not cfg.data.return_raw_chat:
+            raise UserError("reward_model.style=judge shows the judge each prompt's chat messages, so it needs "
+                            "data.return_raw_chat=true")
 
     @staticmethod
     def build(cfg: RLConfig, tokenizer: Any, worker: Any) -> Component:

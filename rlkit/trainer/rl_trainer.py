@@ -49,21 +49,28 @@ class RLTrainer(TrainerBase):
         from rlkit.models.resolve import resolve_model_path
         from rlkit.reward.mix import build_reward_fn
         from rlkit.reward.registry import build_reward_manager
+        from rlkit.reward.scorer_key import missing_key_message
 
         self.cfg = cfg
         self.model_path = str(resolve_model_path(cfg.actor_rollout_ref.model.path))
         self.tokenizer = load_tokenizer(self.model_path)
         d = cfg.data
-        self.train_set = RLDataset(d.train_files, self.tokenizer, d.max_prompt_length, d.truncation, d.prompt_key)
-        self.train_loader = RLDataLoader(self.train_set, d.train_batch_size, shuffle=d.shuffle, seed=d.seed)
+        dataset_keys = dict(filter_overlong_prompts=d.filter_overlong_prompts, return_raw_chat=d.return_raw_chat)
+        self.train_set = RLDataset(d.train_files, self.tokenizer, d.max_prompt_length, d.truncation, d.prompt_key,
+                                   max_samples=d.train_max_samples, **dataset_keys)
+        # a loader batch is one generation batch: train_batch_size prompts, or gen_batch_size with dynamic sampling
+        self.train_loader = RLDataLoader(self.train_set, d.gen_batch_size, shuffle=d.shuffle, seed=d.seed)
         self.val_set = (
             RLDataset(d.val_files, self.tokenizer, d.max_prompt_length, d.truncation, d.prompt_key,
-                      max_samples=d.val_max_samples)
+                      max_samples=d.val_max_samples, **dataset_keys)
             if d.val_files else None
         )
         if len(self.train_loader) == 0:
-            raise_user(f"data.train_batch_size={d.train_batch_size} is larger than the {len(self.train_set)} "
+            key = "gen_batch_size" if d.gen_batch_size != d.train_batch_size else "train_batch_size"
+            raise_user(f"data.{key}={d.gen_batch_size} is larger than the {len(self.train_set)} "
                        f"training prompts in {d.train_files}; lower it")
+        if d.reward_fn_key not in self.train_set.columns:
+            raise_user(missing_key_message(d.reward_fn_key, self.train_set.columns))
         self.total_steps = cfg.trainer.total_training_steps or len(self.train_loader) * cfg.trainer.total_epochs
         manager = build_reward_manager(cfg, self.tokenizer)  # reward_model.reward_manager, before workers start
         kl = cfg.algorithm.kl_ctrl
@@ -76,6 +83,7 @@ class RLTrainer(TrainerBase):
                                          manager=manager)
         self.mfu_meter = _mfu_meter(cfg, self.model_path)
         self.global_step = 0
+        self.validations = 0  # validation passes so far (seeds data.validation_shuffle's order)
         self.tracker = tracker
         self.ckpt_root = Path(cfg.trainer.default_local_dir).expanduser()
         self.rollout_ctx = RolloutContext(cfg, self.workers, self.reward_fn, PromptStream(self.train_loader),
@@ -116,15 +124,17 @@ class RLTrainer(TrainerBase):
         with timer("adv"):
             gen_metrics.update(shape_rewards(batch, cfg, self.kl_ctrl))
             compute_advantages(batch, cfg)
-        # 6. critic update, 7. actor update
+        # 6. critic update, 7. actor update (not while the critic warms up: verl's `critic_warmup <= step`)
         if w.critic is not None:
             with timer("update_critic"):
                 batch.union(w.critic.update_critic(batch))
-        with timer("update_actor"):
-            batch.union(w.actor.update_actor(batch))
-        # 8. the new weights to the rollout engines
-        with timer("update_weights"):
-            sync = w.sync_weights()
+        sync: list[dict[str, float]] = [{}]
+        if cfg.trainer.critic_warmup <= self.global_step:
+            with timer("update_actor"):
+                batch.union(w.actor.update_actor(batch))
+            # 8. the new weights to the rollout engines
+            with timer("update_weights"):
+                sync = w.sync_weights()
         metrics = {
             **reduce_worker_metrics(batch.meta.get("metrics", {})),
             **reduce_worker_metrics({k: [s[k] for s in sync] for k in sync[0]}),
@@ -154,11 +164,13 @@ class RLTrainer(TrainerBase):
         n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
         total = len(self.val_set)
         bs = self.cfg.data.val_batch_size or val_chunk_size(total)
+        order = val_order(total, self.cfg.data.validation_shuffle, self.cfg.data.seed, self.validations)
+        self.validations += 1
         outs = []
         self._progress(VAL_PHASE, 0, total)
         for i in range(0, total, bs):
             end = min(i + bs, total)
-            prompts = self.val_set.get_batch(np.arange(i, end))
+            prompts = self.val_set.get_batch(order[i:end])
             gen = repeat_with_uids(prompts, n)
             out = self.workers.rollout.generate_sequences(gen.select(self.rollout_ctx.rollout_keys(gen)), validate=True,
                                                           stay_awake=end < total)  # one wake/sleep per pass
@@ -234,6 +246,17 @@ def val_chunk_size(total: int) -> int:
     """Prompts per validation call when data.val_batch_size is null: about VAL_CHUNKS calls (so the console
     shows progress and an ETA), never fewer than VAL_MIN_CHUNK prompts per call (the engine stays busy)."""
     return max(VAL_MIN_CHUNK, -(-total // VAL_CHUNKS))
+
+
+def val_order(total: int, shuffle: bool, seed: int, validation: int) -> np.ndarray:
+    """The validation rows' visiting order: file order, or (data.validation_shuffle) a permutation seeded by the
+    data seed and the validation's number, so each validation of a run differs and reruns repeat them."""
+    if not shuffle:
+        return np.arange(total)
+    return np.random.default_rng([seed, VAL_SEED_STREAM, validation]).permutation(total)
+
+
+VAL_SEED_STREAM = 1  # keeps validation orders apart from the training order's (seed, epoch) stream
 
 
 def raise_user(msg: str) -> None:

@@ -150,11 +150,9 @@ class SyncRollout(RolloutSource):
             return self.generate(next(self.ctx.prompts), attempt=0, timer=timer), {}
         kept: list[Batch] = []
         metrics: dict[str, float] = {}
-        target = None
+        target = cfg.data.train_batch_size * n  # each generation batch has data.gen_batch_size prompts
         for attempt in range(max(1, filt.max_num_gen_batches)):
-            prompts = next(self.ctx.prompts)
-            target = target or len(prompts) * n
-            out = self.generate(prompts, attempt, timer)
+            out = self.generate(next(self.ctx.prompts), attempt, timer)
             result = dynamic_sampling_filter(out["token_level_scores"].sum(-1).numpy(), out["uid"])
             metrics["dapo/kept_groups"] = metrics.get("dapo/kept_groups", 0) + result.kept_groups
             metrics["dapo/gen_batches"] = attempt + 1

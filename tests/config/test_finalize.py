@@ -66,3 +66,30 @@ def test_config_layer_imports_only_errors_and_registry():
     code = "import sys, rlkit.config; print(sorted(m for m in sys.modules if m.startswith('rlkit')))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert all(m == "rlkit" or m.startswith(("rlkit.config", "rlkit.errors")) for m in eval(loaded)), loaded
+
+
+def test_verl_data_and_warmup_keys_settle_in_finalize():
+    """-1 and null both mean every row; data.seed=null is rlkit's seed 1; gen_batch_size=null is the batch size."""
+    cfg = load_config("grpo", HF + ["data.train_max_samples=-1", "data.val_max_samples=-1"])
+    assert cfg.data.train_max_samples is None and cfg.data.val_max_samples is None
+    assert cfg.data.seed == 1 and cfg.data.gen_batch_size == cfg.data.train_batch_size
+    assert load_config("grpo", HF + ["data.train_max_samples=8"]).data.train_max_samples == 8
+    for bad in ("data.train_max_samples=0", "data.val_max_samples=-2"):
+        with pytest.raises(UserError, match=r"must be >= 1, or -1 / null for all"):
+            load_config("grpo", HF + [bad])
+    with pytest.raises(UserError, match="trainer.critic_warmup=-1 must be >= 0"):
+        load_config("ppo", HF + ["trainer.critic_warmup=-1"])
+    with pytest.raises(UserError, match="trainer.critic_warmup=2: with trainer.fully_async"):
+        load_config("ppo", HF + ["trainer.fully_async=true", "trainer.critic_warmup=2"])
+    assert load_config("ppo", HF + OFF + ["trainer.critic_warmup=2"]).trainer.critic_warmup == 2
+
+
+def test_readers_of_the_raw_chat_need_return_raw_chat():
+    no_chat = HF + ["data.return_raw_chat=false"]
+    assert load_config("grpo", no_chat).data.return_raw_chat is False
+    with pytest.raises(UserError, match="multi_turn.enable .* needs data.return_raw_chat=true"):
+        load_config("grpo", no_chat + ["actor_rollout_ref.rollout.multi_turn.enable=true"])
+    with pytest.raises(UserError, match="style=judge .* needs data.return_raw_chat=true"):
+        load_config("grpo", no_chat + ["reward_model.enable=true", "reward_model.style=judge",
+                                       "reward_model.judge.base_url=http://127.0.0.1:1/v1",
+                                       "reward_model.judge.model=judge"])

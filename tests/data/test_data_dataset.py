@@ -101,15 +101,62 @@ def test_truncation_filter_drops_and_logs(write_parquet, tokenizer, caplog):
     assert list(ds.get_batch([0, 1])["index"]) == [0, 2]
 
 
-@pytest.mark.parametrize("mode", ["left", "right"])
-def test_truncation_left_right(write_parquet, tokenizer, mode):
+@pytest.mark.parametrize("mode", ["left", "right", "middle"])
+@pytest.mark.parametrize("max_len", [16, 15])
+def test_truncation_left_right_middle(write_parquet, tokenizer, mode, max_len):
     path, long = _long_and_short(write_parquet)
     full = expected_ids(tokenizer, [{"role": "user", "content": long}])
-    ds = RLDataset(path, tokenizer, max_prompt_length=16, truncation=mode)
+    ds = RLDataset(path, tokenizer, max_prompt_length=max_len, truncation=mode)
     assert len(ds) == 3 and ds.num_truncated == 1
     row = ds.get_batch([1])["input_ids"][0].tolist()
-    assert row == (full[-16:] if mode == "left" else full[:16])
-    assert ds.get_batch([1])["attention_mask"].sum() == 16
+    head = max_len // 2
+    want = {"left": full[-max_len:], "right": full[:max_len], "middle": full[:head] + full[-(max_len - head):]}
+    assert row == want[mode]
+    assert ds.get_batch([1])["attention_mask"].sum() == max_len
+    assert ds.get_batch([0])["input_ids"][0, -len(expected_ids(tokenizer, toy_row(0)["prompt"])):].tolist() == \
+        expected_ids(tokenizer, toy_row(0)["prompt"])  # short prompts untouched
+
+
+def _mixed_lengths(write_parquet, name="mixed.parquet"):
+    """Rows 0-5, ids 10..15; rows 1 and 4 are over 16 tokens (their ids are what the filter must drop)."""
+    long = "copy the digits : " + " ".join(str(i % 10) for i in range(40))
+    rows = [toy_row(10 + i, prompt=[{"role": "user", "content": long}]) if i in (1, 4) else toy_row(10 + i)
+            for i in range(6)]
+    return write_parquet(rows, name)
+
+
+@pytest.mark.parametrize("truncation", ["error", "left", "filter"])
+def test_filter_overlong_prompts_drops_exactly_the_long_rows_first(write_parquet, tokenizer, caplog, truncation):
+    """verl's order: the filter drops over-long rows before `truncation` looks (so even `error` passes)."""
+    path = _mixed_lengths(write_parquet)
+    with caplog.at_level(logging.WARNING, logger="rlkit.data.dataset"):
+        ds = RLDataset(path, tokenizer, max_prompt_length=16, truncation=truncation, filter_overlong_prompts=True)
+    assert list(ds.get_batch(range(len(ds)))["index"]) == [10, 12, 13, 15]
+    assert ds.num_overlong_dropped == 2 and ds.num_truncated == ds.num_filtered == 0
+    assert f"{path}: filter_overlong_prompts kept 4 rows, dropped 2" in caplog.text
+
+
+def test_filter_overlong_prompts_off_leaves_rows_to_truncation(write_parquet, tokenizer):
+    ds = RLDataset(_mixed_lengths(write_parquet), tokenizer, max_prompt_length=16, truncation="left")
+    assert len(ds) == 6 and ds.num_truncated == 2 and ds.num_overlong_dropped == 0
+
+
+def test_filter_overlong_prompts_counts_per_file(write_parquet, tokenizer, caplog):
+    a, b = _mixed_lengths(write_parquet, "a.parquet"), write_parquet([toy_row(i) for i in range(3)], "b.parquet")
+    with caplog.at_level(logging.WARNING, logger="rlkit.data.dataset"):
+        ds = RLDataset([a, b], tokenizer, max_prompt_length=16, filter_overlong_prompts=True)
+    assert len(ds) == 7
+    assert f"{a}: filter_overlong_prompts kept 4 rows, dropped 2" in caplog.text
+    assert f"{b}: filter_overlong_prompts kept 3 rows, dropped 0" in caplog.text
+
+
+@pytest.mark.parametrize("return_raw_chat", [True, False])
+def test_return_raw_chat(three_rows, tokenizer, return_raw_chat):
+    batch = RLDataset(three_rows, tokenizer, max_prompt_length=24, return_raw_chat=return_raw_chat).get_batch([1])
+    assert ("raw_prompt" in batch.non_tensors) is return_raw_chat
+    if return_raw_chat:
+        assert batch["raw_prompt"][0] == MSGS[1]
+    assert batch["input_ids"][0, -len(expected_ids(tokenizer, MSGS[1])):].tolist() == expected_ids(tokenizer, MSGS[1])
 
 
 def test_unknown_truncation_mode(three_rows, tokenizer):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from rlkit.trainer.step_result import StepResult
 from rlkit.utils import flops
@@ -45,14 +46,17 @@ def test_a_worker_timing_under_a_phase_name_warns_and_the_driver_wins(caplog):
 @pytest.mark.timeout(900)
 def test_train_step_returns_a_step_result(ray_local, toy_data, tiny_model, tmp_path):
     """One real PPO step (critic, reference, recomputed old log-probs): every phase timed once by the driver,
-    the engine's own time under its own name, FLOPs counted from the phases."""
+    the engine's own time under its own name, FLOPs counted from the phases. Before it, a step of
+    trainer.critic_warmup=2 (verl's rule: the actor first updates at step 2): the critic trains, the actor's
+    weights and the engines' stay as they were."""
     from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.trainer.run_config import load_config
 
     overrides = toy_overrides(
         toy_data, tiny_model, tmp_path, data__train_batch_size=4, actor_rollout_ref__rollout__n=2,
         actor_rollout_ref__actor__ppo_mini_batch_size=4, actor_rollout_ref__actor__use_kl_loss=True,
-        actor_rollout_ref__actor__recompute_old_log_prob=True, trainer__total_training_steps=1,
+        actor_rollout_ref__actor__recompute_old_log_prob=True, trainer__total_training_steps=2,
+        trainer__critic_warmup=2,
     )
     cfg = load_config("ppo", overrides)
     trainer = RLTrainer(cfg)
@@ -65,12 +69,28 @@ def test_train_step_returns_a_step_result(ray_local, toy_data, tiny_model, tmp_p
         calls.append((mask.clone(), set(phases)))
         return count(mask, phases)
 
-    meter.step_flops = recording_step_flops
+    def actor_weights():
+        return trainer.workers.actor.full_state_dict()[0]
+
     try:
+        initial = actor_weights()
         trainer.global_step = 1
+        warmup = trainer.train_step()
+        after_warmup = actor_weights()
+        meter.step_flops = recording_step_flops
+        trainer.global_step = 2
         result = trainer.train_step()
+        after_update = actor_weights()
     finally:
         trainer.workers.shutdown()
+
+    # the warm-up step: critic only, no actor update, no weight sync
+    assert set(warmup.phases) == PPO_PHASES - {"update_actor", "update_weights"}
+    assert "critic/vf_loss" in warmup.metrics and "actor/pg_loss" not in warmup.metrics
+    assert "timing_s/rollout_load_weights" not in warmup.metrics
+    assert all(torch.equal(initial[k], after_warmup[k]) for k in initial)
+    assert any(not torch.equal(after_warmup[k], after_update[k]) for k in initial)  # step 2 updates the actor
+    assert "actor/pg_loss" in result.metrics
 
     assert isinstance(result, StepResult)
     assert set(result.phases) == PPO_PHASES and all(s > 0 for s in result.phases.values())
