@@ -230,8 +230,9 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: int | None = f(2, "keep the last K loadable checkpoints (null = all); "
                                                  "broken ones get no slot")
     seed: int = f(42, "global seed")
-    critic_warmup: int = f(0, "train only the critic until step k: the actor's update and the weight sync are "
-                           "skipped while global step < critic_warmup (the actor first updates at step k)")
+    critic_warmup: int = f(0, "train only the critic for the first k steps: the actor's update and the weight sync "
+                           "start at step k + 1 (verl documents k warm-up steps; its code updates the actor from "
+                           "step k, one step early)")
     balance_batch: bool = f(True, "balance tokens across data-parallel ranks")
     one_step_off_policy: bool = f(
         False, "async: a separate rollout group generates batch k+1 while the actor trains on batch k "

@@ -124,12 +124,12 @@ class RLTrainer(TrainerBase):
         with timer("adv"):
             gen_metrics.update(shape_rewards(batch, cfg, self.kl_ctrl))
             compute_advantages(batch, cfg)
-        # 6. critic update, 7. actor update (not while the critic warms up: verl's `critic_warmup <= step`)
+        # 6. critic update, 7. actor update (not in the critic's first `critic_warmup` steps)
         if w.critic is not None:
             with timer("update_critic"):
                 batch.union(w.critic.update_critic(batch))
         sync: list[dict[str, float]] = [{}]
-        if cfg.trainer.critic_warmup <= self.global_step:
+        if self.global_step > cfg.trainer.critic_warmup:
             with timer("update_actor"):
                 batch.union(w.actor.update_actor(batch))
             # 8. the new weights to the rollout engines

@@ -47,7 +47,7 @@ def test_a_worker_timing_under_a_phase_name_warns_and_the_driver_wins(caplog):
 def test_train_step_returns_a_step_result(ray_local, toy_data, tiny_model, tmp_path):
     """One real PPO step (critic, reference, recomputed old log-probs): every phase timed once by the driver,
     the engine's own time under its own name, FLOPs counted from the phases. Before it, a step of
-    trainer.critic_warmup=2 (verl's rule: the actor first updates at step 2): the critic trains, the actor's
+    trainer.critic_warmup=1 (one critic-only step: the actor first updates at step 2): the critic trains, the actor's
     weights and the engines' stay as they were."""
     from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.trainer.run_config import load_config
@@ -56,7 +56,7 @@ def test_train_step_returns_a_step_result(ray_local, toy_data, tiny_model, tmp_p
         toy_data, tiny_model, tmp_path, data__train_batch_size=4, actor_rollout_ref__rollout__n=2,
         actor_rollout_ref__actor__ppo_mini_batch_size=4, actor_rollout_ref__actor__use_kl_loss=True,
         actor_rollout_ref__actor__recompute_old_log_prob=True, trainer__total_training_steps=2,
-        trainer__critic_warmup=2,
+        trainer__critic_warmup=1,
     )
     cfg = load_config("ppo", overrides)
     trainer = RLTrainer(cfg)
