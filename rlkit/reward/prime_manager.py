@@ -36,10 +36,11 @@ class PrimeRewardManager(RewardManager):
         cls.check_config(cfg, num_processes=num_processes)
         kwargs = config_kwargs(cfg)
         if num_processes is not None:
-            kwargs["num_workers"] = int(num_processes)
+            kwargs["num_workers"] = num_processes
         return cls(tokenizer, **kwargs)
 
     @staticmethod
     def check_config(cfg: RLConfig, *, num_processes: int | None = None) -> None:
-        if num_processes is not None and (isinstance(num_processes, bool) or int(num_processes) < 1):
-            raise UserError(f"reward_model.reward_kwargs.num_processes={num_processes} must be >= 1")
+        if num_processes is not None and (not isinstance(num_processes, int) or isinstance(num_processes, bool)
+                                          or num_processes < 1):
+            raise UserError(f"reward_model.reward_kwargs.num_processes={num_processes!r} must be a whole number >= 1")

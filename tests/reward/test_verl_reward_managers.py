@@ -152,5 +152,5 @@ def test_prime_scores_in_parallel_with_a_timeout(tmp_path, tok):
     out = m(make_batch(tok, [("x", "1 2", ""), ("x", "9", ""), ("x", "1 2 3", "")]))
     assert scores(out) == [2.0, 0.0, 3.0]  # the slow sample timed out and scores 0; the others are scored
     assert out.meta["metrics"]["reward/timeouts"] == [1.0]
-    with pytest.raises(UserError, match="num_processes=0 must be >= 1"):
+    with pytest.raises(UserError, match="num_processes=0 must be a whole number >= 1"):
         load_config("grpo", [*HF, "reward_model.reward_manager=prime", "reward_model.reward_kwargs={num_processes: 0}"])
