@@ -7,7 +7,9 @@ scores the whole batch in one call, rlkit.reward.batch_manager), `dapo` (score +
 rlkit.reward.dapo_manager), `prime` (parallel per-sample scoring, rlkit.reward.prime_manager, which says
 what differs from verl's). Each entry is a class with
 `from_config(cfg, tokenizer, **reward_model.reward_kwargs)`, `__call__(batch) -> Batch` and,
-optionally, `check_config(cfg, **reward_kwargs)` run with the config checks (before Ray starts).
+optionally, `check_config(cfg, **reward_kwargs)` run with the config checks (before Ray starts) and
+`check_custom(cfg, fn, label)`, the pre-flight check of `custom_reward_function` for a manager that calls
+it in a form of its own (`batch`; the others call it per sample, rlkit.reward.custom).
 
 A scorer is `fn(response, ground_truth, extra_info, **kwargs) -> float | dict`
 (a dict carries `score` plus extra per-sample metrics). The row's `data_source`
