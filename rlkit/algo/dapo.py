@@ -63,15 +63,15 @@ def overlong_reward_shaping(
     overlong_buffer_len: int,
     penalty_factor: float = 1.0,
 ) -> torch.Tensor:
-    """Soft length penalty per row (float32): 0 up to max - buffer, then linear to -penalty_factor at max.
+    """DAPO's soft length penalty per row (float32), verl's formula:
+    `min(-(length - (max - buffer)) / buffer * penalty_factor, 0)`.
 
-    The ramp tells the model "too long" before truncation does, instead of a cliff
-    that punishes sound reasoning cut off by the limit. Lengths past the max get -penalty_factor.
+    0 up to max - buffer, then linear down to -penalty_factor at max: the ramp tells the model "too long"
+    before truncation does, instead of a cliff that punishes sound reasoning cut off by the limit. There is
+    no floor: a length past `max_response_length` (a `max_resp_len` below the engine's limit) keeps going down.
     """
-    if overlong_buffer_len <= 0 or overlong_buffer_len > max_response_length:
-        raise ValueError(
-            f"overlong_buffer_len must be in (0, max_response_length={max_response_length}], got {overlong_buffer_len}"
-        )
+    if overlong_buffer_len <= 0:
+        raise ValueError(f"overlong_buffer_len must be > 0, got {overlong_buffer_len}")
     if penalty_factor < 0:
         raise ValueError(f"penalty_factor must be >= 0, got {penalty_factor}")
     if isinstance(response_lengths, torch.Tensor):
@@ -80,4 +80,4 @@ def overlong_reward_shaping(
         lengths = torch.as_tensor(np.asarray(response_lengths, dtype=np.float32))
     expected = max_response_length - overlong_buffer_len
     penalty = -(lengths - expected) / overlong_buffer_len * penalty_factor
-    return penalty.clamp(min=-penalty_factor, max=0.0)
+    return penalty.clamp(max=0.0)

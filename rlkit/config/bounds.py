@@ -80,6 +80,7 @@ BOUNDS: dict[str, Bound] = {
     "trainer.total_training_steps": AT_LEAST_1_OR_NULL,
     "trainer.max_actor_ckpt_to_keep": AT_LEAST_1_OR_NULL,
     "trainer.staleness_threshold": NON_NEGATIVE,
+    "trainer.log_val_generations": NON_NEGATIVE,
     "trainer.partial_rollout_segment": NON_NEGATIVE,
     "trainer.rollout_chunk_prompts": AT_LEAST_1,
 }

@@ -53,6 +53,8 @@ def derive(cfg: RLConfig) -> None:
     if critic.model.path is None:
         critic.model.path = cfg.actor_rollout_ref.model.path
     settle_rollout_correction(cfg)  # algorithm.rollout_is/rollout_rs: a level name or None, rejection bounds
+    if isinstance(cfg.trainer.logger, str):  # verl's one-name form: trainer.logger=console
+        cfg.trainer.logger = [cfg.trainer.logger]
 
 
 def apply_modes(cfg: RLConfig) -> None:

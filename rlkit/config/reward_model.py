@@ -85,12 +85,15 @@ class RewardModelConfig:
     reward_manager: str = f(
         "rule",
         "the rule component (rlkit.reward.REWARD_MANAGERS): rule (alias naive) = one "
-        "scorer per sample by data_source; coevolve = coder/tester pass matrix (docs/agents.md)",
+        "scorer per sample by data_source; batch = custom_reward_function scores the whole batch in one call; "
+        "dapo = rule + overlong penalty (reward_kwargs.overlong_buffer_cfg, max_resp_len); prime = rule on "
+        "reward_kwargs.num_processes workers; coevolve = coder/tester pass matrix (docs/agents.md)",
     )
     reward_kwargs: dict = f(
         factory=dict,
-        help="keyword arguments of the reward manager, e.g. for coevolve "
-        "{tester_reward: gated, tests_per_run: 1, per_test_s: 2.0, memory_mb: 512}",
+        help="keyword arguments of the reward manager, e.g. for dapo {max_resp_len: 1024, overlong_buffer_cfg: "
+        "{enable: true, len: 256, penalty_factor: 1.0, log: false}}; for batch they go to the function; for "
+        "coevolve {tester_reward: gated, tests_per_run: 1, per_test_s: 2.0, memory_mb: 512}",
     )
     overrides: dict = f(factory=dict, help="data_source -> scorer name, overriding the built-in map")
     scorer_kwargs: dict = f(factory=dict, help="scorer name -> kwargs, e.g. {gsm8k: {method: flexible}}")
@@ -98,5 +101,6 @@ class RewardModelConfig:
     timeout_s: float = f(10.0, "per-sample scoring timeout (the sample scores 0)")
     overlong_buffer: dict = f(
         factory=lambda: {"enable": False, "len": 64, "penalty_factor": 1.0},
-        help="DAPO overlong shaping: linear penalty over the last `len` tokens",
+        help="DAPO overlong shaping after scoring (any reward manager): linear penalty over the last `len` "
+        "tokens before data.max_response_length, down to -penalty_factor; log: add reward_extra/overlong_reward",
     )

@@ -212,7 +212,15 @@ class DebugConfig:
 class TrainerConfig:
     project_name: str = f("rlkit", "tracker project")
     experiment_name: str = f("run", "tracker run name")
-    logger: list = f(factory=lambda: ["console", "file"], help="trackers (rlkit.utils.tracking.TRACKERS)")
+    logger: Any = f(factory=lambda: ["console", "file"], help="tracker name or list of them (rlkit.utils.tracking."
+                    "TRACKERS): console, file, tensorboard, wandb, mlflow, swanlab; a missing package fails pre-flight")
+    log_val_generations: int = f(0, "validation generations (input, output, score) logged to every tracker per "
+                                    "validation, the same N each time (verl's pick: sorted by input, shuffled with "
+                                    "seed 42); 0 = none")
+    validation_data_dir: str | None = f(None, "dump every validation generation to <dir>/<step>.jsonl (input, "
+                                              "output, gts, score, step, reward extras); null = no dump")
+    rollout_data_dir: str | None = f(None, "dump every training step's rollouts to <dir>/<step>.jsonl (same fields "
+                                           "as validation_data_dir); null = no dump")
     nnodes: int = f(1, "nodes in the cluster")
     n_gpus_per_node: int = f(1, "workers per node (GPUs, or CPU worker processes without a GPU)")
     device: str = f("auto", "auto | cuda | cpu")

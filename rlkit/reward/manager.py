@@ -96,12 +96,7 @@ class RewardManager:
     @classmethod
     def from_config(cls, cfg: RLConfig, tokenizer: Any) -> RewardManager:
         """The manager a run config describes (`reward_model.*`, `custom_reward_function.*`)."""
-        rm, custom = cfg.reward_model, cfg.custom_reward_function
-        return cls(
-            tokenizer, scorer_overrides=rm.overrides,
-            custom_fn={"path": custom.path, "name": custom.name} if custom.path else None,
-            num_workers=rm.num_workers, timeout_s=rm.timeout_s, scorer_kwargs=rm.scorer_kwargs,
-        )
+        return cls(tokenizer, **config_kwargs(cfg))
 
     def has_scorer(self, data_source: str) -> bool:
         """Whether a row of this data_source gets a scorer (the custom function scores every row). The reward
@@ -169,7 +164,7 @@ class RewardManager:
             name = names[ds]
             if kind == "ok":
                 try:
-                    results.append(_normalize(value, name))
+                    results.append(normalize_score(value, name))
                     continue
                 except (TypeError, ValueError) as exc:
                     kind, value, tb = "error", exc, ""
@@ -213,11 +208,22 @@ class RewardManager:
             )
 
 
+def config_kwargs(cfg: RLConfig) -> dict[str, Any]:
+    """RewardManager's arguments from a run config (`reward_model.*`, `custom_reward_function.*`), for the
+    managers built on it (dapo, prime)."""
+    rm, custom = cfg.reward_model, cfg.custom_reward_function
+    return {
+        "scorer_overrides": rm.overrides,
+        "custom_fn": {"path": custom.path, "name": custom.name} if custom.path else None,
+        "num_workers": rm.num_workers, "timeout_s": rm.timeout_s, "scorer_kwargs": rm.scorer_kwargs,
+    }
+
+
 async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
-def _normalize(value: Any, scorer: str) -> SampleScore:
+def normalize_score(value: Any, scorer: str) -> SampleScore:
     """float | dict(score=..., **extras) -> SampleScore; anything else is the scorer's error."""
     extras: dict[str, Any] = {}
     if isinstance(value, Mapping):

@@ -2,9 +2,14 @@
 
 A reward manager turns a whole rollout Batch into `token_level_scores` (B, R), plus
 `reward_extra/<name>` columns and `meta['metrics']`; `reward_model.reward_manager` names it
-(verl's key; `rule`, alias `naive`, is the default). Each entry is a class with
+(verl's key; `rule`, alias `naive`, is the default). verl's other managers: `batch` (the user's function
+scores the whole batch in one call, rlkit.reward.batch_manager), `dapo` (score + overlong penalty,
+rlkit.reward.dapo_manager), `prime` (parallel per-sample scoring, rlkit.reward.prime_manager, which says
+what differs from verl's). Each entry is a class with
 `from_config(cfg, tokenizer, **reward_model.reward_kwargs)`, `__call__(batch) -> Batch` and,
-optionally, `check_config(cfg, **reward_kwargs)` run with the config checks (before Ray starts).
+optionally, `check_config(cfg, **reward_kwargs)` run with the config checks (before Ray starts) and
+`check_custom(cfg, fn, label)`, the pre-flight check of `custom_reward_function` for a manager that calls
+it in a form of its own (`batch`; the others call it per sample, rlkit.reward.custom).
 
 A scorer is `fn(response, ground_truth, extra_info, **kwargs) -> float | dict`
 (a dict carries `score` plus extra per-sample metrics). The row's `data_source`
@@ -39,7 +44,8 @@ class RewardFn(Protocol):
 #: name -> reward manager class (see the module docstring for what a class provides).
 REWARD_MANAGERS: Registry[Any] = Registry("reward manager")
 
-_MANAGER_MODULES = ("manager", "coevolve")  # modules whose import registers the built-in managers
+# modules whose import registers the built-in managers
+_MANAGER_MODULES = ("manager", "coevolve", "batch_manager", "dapo_manager", "prime_manager")
 
 #: data_source -> scorer name; `scorer_overrides` in the config take precedence.
 DATA_SOURCES: dict[str, str] = {
@@ -116,6 +122,10 @@ def check_reward_manager(cfg: RLConfig) -> None:
     check = getattr(cls, "check_config", None)
     if check is not None:
         check(cfg, **kwargs)
+    from rlkit.reward.overlong import OverlongBuffer
+
+    key = "reward_model.overlong_buffer"
+    OverlongBuffer.parse(rm.overlong_buffer, key).check_length(cfg.data.max_response_length, key)
 
 
 def build_reward_manager(cfg: RLConfig, tokenizer: Any) -> RewardFn:

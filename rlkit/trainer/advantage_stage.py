@@ -6,10 +6,10 @@ Pure functions over a `Batch`, unit-testable without Ray.
 from __future__ import annotations
 
 from rlkit.algo import ADV_ESTIMATORS, AdvantageInputs
-from rlkit.algo.dapo import overlong_reward_shaping
 from rlkit.algo.kl import apply_kl_penalty
 from rlkit.config.schema import RLConfig
 from rlkit.protocol import Batch
+from rlkit.reward.overlong import OverlongBuffer
 from rlkit.reward.placement import on_last_token
 
 
@@ -17,13 +17,12 @@ def shape_rewards(batch: Batch, cfg: RLConfig, kl_ctrl) -> dict[str, float]:
     """token_level_scores -> token_level_rewards: optional overlong penalty and in-reward KL."""
     metrics: dict[str, float] = {}
     scores = batch["token_level_scores"].clone()
-    overlong = cfg.reward_model.overlong_buffer
-    if overlong.get("enable"):
-        lengths = batch["response_mask"].sum(-1)
-        penalty = overlong_reward_shaping(
-            lengths, cfg.data.max_response_length, int(overlong["len"]), float(overlong["penalty_factor"])
-        )
+    overlong = OverlongBuffer.parse(cfg.reward_model.overlong_buffer, "reward_model.overlong_buffer")
+    if overlong.enable:  # the same penalty as the `dapo` reward manager's (rlkit.reward.overlong), after scoring
+        penalty = overlong.penalty(batch["response_mask"], cfg.data.max_response_length)
         scores += on_last_token(penalty, batch["response_mask"])
+        for key, column in overlong.extras(penalty).items():
+            batch[key] = column
         metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
     if cfg.algorithm.use_kl_in_reward:
         rewards, kl_metrics = apply_kl_penalty(

@@ -199,17 +199,31 @@ def check_resume(p: Preflight) -> None:
 
 
 def check_custom_reward(p: Preflight) -> None:
-    """custom_reward_function.path imports and its signature is one rlkit can call (rlkit.reward.custom)."""
+    """custom_reward_function.path imports and its signature is one the reward manager can call (per sample,
+    rlkit.reward.custom; a manager with `check_custom`, e.g. `batch`, checks its own form)."""
     c = p.cfg.custom_reward_function
     if not c.path:
         return
     from rlkit.reward.custom import bind_custom, load_custom_fn
+    from rlkit.reward.registry import reward_manager_class
 
+    label = f"'{c.name}' in {c.path}"
     try:
-        bind_custom(load_custom_fn(c.path, c.name), (p.cfg.reward_model.scorer_kwargs or {}).get("custom"),
-                    f"'{c.name}' in {c.path}")
+        fn = load_custom_fn(c.path, c.name)
+        check = getattr(reward_manager_class(p.cfg.reward_model.reward_manager), "check_custom", None)
+        if check is not None:
+            check(p.cfg, fn, label)
+        else:
+            bind_custom(fn, (p.cfg.reward_model.scorer_kwargs or {}).get("custom"), label)
     except UserError as exc:
         p.problems.append(str(exc))
+
+
+def check_trackers(p: Preflight) -> None:
+    """Each tracker in trainer.logger has its package installed (found now, not after the workers load)."""
+    from rlkit.utils.tracking import missing_tracker_packages
+
+    p.problems.extend(missing_tracker_packages(p.cfg.trainer.logger))
 
 
 def check_sequence_parallel(p: Preflight) -> None:
@@ -234,7 +248,8 @@ def check_sequence_parallel(p: Preflight) -> None:
 
 
 CHECKS: list[Check] = [
-    check_data, check_model, check_output_dirs, check_disk, check_resume, check_custom_reward, check_sequence_parallel
+    check_data, check_model, check_output_dirs, check_disk, check_resume, check_custom_reward, check_sequence_parallel,
+    check_trackers,
 ]
 
 

@@ -21,6 +21,7 @@ from rlkit.config.schema import RLConfig
 from rlkit.protocol import Batch
 from rlkit.trainer.advantage_stage import compute_advantages, shape_rewards
 from rlkit.trainer.fully_async import FullyAsyncRollout
+from rlkit.trainer.generations import dump, generations, pick
 from rlkit.trainer.key_checks import check_batch_keys
 from rlkit.trainer.one_step_off import OneStepOffRollout
 from rlkit.trainer.rollout_source import (
@@ -135,6 +136,10 @@ class RLTrainer(TrainerBase):
             # 8. the new weights to the rollout engines
             with timer("update_weights"):
                 sync = w.sync_weights()
+        if cfg.trainer.rollout_data_dir:  # every sample of the step as text (verl's rollout dump)
+            with timer("dump_rollouts"):
+                dump(generations(batch, self.tokenizer, self.global_step), cfg.trainer.rollout_data_dir,
+                     self.global_step)
         metrics = {
             **reduce_worker_metrics(batch.meta.get("metrics", {})),
             **reduce_worker_metrics({k: [s[k] for s in sync] for k in sync[0]}),
@@ -179,6 +184,7 @@ class RLTrainer(TrainerBase):
             outs.append(out)
             self._progress(VAL_PHASE, end, total)
         batch = Batch.concat(outs)
+        self._record_val_generations(batch)
         metrics = validation_metrics(batch, n)
         # each reward component's mean (reward/rule|rm|judge/mean, rlkit.reward.mix), as in training
         for key, values in batch.meta.get("metrics", {}).items():
@@ -189,6 +195,19 @@ class RLTrainer(TrainerBase):
             name = "memory/validate/" + key.rsplit("/", 1)[1]
             metrics[name] = max(metrics.get(name, 0.0), value)
         return metrics
+
+    def _record_val_generations(self, batch: Batch) -> None:
+        """`trainer.validation_data_dir`: every sample to `<dir>/<step>.jsonl`; `trainer.log_val_generations`:
+        N of them (input, output, score) to the trackers."""
+        t = self.cfg.trainer
+        if not (t.log_val_generations or t.validation_data_dir):
+            return
+        rows = generations(batch, self.tokenizer, self.global_step)
+        if t.validation_data_dir:
+            dump(rows, t.validation_data_dir, self.global_step)
+        if t.log_val_generations and self.tracker is not None and hasattr(self.tracker, "log_generations"):
+            samples = [{k: r[k] for k in ("input", "output", "score")} for r in pick(rows, t.log_val_generations)]
+            self.tracker.log_generations(samples, step=self.global_step)
 
     def memory_metrics(self) -> dict[str, float]:
         """Each worker call's peak memory since the last pop (`memory/<method>/rss_peak_gb`, and the CUDA

@@ -4,17 +4,27 @@ Backends are looked up by name in `TRACKERS` (the names written in `trainer.logg
 new one is a class plus a decorator. Metrics arrive as floats, tensors or lists (per-sample
 values from `Batch.meta["metrics"]`); the facade reduces everything to one float per key
 before any backend sees it, so all backends log identical numbers.
+
+`trainer.logger` is one name or a list (verl's forms): console, file (alias jsonl), tensorboard, wandb,
+mlflow, swanlab. A backend that needs a package declares it (`packages`, `install`); `rlkit train`'s
+pre-flight names a missing one with its pip command before Ray starts (`missing_tracker_packages`).
+Validation generations (`trainer.log_val_generations`) reach every backend that has `log_generations`:
+rows of {input, output, score} per validation step, as a table where the backend has one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import importlib
+import importlib.util
 import json
 import logging
 import math
 import os
+import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,6 +52,50 @@ class RunInfo:
 
 
 TRACKERS: Registry[type] = Registry("tracker")
+
+#: one validation generation as the trackers log it: {"input": str, "output": str, "score": float}
+Generation = dict[str, Any]
+GENERATION_COLUMNS = ("step", "input", "output", "score")
+
+
+def importable(module: str) -> bool:
+    """Whether `module` can be imported, without importing it (cheap enough for a pre-flight)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a module stubbed out as None
+        return False
+
+
+def tracker_names(backends: Sequence[str] | str) -> list[str]:
+    """`trainer.logger` as a list: one name (`console`) or a list of names."""
+    return [backends] if isinstance(backends, str) else [str(b) for b in backends]
+
+
+def missing_tracker_packages(backends: Sequence[str] | str) -> list[str]:
+    """One line per tracker of `trainer.logger` whose package is not installed, with the pip command."""
+    problems = []
+    for name in dict.fromkeys(tracker_names(backends)):
+        cls = TRACKERS.get(name)
+        for module in getattr(cls, "packages", ()):
+            if not importable(module):
+                problems.append(f"trainer.logger: tracker '{name}' needs the {module} package, which is not "
+                                f"installed: {cls.install}, or drop '{name}' from trainer.logger")
+    return problems
+
+
+def _import(module: str, tracker: type) -> Any:
+    """The tracker's package, or the one-line UserError `missing_tracker_packages` gives."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        name = next((n for n in TRACKERS.names() if TRACKERS.get(n) is tracker), tracker.__name__)
+        raise UserError(f"tracker '{name}' needs the {module} package: {tracker.install}, or drop it from "
+                        "trainer.logger") from None
+
+
+def generation_rows(samples: Sequence[Generation], step: int) -> list[list[Any]]:
+    """The samples as table rows, in GENERATION_COLUMNS order."""
+    return [[step, s.get("input"), s.get("output"), s.get("score")] for s in samples]
 
 
 def to_float(value: Any) -> float | None:
@@ -94,14 +148,18 @@ def plain_config(config: Any) -> dict[str, Any]:
 
 @TRACKERS.register("jsonl", "file")
 class JsonlTracker:
-    """One JSON object per step in `<log_dir>/metrics.jsonl`, flushed at once (a crash loses nothing).
+    """One JSON object per step in `<log_dir>/metrics.jsonl`, flushed at once (a crash loses nothing);
+    validation generations one per line in `<log_dir>/val_generations.jsonl` ({step, input, output, score}).
 
     Non-finite values are written as null so every line is strict JSON.
     """
 
+    GENERATIONS = "val_generations.jsonl"
+
     def __init__(self, run: RunInfo) -> None:
         run.log_dir.mkdir(parents=True, exist_ok=True)
         self.path = run.log_dir / "metrics.jsonl"
+        self.generations_path = run.log_dir / self.GENERATIONS
         self._file = open(self.path, "a", encoding="utf-8")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -110,25 +168,17 @@ class JsonlTracker:
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
+    def log_generations(self, samples: Sequence[Generation], step: int) -> None:
+        with open(self.generations_path, "a", encoding="utf-8") as f:
+            for row in generation_rows(samples, step):
+                f.write(json.dumps(dict(zip(GENERATION_COLUMNS, row)), ensure_ascii=False, default=str) + "\n")
+
     def rewind(self, step: int) -> int:
         """Drop the rows after `step` (and a torn last line), so the steps a resumed run replays appear
-        once; returns how many rows were dropped. The file is replaced atomically."""
+        once; returns how many metric rows were dropped. The files are replaced atomically."""
         self._file.close()
-        kept, dropped = [], 0
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    row_step = json.loads(line).get("step")
-                except (ValueError, AttributeError):
-                    row_step = None
-                if isinstance(row_step, (int, float)) and row_step <= step:
-                    kept.append(line if line.endswith("\n") else line + "\n")
-                elif line.strip():
-                    dropped += 1
-        if dropped:
-            tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-            tmp.write_text("".join(kept), encoding="utf-8")
-            os.replace(tmp, self.path)
+        dropped = rewind_jsonl(self.path, step)
+        rewind_jsonl(self.generations_path, step)
         self._file = open(self.path, "a", encoding="utf-8")
         return dropped
 
@@ -137,21 +187,42 @@ class JsonlTracker:
             self._file.close()
 
 
+def rewind_jsonl(path: Path, step: int) -> int:
+    """Keep the rows of a jsonl file whose `step` is <= `step`; returns how many were dropped."""
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                row_step = json.loads(line).get("step")
+            except (ValueError, AttributeError):
+                row_step = None
+            if isinstance(row_step, (int, float)) and row_step <= step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+            elif line.strip():
+                dropped += 1
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, path)
+    return dropped
+
+
 # ---------------------------------------------------------------- tensorboard
 
 
 @TRACKERS.register("tensorboard")
 class TensorboardTracker:
-    """Scalars under `<log_dir>/tensorboard`; the config goes in as a text summary."""
+    """Scalars under `<log_dir>/tensorboard`; the config and validation generations go in as text."""
+
+    packages = ("tensorboard",)
+    install = "pip install 'rlkit[tracking]' (or pip install tensorboard)"
 
     def __init__(self, run: RunInfo) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise UserError(
-                "tracker 'tensorboard' needs the tensorboard package: pip install 'rlkit[tracking]' "
-                "(or pip install tensorboard), or drop it from trainer.logger"
-            ) from None
+        _import("tensorboard", type(self))
+        from torch.utils.tensorboard import SummaryWriter
+
         self.dir = run.log_dir / "tensorboard"
         self._writer_cls = SummaryWriter
         self._writer = SummaryWriter(log_dir=str(self.dir))
@@ -161,6 +232,13 @@ class TensorboardTracker:
     def log(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():
             self._writer.add_scalar(key, value, step)
+        self._writer.flush()
+
+    def log_generations(self, samples: Sequence[Generation], step: int) -> None:
+        parts = [f"**step {step}**"]
+        for i, (_, inp, out, score) in enumerate(generation_rows(samples, step), 1):
+            parts.append(f"### sample {i} (score {score})\n**input:** {inp}\n\n**output:** {out}")
+        self._writer.add_text("val/generations", "\n\n---\n\n".join(parts), step)
         self._writer.flush()
 
     def rewind(self, step: int) -> int:
@@ -181,12 +259,11 @@ class WandbTracker:
     """Weights & Biases, only when installed and asked for; offline mode when wandb.ai is unreachable
     (sync later with `wandb sync <log_dir>/wandb/offline-run-*`)."""
 
+    packages = ("wandb",)
+    install = "pip install 'rlkit[wandb]' (or pip install wandb)"
+
     def __init__(self, run: RunInfo) -> None:
-        try:
-            import wandb
-        except ImportError:
-            raise UserError("tracker 'wandb' needs the wandb package: pip install 'rlkit[wandb]', "
-                            "or drop it from trainer.logger") from None
+        wandb = _import("wandb", type(self))
         from rlkit.utils.network import network_disabled, url_reachable
 
         mode = os.environ.get("WANDB_MODE")
@@ -194,14 +271,127 @@ class WandbTracker:
             online = not network_disabled() and url_reachable(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
             mode = "online" if online else "offline"
         run.log_dir.mkdir(parents=True, exist_ok=True)
+        self._wandb = wandb
         self._run = wandb.init(project=run.project, name=run.experiment, config=run.config,
                                dir=str(run.log_dir), mode=mode)
+        self._generations: list[list[Any]] = []
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._run.log(metrics, step=step)
 
+    def log_generations(self, samples: Sequence[Generation], step: int) -> None:
+        """One table `val/generations` with the rows of every validation so far (a logged wandb.Table is
+        immutable, so each validation logs a new one holding all rows)."""
+        self._generations.extend(generation_rows(samples, step))
+        table = self._wandb.Table(columns=list(GENERATION_COLUMNS), data=[list(r) for r in self._generations])
+        self._run.log({"val/generations": table}, step=step)
+
     def finish(self) -> None:
         self._run.finish()
+
+
+# ---------------------------------------------------------------- mlflow
+
+MLFLOW_PARAM_CHARS = 6000  # MLflow's longest param value
+
+
+@TRACKERS.register("mlflow")
+class MlflowTracker:
+    """MLflow: experiment `trainer.project_name`, run `trainer.experiment_name`, the config flattened into
+    params (`actor_rollout_ref/actor/optim/lr`), metrics per step, validation generations as a table artifact
+    per validation (`val_generations/step_<N>.json`). Where: `MLFLOW_TRACKING_URI` if set, else a local
+    file store `<log_dir>/mlruns` (browse it with `mlflow ui --backend-store-uri <log_dir>/mlruns`)."""
+
+    packages = ("mlflow",)
+    install = "pip install 'rlkit[tracking]' (or pip install mlflow)"
+
+    def __init__(self, run: RunInfo) -> None:
+        mlflow = _import("mlflow", type(self))
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if uri is None:
+            run.log_dir.mkdir(parents=True, exist_ok=True)
+            uri = (run.log_dir / "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses a file store otherwise
+        self.uri = uri
+        self._client = mlflow.MlflowClient(tracking_uri=uri)
+        experiment = self._client.get_experiment_by_name(run.project)
+        experiment_id = experiment.experiment_id if experiment else self._client.create_experiment(run.project)
+        self.run_id = self._client.create_run(experiment_id, run_name=run.experiment).info.run_id
+        params = [mlflow.entities.Param(k, v) for k, v in flat_params(run.config).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self._client.log_batch(self.run_id, params=params[i:i + 100])
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        rows = [Metric(mlflow_key(k), v, now, step) for k, v in metrics.items()]
+        for i in range(0, len(rows), 1000):  # and at most 1000 metrics
+            self._client.log_batch(self.run_id, metrics=rows[i:i + 1000])
+
+    def log_generations(self, samples: Sequence[Generation], step: int) -> None:
+        rows = generation_rows(samples, step)
+        table = {col: [r[i] for r in rows] for i, col in enumerate(GENERATION_COLUMNS)}
+        self._client.log_table(self.run_id, table, f"val_generations/step_{step}.json")
+
+    def finish(self) -> None:
+        self._client.set_terminated(self.run_id)
+
+
+def mlflow_key(key: str) -> str:
+    """A metric name MLflow accepts (letters, digits, `_-. /`): `@` reads `_at_` (verl's), others become `_`."""
+    return re.sub(r"[^\w\-. /]", "_", key.replace("@", "_at_"))
+
+
+def flat_params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """A nested config as `a/b/c` -> value text (lists as JSON), cut to MLflow's longest param value."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{mlflow_key(str(key))}"
+        if isinstance(value, dict) and value:
+            out.update(flat_params(value, f"{name}/"))
+        else:
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            out[name] = text[:MLFLOW_PARAM_CHARS]
+    return out
+
+
+# ---------------------------------------------------------------- swanlab
+
+
+@TRACKERS.register("swanlab")
+class SwanlabTracker:
+    """SwanLab: project `trainer.project_name`, experiment `trainer.experiment_name`, logs under `SWANLAB_LOG_DIR`
+    (default `<log_dir>/swanlog`). Mode: `SWANLAB_MODE` if set, else cloud when swanlab.cn is reachable
+    (`SWANLAB_API_KEY` logs in) and offline otherwise; validation generations as an echarts table."""
+
+    packages = ("swanlab",)
+    install = "pip install swanlab"
+
+    def __init__(self, run: RunInfo) -> None:
+        swanlab = _import("swanlab", type(self))
+        from rlkit.utils.network import network_disabled, url_reachable
+
+        if os.environ.get("SWANLAB_API_KEY"):
+            swanlab.login(os.environ["SWANLAB_API_KEY"])
+        mode = os.environ.get("SWANLAB_MODE")
+        if mode is None:
+            online = not network_disabled() and url_reachable("https://swanlab.cn")
+            mode = "cloud" if online else "offline"
+        self._swanlab = swanlab
+        swanlab.init(project=run.project, experiment_name=run.experiment, config=run.config,
+                     logdir=os.environ.get("SWANLAB_LOG_DIR") or str(run.log_dir / "swanlog"), mode=mode)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self._swanlab.log(metrics, step=step)
+
+    def log_generations(self, samples: Sequence[Generation], step: int) -> None:
+        table = self._swanlab.echarts.Table()
+        table.add(list(GENERATION_COLUMNS), generation_rows(samples, step))
+        self._swanlab.log({"val/generations": table}, step=step)
+
+    def finish(self) -> None:
+        self._swanlab.finish()
 
 
 # ---------------------------------------------------------------- console
@@ -222,6 +412,9 @@ CONSOLE_FALLBACK_ROWS = 16  # when none of CONSOLE_KEYS is present, the first ke
 CONSOLE_GROUPS = {"critic/score/": "reward", "critic/rewards/": "reward", "critic/advantages/": "reward",
                   "critic/returns/": "reward", "critic/reward_baseline/": "reward"}
 
+
+# validation generations the console prints (the other backends get all trainer.log_val_generations of them)
+CONSOLE_GENERATIONS, CONSOLE_GENERATION_CHARS = 3, 300
 
 # log files: at most one progress line per phase this often (RLKIT_PROGRESS_EVERY_S; 0 = every update)
 PROGRESS_EVERY_S = float(os.environ.get("RLKIT_PROGRESS_EVERY_S", "10"))
@@ -323,6 +516,15 @@ class ConsoleTracker:
         else:  # one line per step in a log file: the progress line is the table's title
             self.console.print(self.render(metrics, step, title=self.eta_line(step)))
 
+    def log_generations(self, samples: Sequence[Generation], step: int) -> None:
+        """The first CONSOLE_GENERATIONS samples, each cut to CONSOLE_GENERATION_CHARS characters."""
+        for _, inp, out, score in generation_rows(samples[:CONSOLE_GENERATIONS], step):
+            self.console.print(f"[bold]val generation[/bold] step {step} score {score}", highlight=False)
+            for label, text in (("input", inp), ("output", out)):
+                text = str(text)
+                cut = text if len(text) <= CONSOLE_GENERATION_CHARS else text[:CONSOLE_GENERATION_CHARS] + "..."
+                self.console.print(f"  {label}: {cut}", markup=False, highlight=False)
+
     def progress(self, phase: str, done: int, total: int) -> None:
         """`done` of `total` items of a long phase (e.g. validation prompts); done == total ends it.
 
@@ -365,7 +567,7 @@ class Tracking:
         total_steps: int | None = None,
         config: Any = None,
     ) -> None:
-        names = [backends] if isinstance(backends, str) else list(backends)
+        names = tracker_names(backends)
         classes = [TRACKERS.get(name) for name in names]  # unknown names fail before anything starts
         run = RunInfo(project, experiment, Path(log_dir or Path("logs") / project / experiment),
                       total_steps, plain_config(config))
@@ -391,6 +593,12 @@ class Tracking:
         for tracker in self.trackers:
             tracker.log(reduced, step)
         return reduced
+
+    def log_generations(self, samples: Sequence[Generation], step: int) -> None:
+        """Validation generations ({input, output, score} each) to every backend that logs them."""
+        for tracker in self.trackers:
+            if hasattr(tracker, "log_generations"):
+                tracker.log_generations(samples, step)
 
     def rewind(self, step: int) -> None:
         """After a resume from `step`: backends that can (jsonl, tensorboard) forget what they logged after

@@ -42,10 +42,10 @@ def test_dynamic_sampling_keeps_exactly_the_varied_groups(rows):
 
 def test_overlong_shaping_by_hand():
     lengths = torch.tensor([10, 16, 17, 18, 20, 25])
-    # max 20, buffer 4: free up to 16, then -1/4 per token, -1 at (and past) 20
+    # max 20, buffer 4: free up to 16, then -1/4 per token: -1 at 20, and on past it
     pen = overlong_reward_shaping(lengths, max_response_length=20, overlong_buffer_len=4, penalty_factor=1.0)
     assert pen.dtype == torch.float32
-    assert pen.tolist() == pytest.approx([0.0, 0.0, -0.25, -0.5, -1.0, -1.0])
+    assert pen.tolist() == pytest.approx([0.0, 0.0, -0.25, -0.5, -1.0, -2.25])  # verl: no floor past the max
     half = overlong_reward_shaping(np.array([17, 20]), 20, 4, penalty_factor=0.5)
     assert half.tolist() == pytest.approx([-0.125, -0.5])
     assert overlong_reward_shaping([18], 20, 4, 1.0).tolist() == pytest.approx([-0.5])

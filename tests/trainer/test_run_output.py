@@ -5,6 +5,7 @@ and a custom reward that fails on every sample stops the run with one line."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -50,7 +51,9 @@ def _train(tmp_path, toy_data, tiny_model, reward: str, *extra: str, timeout: fl
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_log_file_output_with_a_verl_style_reward(tmp_path, toy_data, vllm_model):
-    proc = _train(tmp_path, toy_data, vllm_model, VERL_STYLE)
+    proc = _train(tmp_path, toy_data, vllm_model, VERL_STYLE, "trainer.log_val_generations=3",
+                  f"trainer.validation_data_dir={tmp_path / 'val_dump'}",
+                  f"trainer.rollout_data_dir={tmp_path / 'rollout_dump'}")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     lines = proc.stdout.splitlines()
@@ -66,6 +69,16 @@ def test_log_file_output_with_a_verl_style_reward(tmp_path, toy_data, vllm_model
     steps = [r for r in read_metrics(tmp_path / "logs") if "critic/score/mean" in r]
     assert [r["critic/score/mean"] for r in steps] == [0.75, 0.75]  # every sample scored, by name
     assert [r["reward/errors"] for r in steps] == [0.0, 0.0]
+    # verl's generation logging: 3 samples per validation to the trackers (the console prints them too) ...
+    logged = [json.loads(x) for x in (tmp_path / "logs" / "val_generations.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [0, 0, 0, 2, 2, 2] and {r["score"] for r in logged} == {0.75}
+    assert proc.stdout.count("val generation step 0") == 3
+    # ... and every sample dumped per step: validations (steps 0 and 2, 128 prompts) and rollouts (16 x 8)
+    for folder, names in (("val_dump", ["0.jsonl", "2.jsonl"]), ("rollout_dump", ["1.jsonl", "2.jsonl"])):
+        assert sorted(p.name for p in (tmp_path / folder).iterdir()) == names
+        rows = [json.loads(x) for x in (tmp_path / folder / names[1]).read_text().splitlines()]
+        assert len(rows) == 128 and {r["score"] for r in rows} == {0.75} and {r["step"] for r in rows} == {2}
+        assert {"input", "output", "gts"} <= set(rows[0])
 
 
 @pytest.mark.slow
