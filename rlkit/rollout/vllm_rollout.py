@@ -95,6 +95,14 @@ def vllm_lora_rank(rank: int) -> int:
     return fits[0]
 
 
+def vllm_load_format(load_format: str) -> str:
+    """What the engine loads at start. verl's `dummy` (random weights, the actor's arrive before the first
+    rollout) is `auto` here: rlkit's engine starts from the model folder's weights, which the first step, the
+    separate-rollout layout and LoRA's native sync (adapters served over the folder's base) use before any
+    sync; other formats (auto, safetensors, pt, ...) go to vLLM as they are."""
+    return "auto" if load_format == "dummy" else load_format
+
+
 def row_seed(seed: int, row: int) -> int:
     """A well-mixed per-row seed: `seed + row` would collide with callers that offset `seed` by rank."""
     import numpy as np
@@ -145,6 +153,10 @@ class VLLMRollout(RolloutBackend):
             seed=config.seed,
             max_model_len=config.model_len,
             max_num_seqs=config.max_num_seqs,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            enable_prefix_caching=config.enable_prefix_caching,
+            disable_log_stats=config.disable_log_stats,
+            load_format=vllm_load_format(config.load_format),
             skip_tokenizer_init=True,  # token ids in, token ids out
             logprobs_mode="processed_logprobs",
             use_tqdm_on_load=use_load_bars(),  # one bar per engine and per weight reload otherwise (RLKIT_VERBOSE)
@@ -158,6 +170,7 @@ class VLLMRollout(RolloutBackend):
         else:
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = True
+        kwargs.update(config.vllm_kwargs)  # the user's (checked: none of the keys rlkit must set)
         kwargs.update(engine_kwargs or {})
         if config.lora_sync == "native" and config.max_lora_rank > 0:  # LoRA: adapters as LoRARequests
             kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(config.max_lora_rank), max_loras=1)

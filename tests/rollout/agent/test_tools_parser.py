@@ -80,6 +80,12 @@ def test_registry_and_config_names():
         check_multi_turn(MultiTurnConfig(format="xml"))
     with pytest.raises(UserError, match="max_turns"):
         MultiTurnConfig(max_turns=0)
+    with pytest.raises(UserError, match="same setting"):
+        MultiTurnConfig(max_turns=3, max_assistant_turns=5)
+    assert MultiTurnConfig(max_turns=3).max_assistant_turns == 3  # rlkit's name sets verl's key
+    assert MultiTurnConfig(max_tool_response_chars=100).max_tool_response_length == 100
+    with pytest.raises(UserError, match="tool_response_truncate_side"):
+        MultiTurnConfig(tool_response_truncate_side="both")
 
 
 def test_hermes_parser_formats():
