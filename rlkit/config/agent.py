@@ -69,9 +69,10 @@ class MultiTurnConfig:
         if self.batch_wait_ms < 0:
             raise UserError(f"{PREFIX}batch_wait_ms={self.batch_wait_ms} must be >= 0")
         if self.tool_config_path is not None:
-            if list(self.tools) != list(DEFAULT_TOOLS) or self.tool_config:
+            if list(self.tools) not in (list(DEFAULT_TOOLS), []) or self.tool_config:
                 raise UserError(f"{PREFIX}tool_config_path lists the tools: leave {PREFIX}tools and "
                                 f"{PREFIX}tool_config unset, or drop tool_config_path")
+            self.tools = []  # the file's tools are offered, not the default
             self.tool_config_path = _absolute(self.tool_config_path, "tool_config_path")
         if self.interaction_config_path is not None:
             if self.interaction is not None or self.interaction_config:

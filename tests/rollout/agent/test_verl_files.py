@@ -82,6 +82,7 @@ def test_tools_rlkit_cannot_run_are_refused_in_one_line(tmp_path, entry, message
 
 def test_tool_config_path_replaces_the_tools_key(tmp_path):
     path = write(tmp_path, "tools.yaml", {"tools": [{"class_name": "calculator"}]})
+    assert MultiTurnConfig(tool_config_path=path).tools == []  # the file's tools, not the default calculator
     with pytest.raises(UserError, match="leave .*tools"):
         MultiTurnConfig(tool_config_path=path, tools=["python"])
     with pytest.raises(UserError, match="no such file"):
