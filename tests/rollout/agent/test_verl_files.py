@@ -108,3 +108,30 @@ def test_a_verl_interaction_config_loads_the_gsm8k_user(tmp_path):
     two = write(tmp_path, "two.yaml", {"interaction": [{"class_name": "fixed_reply"}, {"class_name": "gsm8k_retry"}]})
     with pytest.raises(UserError, match="one simulated user"):
         check_multi_turn(MultiTurnConfig(interaction_config_path=two))
+
+
+def test_verl_gsm8k_tool_config_end_to_end_in_the_loop(tmp_path):
+    """verl's gsm8k setup as its scripts run it: the YAML's tool, called by its schema name, with the row's
+    ground truth in verl's dataset layout (extra_info.tools_kwargs.<name>.create_kwargs)."""
+    from rlkit.data.collation import collate
+    from rlkit.rollout.agent.engine import run_coroutine
+    from rlkit.rollout.agent.loop import AgentLoop
+    from rlkit.rollout.agent.parser import HermesParser
+    from tests.rollout.agent.scripted import ScriptedEngine, call, tiny_tokenizer
+
+    tok = tiny_tokenizer()  # word-level: the tool is named with a word it knows ("answer", not calc_gsm8k_reward)
+    schema = {"type": "function", "function": {**GSM8K_SCHEMA["function"], "name": "answer"}}
+    path = write(tmp_path, "gsm8k.yaml", {"tools": [
+        {"class_name": "verl.tools.gsm8k_tool.Gsm8kTool", "config": {"type": "native"}, "tool_schema": schema}]})
+    mt = MultiTurnConfig(enable=True, tool_config_path=path)
+    engine = ScriptedEngine(tok, {0: [call("answer", answer="5"), "#### 5"], 1: [call("answer", answer="4"), "#### 4"]})
+    loop = AgentLoop(engine, tok, mt, build_configured_tools(mt), HermesParser())
+    assert loop.renderer.tool_schemas == [schema]
+    msgs = [{"role": "user", "content": "what is 2 + 3 ?"}]
+    ids = tok(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    extra = {"tools_kwargs": {"answer": {"create_kwargs": {"ground_truth": "5"}}}}
+    prompts = collate([{"input_ids": ids["input_ids"], "raw_prompt": msgs, "extra_info": extra}] * 2, 400,
+                      tok.pad_token_id)
+    trajs = run_coroutine(loop.run_all(loop.samples_from(prompts), 200))
+    results = [[m["content"] for m in t.messages if m["role"] == "tool"] for t in trajs]
+    assert results == [["answer '5': reward 1"], ["answer '4': reward 0"]]
