@@ -56,6 +56,17 @@ def test_verl_engine_keys_and_defaults():
     assert d.engine_kwargs == {"vllm": {}, "sglang": {}, "trtllm": {}}
 
 
+def test_vllm_kwargs_vllm_does_not_take_are_named():
+    pytest.importorskip("vllm")
+    from rlkit.rollout.vllm_rollout import check_vllm_kwargs, vllm_load_format
+
+    check_vllm_kwargs({"max_logprobs": 5, "compilation_config": {"cudagraph_mode": "FULL"}})
+    with pytest.raises(UserError, match=r"engine_kwargs.vllm: \['tool_call_parser'\] are not vllm.LLM arguments"):
+        check_vllm_kwargs({"max_logprobs": 5, "tool_call_parser": "hermes"})
+    assert [vllm_load_format(f) for f in ("dummy", "dummy_dtensor", "safetensors", "auto")] == [
+        "auto", "auto", "safetensors", "auto"]
+
+
 def test_to_sampling():
     cfg = RolloutConfig(response_length=7, temperature=0.7, top_p=0.9, top_k=5, calculate_log_probs=True)
     s = cfg.to_sampling()
