@@ -17,13 +17,28 @@ over (`rollout.n`, `rollout.response_length`, `rollout.gpu_memory_utilization`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from rlkit.config.agent import MultiTurnConfig
 from rlkit.errors import UserError
 
 DTYPES = ("auto", "bfloat16", "float32", "float16")
+ENGINE_KWARGS_BACKENDS = ("vllm", "sglang", "trtllm")  # verl's engine_kwargs sections; rlkit runs vllm
+# vllm.LLM kwargs rlkit sets itself (besides those named as a rollout key): the key to set instead, or why
+RESERVED_VLLM_KWARGS = {
+    "model": "actor_rollout_ref.model.path",
+    "tensor_parallel_size": "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    "kv_cache_memory_bytes": "actor_rollout_ref.rollout.kv_cache_memory_mb",
+    "enable_lora": "actor_rollout_ref.rollout.lora_sync=native",
+    "enable_sleep_mode": "the engine sleeps between rollouts (actor_rollout_ref.rollout.free_cache_engine)",
+    "skip_tokenizer_init": "rlkit generates token ids in, token ids out",
+    "logprobs_mode": "rollout log-probs must be the sampling distribution's (processed_logprobs)",
+}
 LORA_SYNC_MODES = ("merge", "native")
+
+
+def _no_engine_kwargs() -> dict:
+    return {name: {} for name in ENGINE_KWARGS_BACKENDS}
 
 
 @dataclass
@@ -74,6 +89,11 @@ class RolloutConfig:
     batch_rows: int = 64  # most sequences an engine holds at once (set from data.train_batch_size x n, max_num_seqs)
     max_num_seqs: int = 64  # vLLM scheduler batch; HF micro-batch size
     max_num_batched_tokens: int | None = None  # None -> vLLM's default
+    enable_chunked_prefill: bool = True  # vLLM: split long prefills into chunks batched with decodes
+    enable_prefix_caching: bool = True  # vLLM: reuse the KV cache of shared prompt prefixes (multi-turn contexts)
+    disable_log_stats: bool = True  # vLLM: no periodic throughput/cache log lines
+    load_format: str = "dummy"  # vLLM weight loading at start; dummy = auto in rlkit (the folder's weights, see docs)
+    engine_kwargs: dict = field(default_factory=_no_engine_kwargs)  # vllm: more vllm.LLM kwargs; sglang, trtllm: empty
     max_model_len: int | None = None  # None -> prompt_length + response_length
     free_cache_engine: bool = True  # sleep the engine between rollouts
     sleep_level: int = 1  # 1: drop KV cache, keep weights; 2: drop both
@@ -112,6 +132,7 @@ class RolloutConfig:
                 raise UserError(f"{prefix}top_k={top_k} must be -1 (off) or >= 1")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise UserError(f"{p}gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
+        self._check_engine_kwargs(p)
         if self.lora_sync not in LORA_SYNC_MODES:
             raise UserError(f"{p}lora_sync='{self.lora_sync}' is not supported; use one of {list(LORA_SYNC_MODES)}")
         if self.sleep_level not in (1, 2):
@@ -121,6 +142,29 @@ class RolloutConfig:
                 f"{p}max_model_len={self.max_model_len} is shorter than prompt_length + response_length "
                 f"({self.prompt_length + self.response_length}); raise it or leave it unset"
             )
+
+    def _check_engine_kwargs(self, p: str) -> None:
+        if not isinstance(self.engine_kwargs, dict):
+            raise UserError(f"{p}engine_kwargs must be a mapping {{vllm: {{...}}}}, got {self.engine_kwargs!r}")
+        for backend, kwargs in self.engine_kwargs.items():
+            if backend not in ENGINE_KWARGS_BACKENDS:
+                raise UserError(f"{p}engine_kwargs.{backend}: not an engine; use one of {list(ENGINE_KWARGS_BACKENDS)}")
+            if kwargs is not None and not isinstance(kwargs, dict):
+                raise UserError(f"{p}engine_kwargs.{backend} must be a mapping of keyword arguments, got {kwargs!r}")
+            if backend != "vllm" and kwargs:
+                raise UserError(f"{p}engine_kwargs.{backend}={kwargs}: rlkit runs vllm (or hf), not {backend}; "
+                                f"put engine arguments under {p}engine_kwargs.vllm")
+        own_keys = {f.name for f in fields(self)}
+        for key in self.vllm_kwargs:
+            if key in own_keys:
+                raise UserError(f"{p}engine_kwargs.vllm.{key}: set {p}{key} instead (one place per setting)")
+            if key in RESERVED_VLLM_KWARGS:
+                raise UserError(f"{p}engine_kwargs.vllm.{key}: rlkit sets it ({RESERVED_VLLM_KWARGS[key]})")
+
+    @property
+    def vllm_kwargs(self) -> dict:
+        """`engine_kwargs.vllm`: extra `vllm.LLM` keyword arguments."""
+        return dict(self.engine_kwargs.get("vllm") or {})
 
     @property
     def model_len(self) -> int:

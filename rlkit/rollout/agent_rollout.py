@@ -12,8 +12,8 @@ one `generate` is shut down before it returns, so the engine is idle for weight
 sync and sleep.
 
 The driver sends the rows' `raw_prompt` (re-rendered with the tool schemas),
-`tools_kwargs`, `interaction_kwargs` and `reward_model` along with the prompt
-tensors (`AGENT_INPUT_KEYS`).
+`tools_kwargs`, `interaction_kwargs`, `reward_model` and `extra_info` (where verl's
+datasets keep the two kwargs) along with the prompt tensors (`AGENT_INPUT_KEYS`).
 """
 
 from __future__ import annotations
@@ -30,13 +30,12 @@ from rlkit.rollout.agent.chat import ChatRenderer
 from rlkit.rollout.agent.check import check_multi_turn
 from rlkit.rollout.agent.continuous import ContinuousServer  # noqa: F401  (registers mode "async")
 from rlkit.rollout.agent.engine import ENGINE_SERVERS
-from rlkit.rollout.agent.interaction import INTERACTIONS
 from rlkit.rollout.agent.loop import AgentLoop
 from rlkit.rollout.agent.parser import TOOL_PARSERS
-from rlkit.rollout.agent.tools import build_tools
+from rlkit.rollout.agent.verl_files import build_configured_interaction, build_configured_tools
 from rlkit.rollout.base import RolloutBackend, SamplingConfig
 
-AGENT_INPUT_KEYS = ("raw_prompt", "tools_kwargs", "interaction_kwargs", "reward_model")
+AGENT_INPUT_KEYS = ("raw_prompt", "tools_kwargs", "interaction_kwargs", "reward_model", "extra_info")
 
 
 def agent_input_keys(batch: Batch) -> list[str]:
@@ -55,13 +54,13 @@ class AgentRollout(RolloutBackend):
             )
         self.make_server = ENGINE_SERVERS.get(config.mode)
         self.backend, self.tokenizer, self.config, self.mt = backend, tokenizer, config, mt
-        self.tools = build_tools(list(mt.tools), mt.tool_config)
+        self.tools = build_configured_tools(mt)
         self.parser = TOOL_PARSERS.get(mt.format)()
         schemas = [t.schema() for t in self.tools.values()]
         self.renderer = ChatRenderer(tokenizer, schemas, self.parser.instructions(schemas) if schemas else None)
         end_id = self.parser.end_token_id(tokenizer)
         self.extra_stop_ids = [end_id] if mt.stop_at_tool_end and end_id is not None else []
-        self.interaction = INTERACTIONS.get(mt.interaction)(**mt.interaction_config) if mt.interaction else None
+        self.interaction = build_configured_interaction(mt)
         self.last_stats: dict[str, float] = {}
         self._last_call_s = 0.0
 

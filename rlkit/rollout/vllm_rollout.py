@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from rlkit.config.rollout import RolloutConfig
+from rlkit.errors import UserError
 from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output, engine_dtype
@@ -95,6 +96,33 @@ def vllm_lora_rank(rank: int) -> int:
     return fits[0]
 
 
+# verl's load formats that name its weight-sync path rather than a file format (dummy: random weights at start)
+VERL_SYNC_LOAD_FORMATS = ("dummy", "dummy_dtensor", "dummy_hf", "dummy_megatron", "dtensor", "hf", "megatron")
+
+
+def vllm_load_format(load_format: str) -> str:
+    """What the engine loads at start. verl's `dummy` (random weights, the actor's arrive before the first
+    rollout) and its other sync-path names are `auto` here: rlkit's engine starts from the model folder's
+    weights, which the first step, the separate-rollout layout and LoRA's native sync (adapters served over the
+    folder's base) use before any sync; file formats (auto, safetensors, pt, ...) go to vLLM as they are."""
+    return "auto" if load_format in VERL_SYNC_LOAD_FORMATS else load_format
+
+
+def check_vllm_kwargs(kwargs: dict[str, Any]) -> None:
+    """UserError naming an `engine_kwargs.vllm` key that `vllm.LLM` does not take (e.g. a server-only flag)."""
+    import dataclasses
+    import inspect
+
+    import vllm
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = set(inspect.signature(vllm.LLM.__init__).parameters) | {f.name for f in dataclasses.fields(EngineArgs)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise UserError(f"actor_rollout_ref.rollout.engine_kwargs.vllm: {unknown} are not vllm.LLM arguments in "
+                        f"vLLM {vllm.__version__}; remove them (tool-call parsing is multi_turn.format's job here)")
+
+
 def row_seed(seed: int, row: int) -> int:
     """A well-mixed per-row seed: `seed + row` would collide with callers that offset `seed` by rank."""
     import numpy as np
@@ -145,6 +173,10 @@ class VLLMRollout(RolloutBackend):
             seed=config.seed,
             max_model_len=config.model_len,
             max_num_seqs=config.max_num_seqs,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            enable_prefix_caching=config.enable_prefix_caching,
+            disable_log_stats=config.disable_log_stats,
+            load_format=vllm_load_format(config.load_format),
             skip_tokenizer_init=True,  # token ids in, token ids out
             logprobs_mode="processed_logprobs",
             use_tqdm_on_load=use_load_bars(),  # one bar per engine and per weight reload otherwise (RLKIT_VERBOSE)
@@ -158,6 +190,8 @@ class VLLMRollout(RolloutBackend):
         else:
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = True
+        check_vllm_kwargs(config.vllm_kwargs)
+        kwargs.update(config.vllm_kwargs)  # the user's (checked: none of the keys rlkit must set)
         kwargs.update(engine_kwargs or {})
         if config.lora_sync == "native" and config.max_lora_rank > 0:  # LoRA: adapters as LoRARequests
             kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(config.max_lora_rank), max_loras=1)

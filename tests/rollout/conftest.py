@@ -22,7 +22,9 @@ def vllm_config():
     from rlkit.rollout import RolloutConfig
 
     return RolloutConfig(prompt_length=32, response_length=VLLM_RESPONSE_LENGTH, calculate_log_probs=True,
-                         batch_rows=8)  # KV cache sized from the batch (test_kv_cache_size.py checks vLLM agrees)
+                         batch_rows=8,  # KV cache sized from the batch (test_kv_cache_size.py checks vLLM agrees)
+                         # not vLLM's defaults, so test_vllm_rollout.py can read them back from the engine
+                         enable_chunked_prefill=False, engine_kwargs={"vllm": {"max_logprobs": 5}})
 
 
 @pytest.fixture(scope="session")

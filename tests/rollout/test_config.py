@@ -36,11 +36,35 @@ def test_defaults_are_cpu_friendly():
         ({"sleep_level": 3}, "sleep_level"),
         ({"max_model_len": 8}, "max_model_len"),
         ({"val_kwargs": {"top_p": 2.0}}, "val_kwargs.top_p"),
+        ({"engine_kwargs": {"sglang": {"mem_fraction_static": 0.5}}}, r"engine_kwargs.sglang=.*engine_kwargs.vllm"),
+        ({"engine_kwargs": {"tgi": {}}}, "engine_kwargs.tgi: not an engine"),
+        ({"engine_kwargs": {"vllm": {"enforce_eager": False}}}, r"engine_kwargs.vllm.enforce_eager: set .*"),
+        ({"engine_kwargs": {"vllm": {"logprobs_mode": "raw_logprobs"}}}, "engine_kwargs.vllm.logprobs_mode: rlkit"),
     ],
 )
 def test_bad_values_name_the_key(kwargs, key):
     with pytest.raises(UserError, match=f"actor_rollout_ref.rollout.{key}"):
         RolloutConfig(**kwargs)
+
+
+def test_verl_engine_keys_and_defaults():
+    cfg = RolloutConfig(engine_kwargs={"vllm": {"max_logprobs": 5}, "sglang": {}, "trtllm": None})
+    assert cfg.vllm_kwargs == {"max_logprobs": 5}  # empty sglang/trtllm sections are fine
+    d = RolloutConfig()
+    assert (d.enable_chunked_prefill, d.enable_prefix_caching, d.disable_log_stats, d.load_format) == (
+        True, True, True, "dummy")
+    assert d.engine_kwargs == {"vllm": {}, "sglang": {}, "trtllm": {}}
+
+
+def test_vllm_kwargs_vllm_does_not_take_are_named():
+    pytest.importorskip("vllm")
+    from rlkit.rollout.vllm_rollout import check_vllm_kwargs, vllm_load_format
+
+    check_vllm_kwargs({"max_logprobs": 5, "compilation_config": {"cudagraph_mode": "FULL"}})
+    with pytest.raises(UserError, match=r"engine_kwargs.vllm: \['tool_call_parser'\] are not vllm.LLM arguments"):
+        check_vllm_kwargs({"max_logprobs": 5, "tool_call_parser": "hermes"})
+    assert [vllm_load_format(f) for f in ("dummy", "dummy_dtensor", "safetensors", "auto")] == [
+        "auto", "auto", "safetensors", "auto"]
 
 
 def test_to_sampling():

@@ -48,6 +48,19 @@ def ref_model(model_path):
     return AutoModelForCausalLM.from_pretrained(model_path).eval()
 
 
+def test_engine_keys_reach_the_engine(engine, config):
+    """The rollout's engine keys and `engine_kwargs.vllm`, read back from the running engine's own config."""
+    llm = engine.llm.llm_engine
+    vc = llm.vllm_config
+    assert vc.scheduler_config.enable_chunked_prefill is config.enable_chunked_prefill is False
+    assert vc.cache_config.enable_prefix_caching is config.enable_prefix_caching is True
+    assert vc.model_config.enforce_eager is config.enforce_eager
+    assert llm.log_stats is (not config.disable_log_stats)
+    assert config.load_format == "dummy" and vc.load_config.load_format == "auto"  # rlkit starts from the folder
+    assert vc.model_config.max_logprobs == 5  # engine_kwargs.vllm
+    assert vc.model_config.logprobs_mode == "processed_logprobs"
+
+
 def test_layout_and_log_probs(engine, ref_model, config, prompts):
     batch = prompts.repeat(4)
     for temperature, top_k in ((1.0, -1), (0.7, 20), (0.0, -1)):

@@ -1,8 +1,9 @@
 """Multi-turn agent rollouts: the async agent loop, tools, tool-call parsers, simulated users.
 
-    TOOLS          tool name -> Tool class (built-ins: calculator, python)
+    TOOLS          tool name -> Tool class (built-ins: calculator, python, notepad, gsm8k_answer)
     TOOL_PARSERS   format name -> parser (hermes: <tool_call>{json}</tool_call>)
-    INTERACTIONS   name -> simulated user (gsm8k_retry)
+    INTERACTIONS   name -> simulated user (fixed_reply, gsm8k_retry)
+    verl_files     verl's tool-config / interaction-config YAML files -> the above
 
 The loop itself (`rlkit.rollout.agent.loop.AgentLoop`) and the batching server
 (`rlkit.rollout.agent.engine.BatchingServer`) import torch; they are not imported here

@@ -189,3 +189,28 @@ class Notepad(Tool):
             return ToolResult(f"Error: the notepad holds at most {self.max_notes} notes", "full")
         self.notes.append(str(arguments.get("text", "")))
         return ToolResult(f"saved note {len(self.notes)}")
+
+
+@TOOLS.register("gsm8k_answer")
+class GSM8KAnswer(Tool):
+    """The model submits its final answer and is told whether it is right (verl's gsm8k tool does the same):
+    the row's `ground_truth` comes from `tools_kwargs` (verl's data: `{create_kwargs: {ground_truth: ..}}`).
+    Scored as the `gsm8k` scorer's `flexible` method does (the last number of the answer)."""
+
+    name = "gsm8k_answer"
+    description = "Submit your final answer to the math problem; the reply says if it is correct (1.0) or not (0.0)."
+    parameters = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "description": "the final answer, a number"}},
+        "required": ["answer"],
+    }
+
+    def call(self, arguments: dict[str, Any], ground_truth: Any = None, **_: Any) -> ToolResult:
+        from rlkit.reward.gsm8k import gsm8k_score
+
+        if ground_truth is None:
+            return ToolResult("Error: this problem has no ground truth (tools_kwargs has none)", "no_ground_truth")
+        answer = str(arguments["answer"]).strip()
+        response = answer if answer.startswith("####") else f"#### {answer}"
+        reward = gsm8k_score(response, ground_truth, method="flexible")["score"]
+        return ToolResult(f"answer {answer!r}: reward {reward:g}")

@@ -11,12 +11,18 @@ from rlkit.errors import UserError
 
 
 def check_multi_turn(mt: MultiTurnConfig) -> None:
-    """UserError naming the key for a tool, tool-call format or interaction that is not registered (no torch)."""
+    """UserError naming the key for a tool, tool-call format or interaction that is not registered, or a verl
+    tool/interaction file rlkit cannot run (no torch)."""
     from rlkit.rollout.agent.interaction import INTERACTIONS
     from rlkit.rollout.agent.parser import TOOL_PARSERS
     from rlkit.rollout.agent.tools import TOOLS, load_builtin_tools
+    from rlkit.rollout.agent.verl_files import interaction_spec, tool_specs
 
     load_builtin_tools()
+    if mt.tool_config_path is not None:
+        tool_specs(mt.tool_config_path)
+    if mt.interaction_config_path is not None:
+        interaction_spec(mt.interaction_config_path)
     checks = [("format", TOOL_PARSERS, [mt.format])]
     checks.append(("tools", TOOLS, list(mt.tools)))
     checks.append(("tool_config", TOOLS, list(mt.tool_config)))

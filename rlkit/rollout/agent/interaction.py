@@ -54,11 +54,12 @@ class FixedReply(Interaction):
 @INTERACTIONS.register("gsm8k_retry")
 class GSM8KRetry(Interaction):
     """Checks the last answer (`#### N`) against the ground truth; a wrong one gets "try again"
-    (up to `max_retries` times). Reward: 1 for a correct answer, 0 otherwise, on each check."""
+    (up to `max_retries` times; None: until the answer is right or a turn limit ends the episode).
+    Reward: 1 for a correct answer, 0 otherwise, on each check."""
 
     name = "gsm8k_retry"
 
-    def __init__(self, max_retries: int = 1, method: str = "flexible") -> None:
+    def __init__(self, max_retries: int | None = 1, method: str = "flexible") -> None:
         super().__init__(max_retries=max_retries, method=method)
         self.max_retries, self.method = max_retries, method
 
@@ -69,6 +70,6 @@ class GSM8KRetry(Interaction):
 
         answer = next((m["content"] for m in reversed(messages) if m["role"] == "assistant"), "")
         correct = ground_truth is not None and gsm8k_score(answer, ground_truth, method=self.method)["acc"] == 1.0
-        if correct or replies >= self.max_retries:
+        if correct or (self.max_retries is not None and replies >= self.max_retries):
             return UserTurn(None, float(correct))
         return UserTurn("That is not correct. Check your work and give the final answer after ####.", 0.0)

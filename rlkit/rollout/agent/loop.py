@@ -4,14 +4,15 @@ Per sample (see `AgentLoop.run_sample`):
 
 1. generate from the context until a stop token (EOS, or `</tool_call>` with
    `stop_at_tool_end`) or the remaining response budget;
-2. parse the turn's tool calls; run them concurrently (at most
-   `max_parallel_tools` calls in flight over all samples), each failure becoming
-   an error message;
+2. parse the turn's tool calls; run the first `max_parallel_calls` of them
+   concurrently (at most `max_parallel_tools` calls in flight over all samples),
+   each failure becoming an error message;
 3. append the results rendered by the chat template (role "tool"), or, without
    tool calls, ask the simulated user (`Interaction`) if one is configured;
-4. stop when a turn has no tool call (and no user reply), after `max_turns`
-   assistant turns, or when the response budget is spent (an observation that
-   does not fit with room for one more token is dropped).
+4. stop when a turn has no tool call (and no user reply), after
+   `max_assistant_turns` model turns or `max_user_turns` tool/user turns, or when
+   the response budget is spent (an observation that does not fit with room for
+   one more token is dropped).
 
 The output has the rollout layout of `rlkit/rollout/base.py`; responses
 interleave model and tool/user tokens, `response_mask` is 1 exactly on the
@@ -21,6 +22,7 @@ model's tokens and `attention_mask` is 1 on all of them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -71,6 +73,7 @@ class Trajectory:
     log_probs: list[float] = field(default_factory=list)
     num_turns: int = 0
     tool_calls: int = 0
+    tool_calls_skipped: int = 0  # calls past max_parallel_calls in their turn (not run)
     tool_errors: int = 0
     finish: str = "stop"  # stop | max_turns | length
     interaction_reward: float = 0.0
@@ -98,6 +101,28 @@ def _as_dict(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise UserError(f"{what} must be a dict (tool name -> kwargs), got {type(value).__name__}")
     return {k: v for k, v in value.items() if v is not None}
+
+
+VERL_TOOL_KWARGS = ("create_kwargs", "execute_kwargs", "calc_reward_kwargs", "release_kwargs")
+
+
+def _row_value(prompts: Batch, key: str, row: int) -> Any:
+    """Row `row`'s `key` column, else its `extra_info[key]` (where verl's datasets keep tools_kwargs and
+    interaction_kwargs), else None."""
+    column = prompts.non_tensors.get(key)
+    if column is not None and column[row] is not None:
+        return column[row]
+    extra = prompts.non_tensors.get("extra_info")
+    info = extra[row] if extra is not None else None
+    return info.get(key) if isinstance(info, Mapping) else None
+
+
+def _call_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A tool's per-row kwargs: verl's layout (`{create_kwargs: {..}, execute_kwargs: {..}}`) merged into one
+    dict, since an rlkit tool has one `call`; rlkit's flat layout as it is."""
+    if not kwargs or any(k not in VERL_TOOL_KWARGS for k in kwargs):
+        return kwargs
+    return {**(kwargs.get("create_kwargs") or {}), **(kwargs.get("execute_kwargs") or {})}
 
 
 class AgentLoop:
@@ -140,8 +165,9 @@ class AgentLoop:
     async def _run_turns(self, sample: Sample, response_length: int, traj: Trajectory,
                          episode: dict[str, Tool]) -> None:
         cfg = self.config
+        user_turns = 0  # tool-result and simulated-user turns appended (verl's user turns)
         async with self.engine.session():
-            for turn in range(cfg.max_turns):
+            for turn in itertools.count():
                 budget = response_length - len(traj.response_ids)
                 if budget <= 0:
                     traj.finish = "length"
@@ -158,16 +184,18 @@ class AgentLoop:
                 if not out.stopped:
                     traj.finish = "length"
                     break
-                last_turn = turn == cfg.max_turns - 1
+                last_turn = _reached(cfg.max_assistant_turns, turn + 1) or _reached(cfg.max_user_turns, user_turns)
                 if parsed.calls:
                     if last_turn:
                         traj.finish = "max_turns"
                         break
-                    results = await self._run_calls(parsed.calls, sample.tools_kwargs, episode)
+                    calls = parsed.calls[: cfg.max_parallel_calls]
+                    traj.tool_calls_skipped += len(parsed.calls) - len(calls)
+                    results = await self._run_calls(calls, sample.tools_kwargs, episode)
                     traj.tool_errors += sum(not r.ok for r in results)
                     new = [
                         {"role": "tool", "name": c.name or "error", "content": self._clip(r.text)}
-                        for c, r in zip(parsed.calls, results)
+                        for c, r in zip(calls, results)
                     ]
                 elif self.interaction is not None:
                     replies = sum(1 for m in traj.messages[len(sample.messages):] if m["role"] == "user")
@@ -200,10 +228,10 @@ class AgentLoop:
                     break
                 traj.add(delta, False)
                 traj.messages.extend(new)
+                user_turns += 1
 
     def _clip(self, text: str) -> str:
-        limit = self.config.max_tool_response_chars
-        return text if len(text) <= limit else text[:limit] + "...(truncated)"
+        return truncate_text(text, self.config.max_tool_response_length, self.config.tool_response_truncate_side)
 
     async def _run_calls(self, calls: list[ToolCall], tools_kwargs: Mapping[str, Any],
                          episode: dict[str, Tool]) -> list[ToolResult]:
@@ -279,20 +307,18 @@ class AgentLoop:
         """Samples from a rollout input batch; with `raw_prompt` the prompt is re-rendered with the tools."""
         ids, attn = prompts["input_ids"], prompts["attention_mask"].bool()
         raw = prompts.non_tensors.get("raw_prompt")
-        tkw = prompts.non_tensors.get("tools_kwargs")
-        ikw = prompts.non_tensors.get("interaction_kwargs")
         rm = prompts.non_tensors.get("reward_model")
         samples = []
         for i in range(len(prompts)):
             messages = [dict(m) for m in raw[i]] if raw is not None and raw[i] is not None else []
             prompt_ids = self.renderer.prompt_ids(messages) if messages else ids[i][attn[i]].tolist()
-            interaction_kwargs = _as_dict(ikw[i] if ikw is not None else None, "interaction_kwargs")
+            interaction_kwargs = _as_dict(_row_value(prompts, "interaction_kwargs", i), "interaction_kwargs")
             if rm is not None and isinstance(rm[i], Mapping) and "ground_truth" in rm[i]:
                 interaction_kwargs.setdefault("ground_truth", rm[i]["ground_truth"])
+            tools_kwargs = _as_dict(_row_value(prompts, "tools_kwargs", i), "tools_kwargs")
             samples.append(Sample(
                 i, prompt_ids, messages,
-                {k: _as_dict(v, f"tools_kwargs['{k}']") for k, v in _as_dict(
-                    tkw[i] if tkw is not None else None, "tools_kwargs").items()},
+                {k: _call_kwargs(_as_dict(v, f"tools_kwargs['{k}']")) for k, v in tools_kwargs.items()},
                 interaction_kwargs,
             ))  # fmt: skip
         return samples
@@ -313,6 +339,23 @@ class AgentLoop:
         if stats is not None:
             out.meta["metrics"].update(stats.metrics())
         return out
+
+
+def _reached(limit: int | None, count: int) -> bool:
+    return limit is not None and count >= limit
+
+
+def truncate_text(text: str, limit: int, side: str) -> str:
+    """A tool output cut to `limit` characters plus a marker: `left` keeps the head, `right` the tail,
+    `middle` half of each."""
+    if len(text) <= limit:
+        return text
+    if side == "left":
+        return text[:limit] + "...(truncated)"
+    if side == "right":
+        return "(truncated)..." + text[len(text) - limit:]
+    half = limit // 2
+    return text[:half] + "...(truncated)..." + text[len(text) - half:]
 
 
 def _check_prompt_width(items: Sequence[Sample] | Sequence[Trajectory], width: int) -> None:
@@ -374,6 +417,7 @@ def agent_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "tool_calls/mean": float(np.mean(calls)),
         "tool_calls/max": float(max(calls)),
         "tool_errors/sum": float(sum(t.tool_errors for t in trajs)),
+        "tool_calls_skipped/sum": float(sum(t.tool_calls_skipped for t in trajs)),
         "interaction/reward/mean": float(np.mean([t.interaction_reward for t in trajs])),
         "interaction/errors/sum": float(sum(t.interaction_errors for t in trajs)),
         "tool_release_errors/sum": float(sum(t.tool_release_errors for t in trajs)),

@@ -107,3 +107,35 @@ class HermesParser(ToolParser):
             except ValueError:
                 return ToolCall(obj["name"].strip(), args, "arguments are not valid JSON")
         return ToolCall(obj["name"].strip(), args if args is not None else {})
+
+
+@TOOL_PARSERS.register("gpt-oss")
+class GptOssParser(ToolParser):
+    """gpt-oss's harmony format: a call is a `commentary` message addressed to the function,
+
+        <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{"arg": ...}<|call|>
+
+    (after `<|start|>assistant` when the turn wrote an analysis message first). Analysis messages (the model's
+    reasoning) are dropped before parsing, so a call drafted inside them is not run. The turn ends at `<|call|>`,
+    which the template defines as a stop token."""
+
+    start_marker = "<|channel|>commentary to=functions."
+    end_marker = "<|call|>"
+    _analysis = re.compile(r"<\|channel\|>analysis<\|message\|>.*?(?:<\|end\|>|$)", re.DOTALL)
+    _call = re.compile(r"(?:<\|start\|>assistant)?<\|channel\|>[^<]*?to=functions\.([^\s<]+)\s*"
+                       r"(?:<\|constrain\|>\s*json\s*)?<\|message\|>(.*?)<\|call\|>", re.DOTALL)
+
+    def parse(self, text: str) -> ParsedTurn:
+        text = self._analysis.sub("", text)
+        calls = []
+        for name, body in self._call.findall(text):
+            try:
+                arguments = _strip_keys(json.loads(body)) if body.strip() else {}
+            except ValueError as exc:
+                calls.append(ToolCall(name, {}, f"tool call arguments are not valid JSON ({exc})"))
+                continue
+            calls.append(ToolCall(name, arguments))
+        content = self._call.sub("", text)
+        for marker in ("<|start|>assistant", "<|channel|>final<|message|>", "<|end|>", "<|return|>"):
+            content = content.replace(marker, "")
+        return ParsedTurn(content.strip(), calls)

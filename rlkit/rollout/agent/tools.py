@@ -51,16 +51,32 @@ class Tool:
     description: ClassVar[str] = ""
     parameters: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}, "required": []}
 
+    shown_schema: dict[str, Any] | None = None  # set by `with_schema`: the schema the model sees instead
+
     def __init__(self, **config: Any) -> None:
         if config:
             raise TypeError(f"tool '{self.name}' takes no config, got {sorted(config)}")
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI function-calling schema passed to the chat template."""
+        if self.shown_schema is not None:
+            return self.shown_schema
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
+
+    def with_schema(self, schema: dict[str, Any]) -> Tool:
+        """A copy shown to the model under another schema (a verl tool-config's `tool_schema`: its function name,
+        description and parameters); the calls still run this tool's `call`."""
+        shown = copy.copy(self)
+        shown.shown_schema = schema
+        return shown
+
+    @property
+    def function_name(self) -> str:
+        """The name the model calls this tool by."""
+        return str(self.schema()["function"]["name"])
 
     def call(self, arguments: dict[str, Any], **kwargs: Any) -> str | ToolResult:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -101,17 +117,18 @@ def build_tools(names: list[str], config: dict[str, dict[str, Any]] | None = Non
 
 
 def _missing_required(tool: Tool, arguments: dict[str, Any]) -> list[str]:
-    required = tool.parameters.get("required", []) if isinstance(tool.parameters, dict) else []
+    parameters = tool.schema()["function"].get("parameters")
+    required = parameters.get("required", []) if isinstance(parameters, dict) else []
     return [k for k in required if k not in arguments]
 
 
 async def run_tool(tool: Tool, arguments: Any, kwargs: dict[str, Any] | None, timeout_s: float) -> ToolResult:
     """Call `tool` with a timeout; every failure becomes an error result (never raises)."""
     if not isinstance(arguments, dict):
-        return ToolResult(f"Error: arguments for '{tool.name}' must be a JSON object", "bad_arguments")
+        return ToolResult(f"Error: arguments for '{tool.function_name}' must be a JSON object", "bad_arguments")
     missing = _missing_required(tool, arguments)
     if missing:
-        return ToolResult(f"Error: '{tool.name}' is missing required argument(s): {', '.join(missing)}",
+        return ToolResult(f"Error: '{tool.function_name}' is missing required argument(s): {', '.join(missing)}",
                           "bad_arguments")
     kwargs = dict(kwargs or {})
     try:
@@ -120,7 +137,7 @@ async def run_tool(tool: Tool, arguments: Any, kwargs: dict[str, Any] | None, ti
         else:
             out = await asyncio.wait_for(asyncio.to_thread(tool.call, arguments, **kwargs), timeout_s)
     except (asyncio.TimeoutError, TimeoutError):
-        return ToolResult(f"Error: '{tool.name}' timed out after {timeout_s:g}s", "timeout")
+        return ToolResult(f"Error: '{tool.function_name}' timed out after {timeout_s:g}s", "timeout")
     except Exception as exc:  # a tool bug must not crash the rollout
         return ToolResult(f"Error: {type(exc).__name__}: {exc}", "exception")
     if isinstance(out, ToolResult):

@@ -116,7 +116,8 @@ def test_fake_engine_parallel_calls_in_one_turn_and_across_samples():
     turn = " ".join([call("reverse")] * 4)
     scripts = {i: [turn, "#### 1"] for i in range(4)}
     start = time.perf_counter()
-    out, engine = run(scripts, n=4, response_length=250, tools={"reverse": slow}, max_parallel_tools=16)
+    out, engine = run(scripts, n=4, response_length=250, tools={"reverse": slow}, max_parallel_tools=16,
+                      max_parallel_calls=4)
     elapsed = time.perf_counter() - start
     check_layout(out, engine, 250)
     assert slow.calls == 16 and slow.max_running == 16
@@ -130,7 +131,8 @@ def test_fake_engine_parallel_calls_in_one_turn_and_across_samples():
 def test_fake_engine_parallel_tools_are_bounded():
     slow = SlowTool(0.1)
     scripts = {i: [" ".join([call("reverse")] * 3), "#### 1"] for i in range(2)}
-    out, _ = run(scripts, n=2, response_length=250, tools={"reverse": slow}, max_parallel_tools=2)
+    out, _ = run(scripts, n=2, response_length=250, tools={"reverse": slow}, max_parallel_tools=2,
+                 max_parallel_calls=3)
     assert slow.calls == 6 and slow.max_running == 2
 
 
@@ -373,3 +375,57 @@ def test_notepad_is_per_episode():
     first.release()
     with pytest.raises(RuntimeError, match="outside an episode"):
         pad.call({"action": "read"})
+
+
+# ------------------------------------------------------------ verl's multi_turn keys
+def test_turn_limits_follow_verl():
+    """max_assistant_turns null: turns go on until a turn without a call (or the budget); max_user_turns counts
+    the tool-result turns appended: at the limit the next turn's calls are not run."""
+    scripts = {0: [call("reverse")] * 5 + ["#### 1"]}
+    out, _ = run(scripts, tools={"reverse": SlowTool(0.0)}, response_length=400)
+    assert out["agent/num_turns"][0] == 6 and out["agent/finish"][0] == "stop"
+    slow = SlowTool(0.0)
+    out, _ = run(scripts, tools={"reverse": slow}, response_length=400, max_user_turns=2)
+    assert out["agent/num_turns"][0] == 3 and out["agent/finish"][0] == "max_turns" and slow.calls == 2
+    slow = SlowTool(0.0)
+    out, _ = run(scripts, tools={"reverse": slow}, response_length=400, max_assistant_turns=2)
+    assert out["agent/num_turns"][0] == 2 and out["agent/finish"][0] == "max_turns" and slow.calls == 1
+
+
+def test_max_parallel_calls_runs_the_first_calls_of_a_turn():
+    slow = SlowTool(0.0)
+    scripts = {0: [" ".join([call("reverse")] * 3), "#### 1"]}
+    out, _ = run(scripts, tools={"reverse": slow}, response_length=250)  # verl's default: 1
+    assert slow.calls == 1 and out.meta["metrics"]["tool_calls_skipped/sum"] == 2
+    assert text(segments(out, 0)[1][1]).count("<|im_start|> tool") == 1, "one result message for the one call run"
+    slow = SlowTool(0.0)
+    run(scripts, tools={"reverse": slow}, response_length=250, max_parallel_calls=2)
+    assert slow.calls == 2
+
+
+def test_tool_response_truncation_sides():
+    from rlkit.rollout.agent.loop import truncate_text
+
+    body = "abcdefghij"
+    assert truncate_text(body, 10, "middle") == body
+    assert truncate_text(body, 4, "left") == "abcd...(truncated)"
+    assert truncate_text(body, 4, "right") == "(truncated)...ghij"
+    assert truncate_text(body, 4, "middle") == "ab...(truncated)...ij"
+    loop = AgentLoop(ScriptedEngine(TOK, {}), TOK, MultiTurnConfig(max_tool_response_length=4,
+                                                                   tool_response_truncate_side="right"),
+                     {}, HermesParser())
+    assert loop._clip(body) == "(truncated)...ghij"
+    assert MultiTurnConfig().max_tool_response_length == 256  # verl's default, in characters as verl counts
+
+
+def test_verl_layout_tools_kwargs_from_extra_info():
+    """verl's datasets keep tools_kwargs in extra_info, as {create_kwargs: {..}, execute_kwargs: {..}}."""
+    slow = SlowTool(0.0)
+    extra = [{"tools_kwargs": {"reverse": {"create_kwargs": {"ground_truth": "5"}, "execute_kwargs": {"k": 1}}}}]
+    prompts = make_prompts(1, extra_info=extra)
+    run({0: [call("reverse"), "#### 1"]}, tools={"reverse": slow}, prompts=prompts)
+    assert slow.kwargs == [{"ground_truth": "5", "k": 1}]
+    slow = SlowTool(0.0)  # a tools_kwargs column wins over extra_info, rlkit's flat layout as it is
+    prompts = make_prompts(1, extra_info=extra, tools_kwargs=[{"reverse": {"preamble": "x"}}])
+    run({0: [call("reverse"), "#### 1"]}, tools={"reverse": slow}, prompts=prompts)
+    assert slow.kwargs == [{"preamble": "x"}]

@@ -80,6 +80,12 @@ def test_registry_and_config_names():
         check_multi_turn(MultiTurnConfig(format="xml"))
     with pytest.raises(UserError, match="max_turns"):
         MultiTurnConfig(max_turns=0)
+    with pytest.raises(UserError, match="same setting"):
+        MultiTurnConfig(max_turns=3, max_assistant_turns=5)
+    assert MultiTurnConfig(max_turns=3).max_assistant_turns == 3  # rlkit's name sets verl's key
+    assert MultiTurnConfig(max_tool_response_chars=100).max_tool_response_length == 100
+    with pytest.raises(UserError, match="tool_response_truncate_side"):
+        MultiTurnConfig(tool_response_truncate_side="both")
 
 
 def test_hermes_parser_formats():
@@ -108,3 +114,19 @@ def test_parser_instructions_mention_the_format():
     schemas = [t.schema() for t in build_tools(["calculator"]).values()]
     text = HermesParser().instructions(schemas)
     assert "<tool_call>" in text and "</tool_call>" in text and '"calculator"' in text
+
+
+def test_gpt_oss_parser_reads_harmony_calls():
+    """verl's second registered format: a commentary message addressed to functions.NAME, ended by <|call|>."""
+    p = TOOL_PARSERS.get("gpt-oss")()
+    turn = ('<|channel|>analysis<|message|>Maybe <|channel|>commentary to=functions.fake <|constrain|>json'
+            '<|message|>{}<|call|> no.<|end|><|start|>assistant<|channel|>commentary to=functions.calculator '
+            '<|constrain|>json<|message|>{"expression": "2+3"}<|call|>')
+    parsed = p.parse(turn)
+    assert [(c.name, c.arguments, c.error) for c in parsed.calls] == [("calculator", {"expression": "2+3"}, None)]
+    first = p.parse('<|channel|>commentary to=functions.python<|message|>{"code": "print(1)"}<|call|>')
+    assert [(c.name, c.arguments) for c in first.calls] == [("python", {"code": "print(1)"})]
+    final = p.parse("<|channel|>final<|message|>The answer is 5.<|return|>")
+    assert final.calls == [] and final.content == "The answer is 5."
+    bad = p.parse("<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>{oops<|call|>")
+    assert bad.calls[0].name == "calculator" and "JSON" in bad.calls[0].error
