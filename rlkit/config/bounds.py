@@ -41,7 +41,6 @@ BOUNDS: dict[str, Bound] = {
     "data.gen_batch_size": AT_LEAST_1_OR_NULL,
     "data.train_max_samples": ROW_LIMIT,
     "data.val_max_samples": ROW_LIMIT,
-    "data.filter_overlong_prompts_workers": AT_LEAST_1,
     "data.max_prompt_length": AT_LEAST_1,
     "data.max_response_length": AT_LEAST_1,
     _A + "ppo_mini_batch_size": AT_LEAST_1,

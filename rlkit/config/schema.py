@@ -38,10 +38,6 @@ class DataConfig:
     filter_overlong_prompts: bool = f(False, "drop rows whose chat-templated prompt is longer than max_prompt_length "
                                       "at load time, logging each file's kept/dropped counts; then `truncation` "
                                       "sees no over-long prompt")
-    filter_overlong_prompts_workers: int = f(1, "accepted for verl's scripts (>= 1), changes nothing: rlkit "
-                                             "tokenizes every prompt once at load time (one batched call, which a "
-                                             "fast tokenizer spreads over the cores) and the filter reads those "
-                                             "lengths, so there is no separate filter pass for workers to share")
     truncation: str = f("error", "what to do with over-long prompts: error | left | right | middle (keep the head "
                         "and the tail) | filter (drop them) (rlkit.data.TRUNCATION)")
     return_raw_chat: bool = f(True, "carry each row's chat messages (un-tokenized) in the batch as `raw_prompt` "

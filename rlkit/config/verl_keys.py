@@ -347,6 +347,8 @@ def _rules() -> list[VerlKey]:
         refused("data.tokenizer", "rlkit tokenises with the model's tokenizer (actor_rollout_ref.model.path)"),
         mapped("data.{use_shm,dataloader_num_workers}", "nothing to set: rlkit reads the parquet once into memory; "
                "there are no loader workers"),
+        mapped("data.filter_overlong_prompts_workers", "nothing to set: rlkit tokenises every prompt once, in one "
+               "batched call at load time, and filters on those lengths"),
         mapped("data.trust_remote_code", "nothing to set: the tokenizer loads with "
                "actor_rollout_ref.model.trust_remote_code"),
         refused("data.{image_key,video_key,audio_key}", "vision-language and audio data are not in rlkit yet; "

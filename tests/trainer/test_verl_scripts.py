@@ -4,7 +4,6 @@ multi-turn with a tool config), unchanged but for paths and CPU sizes, run as `r
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from pathlib import Path
@@ -23,13 +22,15 @@ def script_args(script: Path, env: dict[str, str]) -> list[str]:
     """The launcher's arguments, as bash would pass them: the script's variables and `env` expanded, `$@` empty."""
     text = script.read_text().replace("\\\n", " ")
     variables = dict(env)
-    for name, value in re.findall(r"^(\w+)=(\S+)\s*$", text, flags=re.M):
-        variables[name] = os.path.expandvars(value.strip("'\""))
-    line = next(ln for ln in text.splitlines() if LAUNCHER in ln)
-    words = shlex.split(line.split(LAUNCHER, 1)[1])
     expand = re.compile(r"\$\{?(\w+|@)\}?")
-    out = [expand.sub(lambda m: variables.get(m.group(1), ""), w) for w in words]
-    return [w for w in out if w]
+
+    def sub(word: str) -> str:
+        return expand.sub(lambda m: variables.get(m.group(1), ""), word)
+
+    for name, value in re.findall(r"^(\w+)=(\S+)\s*$", text, flags=re.M):
+        variables[name] = sub(value.strip("'\""))
+    line = next(ln for ln in text.splitlines() if LAUNCHER in ln)
+    return [w for w in map(sub, shlex.split(line.split(LAUNCHER, 1)[1])) if w]
 
 
 @pytest.fixture(scope="module")
