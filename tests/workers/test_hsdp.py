@@ -152,5 +152,7 @@ def test_config_refuses_a_size_that_does_not_divide_the_workers(toy_data, tmp_pa
     for key in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config"):
         with pytest.raises(UserError, match=f"{key}.fsdp_size=3 must divide the 2 workers"):
             load_config("grpo", [*base, f"{key}.fsdp_size=3"])
+    with pytest.raises(UserError, match="critic.fsdp_config.fsdp_size=3 must divide the 2 workers"):
+        load_config("ppo", [*base, "critic.model.fsdp_config.fsdp_size=3"])  # verl's older critic layout
     with pytest.raises(UserError, match="fsdp_config.fsdp_size=0: use -1"):
         load_config("grpo", [*base, "actor_rollout_ref.actor.fsdp_config.fsdp_size=0"])
