@@ -95,7 +95,7 @@ def check_fsdp_size(cfg: RLConfig) -> None:
     if rm.enable:
         sizes["reward_model.model.fsdp_config"] = (rm.model.fsdp_config.fsdp_size, rm_ws)
     for key, (size, workers) in sizes.items():
-        if size != -1 and workers % size:
+        if 0 < size < workers and workers % size:  # -1 or >= the workers: one group (verl's reading)
             raise UserError(f"{key}.fsdp_size={size} must divide the {workers} workers of the role; set -1 (one "
                             f"FSDP group over all of them) or a divisor of {workers}")
 

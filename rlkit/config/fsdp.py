@@ -42,8 +42,8 @@ class FSDPConfig:
     )
     fsdp_size: int = f(
         -1,
-        "workers per FSDP group: -1 = one group over every worker; n = hybrid sharding (HSDP): shard within "
-        "groups of n consecutive workers, replicate over the world / n groups (n must divide the workers)",
+        "workers per FSDP group: -1 (or n >= the workers) = one group over every worker; n = hybrid sharding "
+        "(HSDP): shard within groups of n consecutive workers, replicate over the world / n groups (n divides them)",
     )
 
     def __post_init__(self) -> None:

@@ -65,8 +65,8 @@ def hybrid_mesh(fsdp_size: int, world: int, device: torch.device) -> Any:
     """verl's `fsdp_size` = n < world: a (world / n, n) mesh on which FSDP2 shards each parameter over n
     consecutive ranks and replicates it over the world / n groups (HSDP: gradients are reduce-scattered in
     the group, then all-reduced over the replicas; the average over every rank, as with one group).
-    None (-1 or n = world): one FSDP group over the default process group. A collective (new groups)."""
-    if fsdp_size == -1 or fsdp_size == world:
+    None (-1 or n >= world, as verl): one FSDP group over the default process group. A collective (new groups)."""
+    if fsdp_size == -1 or fsdp_size >= world:
         return None
     if fsdp_size < 1 or world % fsdp_size:
         raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must be -1 or divide the {world} workers")

@@ -146,13 +146,18 @@ def test_config_refuses_a_size_that_does_not_divide_the_workers(toy_data, tmp_pa
     from rlkit.trainer.run_config import load_config
     from tests.trainer.conftest import toy_overrides
 
-    base = toy_overrides(toy_data, str(tmp_path / "unused-model"), tmp_path, trainer__n_gpus_per_node=2)
-    cfg = load_config("grpo", [*base, "actor_rollout_ref.actor.fsdp_config.fsdp_size=1", "critic.fsdp.fsdp_size=2"])
+    base = toy_overrides(toy_data, str(tmp_path / "unused-model"), tmp_path, trainer__n_gpus_per_node=4)
+    cfg = load_config("grpo", [*base, "actor_rollout_ref.actor.fsdp_config.fsdp_size=1", "critic.fsdp.fsdp_size=2",
+                               "actor_rollout_ref.ref.fsdp_config.fsdp_size=8"])  # >= the workers: one group
     assert cfg.actor_rollout_ref.actor.fsdp_config.fsdp_size == 1 and cfg.critic.fsdp_config.fsdp_size == 2
     for key in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config"):
-        with pytest.raises(UserError, match=f"{key}.fsdp_size=3 must divide the 2 workers"):
+        with pytest.raises(UserError, match=f"{key}.fsdp_size=3 must divide the 4 workers"):
             load_config("grpo", [*base, f"{key}.fsdp_size=3"])
-    with pytest.raises(UserError, match="critic.fsdp_config.fsdp_size=3 must divide the 2 workers"):
+    with pytest.raises(UserError, match="critic.fsdp_config.fsdp_size=3 must divide the 4 workers"):
         load_config("ppo", [*base, "critic.model.fsdp_config.fsdp_size=3"])  # verl's older critic layout
     with pytest.raises(UserError, match="fsdp_config.fsdp_size=0: use -1"):
         load_config("grpo", [*base, "actor_rollout_ref.actor.fsdp_config.fsdp_size=0"])
+    from rlkit.workers.fsdp_model import hybrid_mesh
+
+    for size in (-1, 4, 8):  # as in verl: one FSDP group over the 4 workers, no mesh
+        assert hybrid_mesh(size, 4, torch.device("cpu")) is None
