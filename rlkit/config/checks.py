@@ -47,6 +47,7 @@ def check_config(cfg: RLConfig) -> None:
             )
     check_tensor_parallel(cfg, tp_backends=None)
     check_sequence_parallel(cfg)
+    check_fsdp_size(cfg)
     if cfg.trainer.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"trainer.device='{cfg.trainer.device}' must be auto | cpu | cuda")
     if cfg.algorithm.filter_groups.enable and n < 2:
@@ -77,6 +78,26 @@ def check_sequence_parallel(cfg: RLConfig) -> None:
         if sp < 1 or ws % sp:
             raise UserError(f"{key}.ulysses_sequence_parallel_size={sp} must be >= 1 and divide the {ws} workers "
                             "(trainer.nnodes * trainer.n_gpus_per_node)")
+
+
+def check_fsdp_size(cfg: RLConfig) -> None:
+    """verl's hybrid sharding: a role's FSDP groups are `fsdp_size` consecutive workers of its worker group, so the
+    size must divide that group (the trainer's workers; a pooled reward model's own). Roles that are off: unchecked."""
+    ws = world_size(cfg)
+    rm = cfg.reward_model
+    rm_ws = rm.nnodes * rm.n_gpus_per_node if rm.enable_resource_pool else ws
+    sizes = {
+        "actor_rollout_ref.actor.fsdp_config": (cfg.actor_rollout_ref.actor.fsdp_config.fsdp_size, ws),
+        "actor_rollout_ref.ref.fsdp_config": (cfg.actor_rollout_ref.ref.fsdp_config.fsdp_size, ws),
+    }
+    if cfg.critic.enable:
+        sizes["critic.fsdp_config"] = (cfg.critic.fsdp_config.fsdp_size, ws)
+    if rm.enable:
+        sizes["reward_model.model.fsdp_config"] = (rm.model.fsdp_config.fsdp_size, rm_ws)
+    for key, (size, workers) in sizes.items():
+        if 0 < size < workers and workers % size:  # -1 or >= the workers: one group (verl's reading)
+            raise UserError(f"{key}.fsdp_size={size} must divide the {workers} workers of the role; set -1 (one "
+                            f"FSDP group over all of them) or a divisor of {workers}")
 
 
 def _largest_divisor_at_most(total: int, cap: int) -> int:

@@ -40,6 +40,11 @@ class FSDPConfig:
         "wrap with FSDP2 even with one worker and float32 compute (nothing to "
         "shard there; the plain module trains 10-20% faster, docs/performance.md)",
     )
+    fsdp_size: int = f(
+        -1,
+        "workers per FSDP group: -1 (or n >= the workers) = one group over every worker; n = hybrid sharding "
+        "(HSDP): shard within groups of n consecutive workers, replicate over the world / n groups (n divides them)",
+    )
 
     def __post_init__(self) -> None:
         for key, allowed in (("param_dtype", PARAM_DTYPES), ("reduce_dtype", REDUCE_DTYPES)):
@@ -47,3 +52,6 @@ class FSDPConfig:
                 raise UserError(
                     f"fsdp_config.{key}='{getattr(self, key)}' is not supported; use one of {list(allowed)}"
                 )
+        if self.fsdp_size == 0 or self.fsdp_size < -1:
+            raise UserError(f"fsdp_config.fsdp_size={self.fsdp_size}: use -1 (one FSDP group over every worker) "
+                            "or a group size >= 1 that divides the worker count")

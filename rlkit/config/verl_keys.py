@@ -101,6 +101,7 @@ def fsdp_rules(prefix: str, role: str) -> list[VerlKey]:
         alias(f"{prefix}.{{param_offload,optimizer_offload}}", f"{target}.{{1}}"),
         alias(f"{prefix}.dtype", f"{target}.param_dtype", dtype_name),
         alias(f"{prefix}.ulysses_sequence_parallel_size", sp),
+        alias(f"{prefix}.fsdp_size", f"{target}.fsdp_size"),
         mapped(f"{prefix}.offload_policy", "nothing to set: no CPU offload asked", derive=offload_policy(target)),
         mapped(f"{prefix}.wrap_policy.**", "rlkit's FSDP2 wraps each decoder layer (and the root); the wrap policy "
                "has nothing to choose"),
@@ -117,8 +118,6 @@ def fsdp_rules(prefix: str, role: str) -> list[VerlKey]:
                 "is the compute dtype); remove it", inert=only("fp32", "float32")),
         refused(f"{prefix}.reshard_after_forward", "rlkit's FSDP2 units always reshard after forward; remove it",
                 inert=only(True)),
-        refused(f"{prefix}.fsdp_size", "hybrid sharding (an FSDP group smaller than the world) is not in rlkit "
-                "yet: every worker shares one FSDP2 group; remove it or set -1", inert=only(-1)),
         refused(f"{prefix}.full_determinism", "rlkit does not switch on torch's deterministic algorithms; remove it"),
         refused(f"{prefix}.pad_to_length", "rlkit packs sequences (model.use_remove_padding) or trims padding; "
                 "remove it"),
@@ -397,7 +396,7 @@ def _rules() -> list[VerlKey]:
                "rows, in the reward stage of the driver"),
         mapped("reward_model.model.{external_lib,use_shm,use_remove_padding,use_fused_kernels,override_config}",
                "nothing to set: the reward model loads plainly from reward_model.model.path"),
-        mapped("reward_model.model.fsdp_config.{forward_prefetch,reshard_after_forward,fsdp_size}", "nothing to set: "
+        mapped("reward_model.model.fsdp_config.{forward_prefetch,reshard_after_forward}", "nothing to set: "
                "the frozen reward model is one FSDP2 group wrapped per decoder layer"),
         mapped("reward_model.model.fsdp_config.wrap_policy.**", "nothing to set: the frozen reward model is one "
                "FSDP2 group wrapped per decoder layer"),

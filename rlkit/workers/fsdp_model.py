@@ -61,8 +61,23 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return []
 
 
+def hybrid_mesh(fsdp_size: int, world: int, device: torch.device) -> Any:
+    """verl's `fsdp_size` = n < world: a (world / n, n) mesh on which FSDP2 shards each parameter over n
+    consecutive ranks and replicates it over the world / n groups (HSDP: gradients are reduce-scattered in
+    the group, then all-reduced over the replicas; the average over every rank, as with one group).
+    None (-1 or n >= world, as verl): one FSDP group over the default process group. A collective (new groups)."""
+    if fsdp_size == -1 or fsdp_size >= world:
+        return None
+    if fsdp_size < 1 or world % fsdp_size:
+        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must be -1 or divide the {world} workers")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (world // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard"))
+
+
 class FSDPModel:
-    """A causal LM (or a value model) wrapped with FSDP2 on the default process group."""
+    """A causal LM (or a value model) wrapped with FSDP2 on the default process group (or, with
+    `fsdp_config.fsdp_size`, on a hybrid-sharding mesh: `hybrid_mesh`)."""
 
     def __init__(
         self,
@@ -139,6 +154,9 @@ class FSDPModel:
             shard_kwargs = {"mp_policy": mp}
             if offload is not None:
                 shard_kwargs["offload_policy"] = offload
+            mesh = hybrid_mesh(fsdp.fsdp_size, world, device)
+            if mesh is not None:
+                shard_kwargs["mesh"] = mesh
             for layer in _decoder_layers(model):
                 fully_shard(layer, **shard_kwargs)
             fully_shard(model, **shard_kwargs)
