@@ -8,227 +8,26 @@ from this table (`python -m rlkit.config.verl_doc`).
 
 from __future__ import annotations
 
-from typing import Any
-
+from rlkit.config.verl_role_keys import (
+    ACTOR,
+    ANY,
+    ARR,
+    FSDP2,
+    MODEL,
+    REF,
+    REPLAY_OFF,
+    ROLLOUT,
+    fsdp_rules,
+    megatron_rules,
+    model_rules,
+    optim_rules,
+    resume_path,
+    role_common,
+    rollout_engine,
+    router_replay,
+    strategy,
+)
 from rlkit.config.verl_rules import VerlKey, alias, mapped, only, refused
-from rlkit.errors import UserError
-
-ARR = "actor_rollout_ref"
-ACTOR, REF, ROLLOUT, MODEL = f"{ARR}.actor", f"{ARR}.ref", f"{ARR}.rollout", f"{ARR}.model"
-ANY: Any = lambda value: True  # noqa: E731 - an `inert` test: every value (a parameter of a refused switch)
-
-# verl spells dtypes short; rlkit spells them as torch does
-DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16",
-               "float16": "float16", "float32": "float32"}
-
-
-def dtype_name(value: Any) -> str:
-    name = DTYPE_NAMES.get(str(value).lower())
-    if name is None:
-        raise UserError(f"dtype '{value}' is not one of {sorted(DTYPE_NAMES)}")
-    return name
-
-
-REPLAY_OFF = "nothing to set: routing replay off"
-FSDP2 = "FSDP2 (rlkit's training engine for every role)"
-
-
-def strategy(value: Any, key: str) -> tuple[dict, str]:
-    """`*.strategy`: rlkit trains every role with FSDP2; Megatron's parallel sizes are mapped key by key."""
-    name = str(value).lower()
-    if name == "fsdp2":
-        return {}, ""
-    if name == "fsdp":
-        return {}, "FSDP2 (rlkit's training engine: the same full sharding as verl's FSDP1, per decoder layer)"
-    if name == "megatron":
-        return {}, ("FSDP2: rlkit trains with FSDP2; megatron.* sizes map as their own lines say "
-                    "(tensor/pipeline/expert parallel -> FSDP2 sharding, context parallel -> Ulysses SP)")
-    raise UserError(f"config key '{key}={value}' is not supported by rlkit: rlkit trains with FSDP2 "
-                    "(strategy fsdp, fsdp2 or megatron are accepted and run as FSDP2)")
-
-
-def rollout_engine(value: Any, key: str) -> tuple[dict, str]:
-    """`rollout.name`: SGLang / TensorRT-LLM scripts run on the vLLM engine with the same sampling settings."""
-    return {key: "vllm"}, f"{key}=vllm (rlkit's engines are vllm and hf; the sampling settings are kept)"
-
-
-def recompute(target: str) -> Any:
-    def derive(value: Any, key: str) -> tuple[dict, str]:
-        on = str(value).lower() in ("full", "selective")
-        return ({target: True}, f"{target}=true (activation recomputation per decoder layer)") if on else ({}, "")
-    return derive
-
-
-def offload_policy(prefix: str) -> Any:
-    def derive(value: Any, key: str) -> tuple[dict, str]:
-        if not value:
-            return {}, ""
-        return ({f"{prefix}.param_offload": True, f"{prefix}.optimizer_offload": True},
-                f"{prefix}.param_offload=true and optimizer_offload=true (FSDP2 CPU offload; a no-op on CPU)")
-    return derive
-
-
-def router_replay(target: str) -> Any:
-    """verl's routing-replay modes: R2 replays the trainer's own routes, R3 the rollout engine's (rlkit's)."""
-    def derive(value: Any, key: str) -> tuple[dict, str]:
-        mode = str(value).upper()
-        if mode in ("DISABLED", "NONE"):
-            return {}, ""
-        if mode == "R3":
-            return {target: True}, f"{target}=true (the experts the rollout engine chose, replayed in training)"
-        raise UserError(f"config key '{key}={value}' is not supported by rlkit: rlkit replays the rollout engine's "
-                        f"routes (verl's R3): set {key}=R3 or {target}=true")
-    return derive
-
-
-def checkpoint_contents(value: Any) -> bool:
-    """rlkit's checkpoints always hold the model, the optimizer and the run state (verl's model/optimizer/extra)."""
-    return value is None or (isinstance(value, str) and value.startswith("${")) or (
-        isinstance(value, list | tuple) and set(map(str, value)) <= {"model", "optimizer", "extra"})
-
-
-def resume_path(value: Any, key: str) -> tuple[dict, str]:
-    if value in (None, ""):
-        return {}, ""
-    return {"trainer.resume_mode": value}, f"trainer.resume_mode={value} (rlkit's resume_mode takes the path itself)"
-
-
-def fsdp_rules(prefix: str, role: str) -> list[VerlKey]:
-    """verl's FSDP engine keys of one role's fsdp section (`prefix`: actor.fsdp_config, critic.fsdp, ...)."""
-    target = f"{role}.fsdp_config"
-    sp = f"{role}.ulysses_sequence_parallel_size"
-    return [
-        alias(f"{prefix}.{{param_offload,optimizer_offload}}", f"{target}.{{1}}"),
-        alias(f"{prefix}.dtype", f"{target}.param_dtype", dtype_name),
-        alias(f"{prefix}.ulysses_sequence_parallel_size", sp),
-        alias(f"{prefix}.fsdp_size", f"{target}.fsdp_size"),
-        mapped(f"{prefix}.offload_policy", "nothing to set: no CPU offload asked", derive=offload_policy(target)),
-        mapped(f"{prefix}.wrap_policy.**", "rlkit's FSDP2 wraps each decoder layer (and the root); the wrap policy "
-               "has nothing to choose"),
-        mapped(f"{prefix}.{{forward_prefetch,use_orig_params,seed,forward_only,pad_to_length_bucket}}",
-               "nothing to set: FSDP2 keeps the original parameters, prefetches the next layer, seeds from "
-               "trainer.seed, and the frozen reference is forward-only by role"),
-        mapped(f"{prefix}.{{entropy_from_logits_with_chunking,entropy_from_logits_chunk_size,entropy_checkpointing,"
-               "use_torch_compile}", "read from the role's own keys (logits_chunk_size, model.fused_lm_head, "
-               "model.use_torch_compile), which rlkit's FSDP section does not repeat"),
-        mapped(f"{prefix}.strategy", FSDP2, derive=strategy),
-        mapped(f"{prefix}.turbo_config.**", "verl's turbo engine settings: rlkit's engine is FSDP2, sharded over "
-               "every data-parallel worker"),
-        refused(f"{prefix}.model_dtype", "rlkit keeps float32 master weights and optimizer state (param_dtype "
-                "is the compute dtype); remove it", inert=only("fp32", "float32")),
-        refused(f"{prefix}.reshard_after_forward", "rlkit's FSDP2 units always reshard after forward; remove it",
-                inert=only(True)),
-        refused(f"{prefix}.full_determinism", "rlkit does not switch on torch's deterministic algorithms; remove it"),
-        refused(f"{prefix}.pad_to_length", "rlkit packs sequences (model.use_remove_padding) or trims padding; "
-                "remove it"),
-        refused(f"{prefix}.qat.**", "quantisation-aware training is not in rlkit; remove qat.*", switch="enable"),
-    ]
-
-
-def megatron_rules(prefix: str, role: str, model_prefix: str) -> list[VerlKey]:
-    """verl's Megatron engine keys of one role (`prefix`: actor.megatron, ...) on rlkit's FSDP2."""
-    return [
-        mapped(f"{prefix}.{{tensor_model_parallel_size,pipeline_model_parallel_size,"
-               "virtual_pipeline_model_parallel_size,expert_model_parallel_size,expert_tensor_parallel_size}",
-               "FSDP2 sharding: every parameter is sharded over all data-parallel workers instead of "
-               "tensor/pipeline/expert splits"),
-        alias(f"{prefix}.context_parallel_size", f"{role}.ulysses_sequence_parallel_size",
-              why=f"= {role}.ulysses_sequence_parallel_size (sequence parallelism over the same number of workers)"),
-        alias(f"{prefix}.{{param_offload,optimizer_offload}}", f"{role}.fsdp_config.{{1}}"),
-        alias(f"{prefix}.dtype", f"{role}.fsdp_config.param_dtype", dtype_name),
-        mapped(f"{prefix}.override_transformer_config.recompute_granularity", "nothing to set: no recomputation asked",
-               derive=recompute(f"{model_prefix}.enable_gradient_checkpointing")),
-        mapped(f"{prefix}.{{override_transformer_config}}", "Megatron transformer overrides: the HF model runs as "
-               "its config says (attention: actor_rollout_ref.model.attn_implementation)"),
-        mapped(f"{prefix}.override_transformer_config.**", "Megatron transformer overrides: the HF model runs as "
-               "its config says (attention: actor_rollout_ref.model.attn_implementation)"),
-        mapped(f"{prefix}.{{grad_offload,seed,use_mbridge,vanilla_mbridge,use_dist_checkpointing,"
-               "dist_checkpointing_path,dist_checkpointing_prefix,dist_ckpt_optim_fully_reshardable,"
-               "distrib_optim_fully_reshardable_mem_efficient,use_distributed_optimizer,use_megatron_fsdp,"
-               "sequence_parallel,pad_bshd_to_minibatch_max,max_seqlen_per_dp_cp_rank,dynamic_context_parallel,"
-               "forward_only,override_ddp_config,override_mcore_model_config,pad_to_length,pad_to_length_bucket,"
-               "use_remove_padding,entropy_from_logits_with_chunking,entropy_from_logits_chunk_size}",
-               "a Megatron engine setting with no counterpart in FSDP2: rlkit loads and saves HF weights directly, "
-               "shards optimizer state with the parameters and packs sequences as model.use_remove_padding says"),
-        refused(f"{prefix}.qat.**", "quantisation-aware training is not in rlkit; remove qat.*", switch="enable"),
-        mapped(f"{prefix}.router_replay.mode", REPLAY_OFF, derive=router_replay(f"{ACTOR}.router_replay")),
-        refused(f"{prefix}.router_replay.{{record_file,replay_file}}", "rlkit replays routes in memory from the "
-                "rollout of the same step; there are no route files"),
-    ]
-
-
-def optim_rules(prefix: str, role: str) -> list[VerlKey]:
-    """verl's optimizer keys of one role beyond rlkit's (lr, betas, weight_decay, warmup, scheduler)."""
-    return [
-        alias(f"{prefix}.clip_grad", f"{role}.grad_clip"),
-        alias(f"{prefix}.{{warmup_style,lr_decay_style}}", f"{prefix}.lr_scheduler_type"),
-        mapped(f"{prefix}.total_training_steps", "nothing to set: the schedule's length is "
-               "trainer.total_training_steps (or the epochs' steps), filled in by the trainer as verl does"),
-        refused(f"{prefix}.optimizer", "rlkit's optimizer is AdamW; remove it", inert=only("adamw", "adam")),
-        refused(f"{prefix}.optimizer_impl", "rlkit uses torch.optim.AdamW; remove it", inert=only("torch.optim")),
-        refused(f"{prefix}.num_cycles", "rlkit's cosine schedule is one half-cycle; remove it", inert=only(0.5)),
-        refused(f"{prefix}.zero_indexed_step", "rlkit's schedules count steps from 0; remove it", inert=only(True)),
-        refused(f"{prefix}.{{exp_avg_dtype,exp_avg_sq_dtype,main_grads_dtype}}", "rlkit keeps optimizer state and "
-                "gradients in float32; remove it", inert=only("fp32", "float32")),
-        refused(f"{prefix}.weight_decay_incr_style", "rlkit's weight decay is constant", inert=only("constant")),
-        refused(f"{prefix}.{{min_lr,lr_warmup_init}}", "use optim.min_lr_ratio (the floor as a fraction of lr) and "
-                "lr_warmup_steps; remove it"),
-        refused(f"{prefix}.{{lr_decay_steps,lr_wsd_decay_steps}}", "the decay runs over the whole run "
-                "(lr_scheduler_type, min_lr_ratio); remove it"),
-        refused(f"{prefix}.lr_wsd_decay_style", "rlkit has no warmup-stable-decay schedule; remove it",
-                inert=only("exponential")),
-        refused(f"{prefix}.{{override_optimizer_config,use_checkpoint_opt_param_scheduler,"
-                "use_layer_wise_distributed_optimizer,use_precision_aware_optimizer}",
-                "a Megatron optimizer option rlkit does not have; remove it"),
-        refused(f"{prefix}.muon_*", "read only by the Muon optimizer, which rlkit does not have", inert=ANY),
-    ]
-
-
-def model_rules(prefix: str) -> list[VerlKey]:
-    """verl's model keys beyond rlkit's (path, LoRA, remove-padding, gradient checkpointing, trust_remote_code)."""
-    return [
-        mapped(f"{prefix}.external_lib", "nothing to set: no library named",
-               derive=lambda v, k: ({"trainer.plugins": [v]} if v else {},
-               f"trainer.plugins=[{v}] (imported by the driver and every worker first)" if v else "")),
-        mapped(f"{prefix}.use_shm", "nothing to set: the model is read from local disk (rlkit never downloads at "
-               "run time)"),
-        mapped(f"{prefix}.fused_kernel_options.**", "nothing to set: rlkit's fused LM head is pure torch"),
-        refused(f"{prefix}.use_liger", "Liger kernels are CUDA-only; use model.use_fused_kernels (rlkit's fused "
-                "log-prob head)"),
-        refused(f"{prefix}.{{tokenizer_path,hf_config_path}}", "rlkit reads the tokenizer and config from "
-                "model.path; put them in that folder"),
-        refused(f"{prefix}.custom_chat_template", "rlkit uses the tokenizer's own chat template; edit "
-                "tokenizer_config.json in the model folder"),
-        refused(f"{prefix}.override_config", "rlkit loads the model with its own config.json; edit it in the model "
-                "folder"),
-        refused(f"{prefix}.enable_activation_offload", "use model.enable_gradient_checkpointing to save activation "
-                "memory"),
-        refused(f"{prefix}.tiled_mlp.**", "tiled MLP is not in rlkit", switch="enabled"),
-        refused(f"{prefix}.mtp.**", "multi-token prediction is not in rlkit", switch="enable"),
-        refused(f"{prefix}.lora.**", "this is Megatron's LoRA section: use model.lora_rank / lora_alpha / "
-                "target_modules (rlkit's PEFT LoRA)", switch="rank"),
-    ]
-
-
-def role_common(prefix: str, role: str) -> list[VerlKey]:
-    """Keys every trained or frozen role of verl carries (checkpoint contents, profiler, internal interpolations)."""
-    return [
-        refused(f"{prefix}.checkpoint.{{save_contents,load_contents}}", "rlkit's checkpoints always hold the model, "
-                "the optimizer and the run state; for an HF folder use `rlkit export`", inert=checkpoint_contents),
-        refused(f"{prefix}.checkpoint.async_save", "rlkit saves checkpoints synchronously (atomic, verified); "
-                "remove it"),
-        refused(f"{prefix}.checkpoint.strict", "rlkit loads checkpoints strictly", inert=only(True)),
-        refused(f"{prefix}.checkpoint.mbridge_config", "Megatron bridge checkpoints are not in rlkit"),
-        refused(f"{prefix}.profiler.**", "verl's per-role profiler (nsys/npu/torch) is not in rlkit: use "
-                "`rlkit debug stacks` or py-spy, and the phase timings in metrics.jsonl", switch="enable"),
-        mapped(f"{prefix}.{{rollout_n,nccl_timeout,data_loader_seed,shuffle}}", "nothing to set: rollout.n, "
-               "trainer.seed and actor.shuffle already say it, and torch.distributed's default timeout applies"),
-        refused(f"{prefix}.loss_scale_factor", "rlkit normalises losses by loss_agg_mode alone; remove it"),
-        refused(f"{prefix}.router_replay.{{record_file,replay_file}}", "rlkit replays routes in memory from the "
-                "rollout of the same step; there are no route files"),
-        refused(f"{prefix}.pad_to_length", "rlkit packs sequences (model.use_remove_padding) or trims padding; "
-                "remove it"),
-    ]
 
 
 def _rules() -> list[VerlKey]:
