@@ -208,7 +208,7 @@ class DebugConfig:
 class TrainerConfig:
     project_name: str = f("rlkit", "tracker project")
     experiment_name: str = f("run", "tracker run name")
-    logger: Any = f(factory=lambda: ["console", "file"], help="tracker name or list of them (rlkit.utils.tracking."
+    logger: Any = f(factory=lambda: ["console", "file"], help="tracker name or list of them (rlkit.utils.tracker_base."
                     "TRACKERS): console, file, tensorboard, wandb, mlflow, swanlab; a missing package fails pre-flight")
     log_val_generations: int = f(0, "validation generations (input, output, score) logged to every tracker per "
                                     "validation, the same N each time (verl's pick: sorted by input, shuffled with "

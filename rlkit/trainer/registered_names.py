@@ -57,7 +57,8 @@ def _lr_schedules() -> Registry[Any]:
 
 
 def _trackers() -> Registry[Any]:
-    from rlkit.utils.tracking import TRACKERS
+    import rlkit.utils.tracking  # noqa: F401  (registers every built-in tracker)
+    from rlkit.utils.tracker_base import TRACKERS
 
     return TRACKERS
 

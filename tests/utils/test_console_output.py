@@ -8,8 +8,10 @@ import re
 
 from rich.console import Console
 
-from rlkit.utils import tracking
-from rlkit.utils.tracking import ConsoleTracker, RunInfo, Tracking, console_group
+from rlkit.utils import console_tracker
+from rlkit.utils.console_tracker import ConsoleTracker, console_group
+from rlkit.utils.tracker_base import RunInfo
+from rlkit.utils.tracking import Tracking
 
 GRPO = {  # what a GRPO step logs: the field's names put reward statistics under critic/
     "critic/score/mean": 0.5, "critic/rewards/mean": 0.5, "critic/advantages/mean": 0.0,
@@ -73,7 +75,7 @@ def test_validation_progress_in_a_log_file_is_throttled(monkeypatch):
     for done in (0, 600, 1319):  # fast: nothing at all
         tracker.progress("validation prompts", done, 1319)
     assert buf.getvalue() == ""
-    monkeypatch.setattr(tracking, "PROGRESS_EVERY_S", 0.0)  # slow: a line per update, then the end
+    monkeypatch.setattr(console_tracker, "PROGRESS_EVERY_S", 0.0)  # slow: a line per update, then the end
     for done in (0, 600, 1319):
         tracker.progress("validation prompts", done, 1319)
     lines = buf.getvalue().splitlines()

@@ -8,8 +8,9 @@ import torch
 from rich.console import Console
 
 from rlkit.trainer.launch import phase_memory_rows
+from rlkit.utils.console_tracker import ConsoleTracker, console_group
 from rlkit.utils.memory_peak import PhasePeaks, phase_metrics, rss_gb
-from rlkit.utils.tracking import ConsoleTracker, RunInfo, console_group
+from rlkit.utils.tracker_base import RunInfo
 
 MB = 2**20 / 2**30  # one MiB in GB
 

@@ -13,7 +13,10 @@ from rich.console import Console
 
 from rlkit.errors import UserError
 from rlkit.trainer.run_config import load_config
-from rlkit.utils.tracking import ConsoleTracker, MlflowTracker, RunInfo, Tracking, missing_tracker_packages
+from rlkit.utils.console_tracker import ConsoleTracker
+from rlkit.utils.tracker_backends import MlflowTracker
+from rlkit.utils.tracker_base import RunInfo
+from rlkit.utils.tracking import Tracking, missing_tracker_packages
 
 HF = ["actor_rollout_ref.rollout.name=hf"]
 SAMPLES = [{"input": f"question {i}", "output": f"answer {i}", "score": float(i % 2)} for i in range(3)]

@@ -12,7 +12,9 @@ import torch
 from rich.console import Console
 
 from rlkit.errors import UserError
-from rlkit.utils.tracking import TRACKERS, ConsoleTracker, RunInfo, Tracking, select_keys, to_floats
+from rlkit.utils.console_tracker import ConsoleTracker, select_keys
+from rlkit.utils.tracker_base import TRACKERS, RunInfo, to_floats
+from rlkit.utils.tracking import Tracking
 
 METRICS = {
     "actor/pg_loss": 0.125,
