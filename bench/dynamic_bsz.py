@@ -164,13 +164,24 @@ def table(result: dict) -> str:
         out.append(f"| {r['variant']} | {r['log_prob_forwards']} | {r['update_forwards']} | {r['log_prob_s']:.2f} | "
                    f"{r['update_s']:.2f} | {r['max_tokens_per_forward']} | {r['padding_frac_padded_layout']:.2f} | "
                    f"{r['peak_rss_above_start_mb']:.0f} |")
-    out += ["", "| layout | forwards dynamic / fixed | log-prob time dynamic / fixed | update time dynamic / fixed |",
-            "|---|---|---|---|"]
+    out += ["", "| layout | forwards dynamic / fixed | log-prob time dynamic / fixed | update time dynamic / fixed "
+            "| peak RSS dynamic / fixed |", "|---|---|---|---|---|"]
     for layout in ("packed", "padded"):
         fixed, dyn = rows.get(f"fixed-{layout}"), rows.get(f"dynamic-{layout}")
         if fixed and dyn:
             out.append(f"| {layout} | {dyn['update_forwards'] / fixed['update_forwards']:.2f} | "
-                       f"{dyn['log_prob_s'] / fixed['log_prob_s']:.2f} | {dyn['update_s'] / fixed['update_s']:.2f} |")
+                       f"{dyn['log_prob_s'] / fixed['log_prob_s']:.2f} | {dyn['update_s'] / fixed['update_s']:.2f} | "
+                       f"{dyn['peak_rss_above_start_mb'] / max(fixed['peak_rss_above_start_mb'], 1e-9):.2f} |")
+    out += [
+        "",
+        "Reading: the budget counts valid tokens (verl's meaning), so a micro-batch of many short rows fills it "
+        "as one of a few long rows does: fewer, fuller forwards. Packed rows (`use_remove_padding=true`, the "
+        "default) compute exactly those tokens, so the budget also bounds a forward's work and memory. Padded "
+        "rows compute every row at the batch's full response width, so there a token-budget micro-batch of "
+        "many short rows computes (and holds) more positions than its budget says (the peak RSS column), and "
+        "grouping does not lower the padding fraction (responses are padded to R either way): pair "
+        "`use_dynamic_bsz` with packed rows.",
+    ]
     return "\n".join(out) + "\n"
 
 
