@@ -9,14 +9,15 @@ tokens, cut at R), so a few rows are many times longer than most.
 Splits, each at the same worst case of tokens in one forward (`--budget`, default twice the longest row):
 - fixed: `ppo_micro_batch_size_per_gpu` = budget // longest row (the most rows that always fit);
 - dynamic: `use_dynamic_bsz` with `ppo_max_token_len_per_gpu` = budget (and the same for the log-prob pass).
-Each with `use_remove_padding` on (packed rows: the valid tokens only) and off (padded rows: shared left
-padding trimmed, every response padded to R). Reported: forward calls of each pass, the wall time of each,
-the most valid tokens in one forward, and the padding fraction (positions a padded forward computes that hold no
-token; packed forwards compute none). Each variant runs in its own process (peak RSS above its start); the
-times are the fastest of `--repeats` pairs of passes (the first pays warm-up, and the machine may be shared).
+Each layout runs in its own process: `use_remove_padding` on (packed rows: the valid tokens only) and off
+(padded rows: shared left padding trimmed, every response padded to R). In it both splits are timed
+alternately, `--repeats` times (fastest counts), so a change in the machine's load hits both alike.
+Reported: forward calls of each pass, the wall time of each, the most valid tokens and the most positions
+(what the forward computes and holds activations for: a memory proxy) in one forward, and the padding
+fraction (positions that hold no token).
 
     nice -n 19 .venv/bin/python bench/dynamic_bsz.py                 # 48 rows, P=128, R=768
-    nice -n 19 .venv/bin/python bench/dynamic_bsz.py --rows 32 --repeats 3 --variants fixed-packed,dynamic-packed
+    nice -n 19 .venv/bin/python bench/dynamic_bsz.py --rows 32 --repeats 5 --layouts packed
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -33,12 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-VARIANTS = ("fixed-packed", "dynamic-packed", "fixed-padded", "dynamic-padded")
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+LAYOUTS = ("packed", "padded")
 
 
 def save_model(path: Path, layers: int) -> None:
@@ -78,12 +73,25 @@ def make_batch(rows: int, prompt: int, response: int, median_response: int, seed
                   "responses": ids[:, prompt:], "response_mask": r_mask, "advantages": adv.float().contiguous()})
 
 
-def measure_one(variant: str, args: argparse.Namespace, model_dir: str) -> dict:
+def make_actor(model_dir: str, layout: str, micro, rows: int):
+    from rlkit.config.schema import ActorConfig, ModelConfig, OptimConfig
+    from rlkit.workers.actor import ActorWorker
+
+    cfg = ActorConfig(ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=micro.rows,
+                      use_dynamic_bsz=micro.use_dynamic_bsz, ppo_max_token_len_per_gpu=micro.max_token_len,
+                      clip_ratio_low=0.2, clip_ratio_high=0.2, optim=OptimConfig(lr=1e-5))
+    model = ModelConfig(path=model_dir, use_remove_padding=layout == "packed")
+    actor = ActorWorker(cfg, model, total_steps=1, rollout_n=1, temperature=1.0, seed=0, log_prob=micro)
+    actor.init_model()
+    return actor
+
+
+def measure_layout(layout: str, args: argparse.Namespace, model_dir: str) -> list[dict]:
+    """Both splits in one process, timed alternately (fixed, dynamic, fixed, ...) so a change in the machine's
+    load hits both alike; forward counts and sizes from the first repeat."""
     import torch
     import torch.distributed as dist
 
-    from rlkit.config.schema import ActorConfig, ModelConfig, OptimConfig
-    from rlkit.workers.actor import ActorWorker
     from rlkit.workers.micro_batch import MicroBatching
     from rlkit.workers.packing import left_padding_start
 
@@ -93,50 +101,47 @@ def measure_one(variant: str, args: argparse.Namespace, model_dir: str) -> dict:
     batch = make_batch(args.rows, args.prompt, args.response, args.median_response, args.seed)
     longest = int(batch["attention_mask"].sum(-1).max())
     budget = args.budget or 2 * longest
-    split, layout = variant.split("-")
-    micro = MicroBatching(max(1, budget // longest), use_dynamic_bsz=split == "dynamic", max_token_len=budget)
-    cfg = ActorConfig(ppo_mini_batch_size=args.rows, ppo_micro_batch_size_per_gpu=micro.rows,
-                      use_dynamic_bsz=micro.use_dynamic_bsz, ppo_max_token_len_per_gpu=budget,
-                      clip_ratio_low=0.2, clip_ratio_high=0.2, optim=OptimConfig(lr=1e-5))
-    model = ModelConfig(path=model_dir, use_remove_padding=layout == "packed")
-    actor = ActorWorker(cfg, model, total_steps=1, rollout_n=1, temperature=1.0, seed=0, log_prob=micro)
-    actor.init_model()
+    splits = {"fixed": MicroBatching(max(1, budget // longest), max_token_len=budget),
+              "dynamic": MicroBatching(max(1, budget // longest), use_dynamic_bsz=True, max_token_len=budget)}
+    actors = {name: make_actor(model_dir, layout, micro, args.rows) for name, micro in splits.items()}
+    calls: dict[str, list[dict]] = {name: [] for name in splits}
+    for name, actor in actors.items():
+        forward = actor.model.forward
 
-    calls: list[dict] = []
-    forward = actor.model.forward
+        def counted(inputs, *a, forward=forward, seen=calls[name], **kw):
+            mask = inputs.attention_mask
+            width = mask.shape[1] - left_padding_start(mask, kw["response_length"])  # what a padded forward keeps
+            tokens = int(mask.sum())
+            seen.append({"tokens": tokens, "positions": tokens if layout == "packed" else int(mask.shape[0] * width)})
+            return forward(inputs, *a, **kw)
 
-    def counted(inputs, *a, **kw):
-        mask = inputs.attention_mask
-        width = mask.shape[1] - left_padding_start(mask, kw["response_length"])
-        calls.append({"tokens": int(mask.sum()), "positions": int(mask.shape[0] * width)})
-        return forward(inputs, *a, **kw)
-
-    actor.model.forward = counted
-    start_rss = rss_bytes()
-    log_prob_s, update_s = [], []
-    for _ in range(args.repeats):  # the fastest of the repeats: the least disturbed by the machine's other load
-        calls.clear()
-        t0 = time.perf_counter()
-        old = actor.compute_log_prob(batch)
-        log_prob_s.append(time.perf_counter() - t0)
-        log_prob_calls = list(calls)
-        calls.clear()
-        t0 = time.perf_counter()
-        actor.update_actor(batch.select(list(batch.keys())).union(old.select(["old_log_probs"])))
-        update_s.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        actor.model.forward = counted
+    times: dict[str, dict[str, list[float]]] = {name: {"log_prob": [], "update": []} for name in splits}
+    stats: dict[str, dict] = {}
+    for _ in range(args.repeats):
+        for name, actor in actors.items():
+            calls[name].clear()
+            t0 = time.perf_counter()
+            old = actor.compute_log_prob(batch)
+            times[name]["log_prob"].append(time.perf_counter() - t0)
+            log_prob_calls = len(calls[name])
+            calls[name].clear()
+            t0 = time.perf_counter()
+            actor.update_actor(batch.select(list(batch.keys())).union(old.select(["old_log_probs"])))
+            times[name]["update"].append(time.perf_counter() - t0)
+            if name not in stats:
+                update = calls[name]
+                valid, positions = sum(c["tokens"] for c in update), sum(c["positions"] for c in update)
+                stats[name] = {"log_prob_forwards": log_prob_calls, "update_forwards": len(update),
+                               "max_tokens_per_forward": max(c["tokens"] for c in update),
+                               "max_positions_per_forward": max(c["positions"] for c in update),
+                               "valid_tokens": valid, "padding_frac": 1 - valid / positions}
     dist.destroy_process_group()
-    valid = sum(c["tokens"] for c in calls)
-    return {
-        "variant": variant, "rows_per_forward": None if micro.use_dynamic_bsz else micro.rows, "budget": budget,
-        "longest_row": longest, "valid_tokens": valid,
-        "log_prob_forwards": len(log_prob_calls), "update_forwards": len(calls),
-        "log_prob_s": min(log_prob_s), "update_s": min(update_s), "log_prob_s_all": log_prob_s,
-        "update_s_all": update_s,
-        "max_tokens_per_forward": max(c["tokens"] for c in calls),
-        "padding_frac_padded_layout": 1 - valid / sum(c["positions"] for c in calls),
-        "peak_rss_above_start_mb": max(0, peak - start_rss) / 2**20,
-    }
+    return [{"variant": f"{name}-{layout}", "rows_per_forward": None if micro.use_dynamic_bsz else micro.rows,
+             "budget": budget, "longest_row": longest, **stats[name],
+             "log_prob_s": min(times[name]["log_prob"]), "update_s": min(times[name]["update"]),
+             "log_prob_s_all": times[name]["log_prob"], "update_s_all": times[name]["update"]}
+            for name, micro in splits.items()]
 
 
 def table(result: dict) -> str:
@@ -150,37 +155,38 @@ def table(result: dict) -> str:
         f"(long-tailed), {b['valid_tokens']} valid tokens; model {result['model']}; float32, {result['threads']} "
         f"threads, {result['device']}. Budget {result['budget']} tokens per forward (2 x the longest row, "
         f"{result['longest_row']}): fixed = {result['fixed_rows']} rows per forward (the most that always fit), "
-        "dynamic = `use_dynamic_bsz` with that token budget.",
+        "dynamic = `use_dynamic_bsz` with that token budget. Times: the fastest of "
+        f"{result['repeats']} alternating repeats (all of them in the JSON).",
         "",
         f"The machine was loaded (another job's timing run shared its 2 cores; this ran at `nice -n 19`): load "
         f"average {result['loadavg_before'][0]:.1f} before, {result['loadavg_after'][0]:.1f} after. Wall times are "
-        "noisy; the ratios of one layout's two runs, back to back, are what to read.",
+        "noisy; read the ratios of one layout's two splits, timed alternately in one process.",
         "",
         "| variant | log-prob forwards | update fwd/bwd | log-prob s | update s | most tokens / forward "
-        "| padding (padded layout) | peak RSS MiB |",
+        "| most positions / forward | padding |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         out.append(f"| {r['variant']} | {r['log_prob_forwards']} | {r['update_forwards']} | {r['log_prob_s']:.2f} | "
-                   f"{r['update_s']:.2f} | {r['max_tokens_per_forward']} | {r['padding_frac_padded_layout']:.2f} | "
-                   f"{r['peak_rss_above_start_mb']:.0f} |")
+                   f"{r['update_s']:.2f} | {r['max_tokens_per_forward']} | {r['max_positions_per_forward']} | "
+                   f"{r['padding_frac']:.2f} |")
     out += ["", "| layout | forwards dynamic / fixed | log-prob time dynamic / fixed | update time dynamic / fixed "
-            "| peak RSS dynamic / fixed |", "|---|---|---|---|---|"]
-    for layout in ("packed", "padded"):
+            "| most positions / forward dynamic / fixed |", "|---|---|---|---|---|"]
+    for layout in LAYOUTS:
         fixed, dyn = rows.get(f"fixed-{layout}"), rows.get(f"dynamic-{layout}")
         if fixed and dyn:
             out.append(f"| {layout} | {dyn['update_forwards'] / fixed['update_forwards']:.2f} | "
                        f"{dyn['log_prob_s'] / fixed['log_prob_s']:.2f} | {dyn['update_s'] / fixed['update_s']:.2f} | "
-                       f"{dyn['peak_rss_above_start_mb'] / max(fixed['peak_rss_above_start_mb'], 1e-9):.2f} |")
+                       f"{dyn['max_positions_per_forward'] / fixed['max_positions_per_forward']:.2f} |")
     out += [
         "",
         "Reading: the budget counts valid tokens (verl's meaning), so a micro-batch of many short rows fills it "
         "as one of a few long rows does: fewer, fuller forwards. Packed rows (`use_remove_padding=true`, the "
         "default) compute exactly those tokens, so the budget also bounds a forward's work and memory. Padded "
         "rows compute every row at the batch's full response width, so there a token-budget micro-batch of "
-        "many short rows computes (and holds) more positions than its budget says (the peak RSS column), and "
-        "grouping does not lower the padding fraction (responses are padded to R either way): pair "
-        "`use_dynamic_bsz` with packed rows.",
+        "many short rows computes (and holds activations for) more positions than its budget says, and grouping "
+        "does not lower the padding fraction (responses are padded to R either way): pair `use_dynamic_bsz` "
+        "with packed rows.",
     ]
     return "\n".join(out) + "\n"
 
@@ -193,15 +199,15 @@ def main() -> None:
     ap.add_argument("--median-response", type=int, default=64)
     ap.add_argument("--budget", type=int, default=0, help="tokens per forward; 0 = twice the longest row")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2, help="timed log-prob pass + update pairs; the fastest counts")
+    ap.add_argument("--repeats", type=int, default=3, help="timed log-prob pass + update pairs; the fastest counts")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "dynamic_bsz.json"))
-    ap.add_argument("--one", nargs=2, metavar=("VARIANT", "MODEL_DIR"), help=argparse.SUPPRESS)
+    ap.add_argument("--one", nargs=2, metavar=("LAYOUT", "MODEL_DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(measure_one(args.one[0], args, args.one[1])))
+        print(json.dumps(measure_layout(args.one[0], args, args.one[1])))
         return
 
     load_before = os.getloadavg()
@@ -211,17 +217,17 @@ def main() -> None:
                    if k in ("rows", "prompt", "response", "median_response", "budget", "layers", "threads", "seed",
                             "repeats")]
     rows = []
-    for variant in args.variants.split(","):
+    for layout in args.layouts.split(","):
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), RLKIT_CPU_COMPUTE_DTYPE="float32")
-        res = subprocess.run([sys.executable, __file__, "--one", variant, str(model_dir), *passthrough],
+        res = subprocess.run([sys.executable, __file__, "--one", layout, str(model_dir), *passthrough],
                              capture_output=True, text=True, env=env)
         if res.returncode:
-            sys.exit(f"{variant} failed:\n{res.stderr[-3000:]}")
-        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
-        r = rows[-1]
-        print(f"{variant:15s} forwards {r['log_prob_forwards']:3d} / {r['update_forwards']:3d}  log-prob "
-              f"{r['log_prob_s']:6.2f}s  update {r['update_s']:6.2f}s  padding {r['padding_frac_padded_layout']:.2f}",
-              flush=True)
+            sys.exit(f"{layout} failed:\n{res.stderr[-3000:]}")
+        rows += json.loads(res.stdout.strip().splitlines()[-1])
+        for r in rows[-2:]:
+            print(f"{r['variant']:15s} forwards {r['log_prob_forwards']:3d} / {r['update_forwards']:3d}  log-prob "
+                  f"{r['log_prob_s']:6.2f}s  update {r['update_s']:6.2f}s  padding {r['padding_frac']:.2f}",
+                  flush=True)
     p_len, r_len = lengths(args.rows, args.prompt, args.response, args.median_response, args.seed)
     quantiles = [int(r_len.float().quantile(q)) for q in (0.5, 0.9)]
     result = {
@@ -233,7 +239,8 @@ def main() -> None:
                   "valid_tokens": int(p_len.sum() + r_len.sum())},
         "budget": rows[0]["budget"], "longest_row": rows[0]["longest_row"],
         "fixed_rows": next((r["rows_per_forward"] for r in rows if r["rows_per_forward"]), None),
-        "nice": os.nice(0), "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "rows": rows,
+        "repeats": args.repeats, "nice": os.nice(0), "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(), "rows": rows,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

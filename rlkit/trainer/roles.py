@@ -27,8 +27,8 @@ def actor_role(cfg: RLConfig, model_path: str, total_steps: int) -> ClassWithIni
 
     arr, algo = cfg.actor_rollout_ref, cfg.algorithm
     rollout = arr.rollout
-    log_prob = MicroBatching(rollout.log_prob_micro_batch_size_per_gpu, bool(rollout.log_prob_use_dynamic_bsz),
-                             rollout.log_prob_max_token_len_per_gpu or 0)
+    log_prob = MicroBatching(rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
+                             rollout.log_prob_max_token_len_per_gpu)
     return ClassWithInitArgs(
         ActorWorker, arr.actor, policy_model(cfg, model_path), total_steps=total_steps, rollout_n=rollout.n,
         temperature=rollout.temperature, seed=cfg.trainer.seed,

@@ -254,7 +254,8 @@ class RefWorker(_PolicyScorer):
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         maybe_break("ref.compute_log_prob")
-        micro = MicroBatching(self.ref.log_prob_micro_batch_size_per_gpu, bool(self.ref.log_prob_use_dynamic_bsz),
-                              self.ref.log_prob_max_token_len_per_gpu or 0)
+        ref = self.ref  # its nulls settled by finalize (rlkit/config/micro_batch_sizes.py)
+        micro = MicroBatching(ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
+                              ref.log_prob_max_token_len_per_gpu)
         lp, _ = self._log_probs(batch, micro, False)
         return Batch({"ref_log_prob": lp})

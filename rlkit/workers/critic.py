@@ -52,8 +52,7 @@ class CriticWorker(Worker, TrainableModelRole):
         maybe_break("critic.compute_values")
         self.model.module.eval()
         c = self.critic
-        micro = MicroBatching(c.forward_micro_batch_size_per_gpu, bool(c.use_dynamic_bsz),
-                              c.forward_max_token_len_per_gpu or 0)
+        micro = MicroBatching(c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz, c.forward_max_token_len_per_gpu)
         with torch.no_grad():
             micros, order = micro.split(batch.select(["input_ids", "attention_mask", "position_ids", "responses"]))
             values = in_row_order([self._values(mb).float().cpu() for mb in micros], order)
@@ -67,7 +66,7 @@ class CriticWorker(Worker, TrainableModelRole):
         plan = UpdatePlan(
             epochs=c.ppo_epochs or 1, mini_batch_rows=max(1, (c.ppo_mini_batch_size or 1) * self.rollout_n
                                                           // self.world_size),
-            micro=MicroBatching(c.ppo_micro_batch_size_per_gpu, bool(c.use_dynamic_bsz), c.ppo_max_token_len_per_gpu),
+            micro=MicroBatching(c.ppo_micro_batch_size_per_gpu, c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu),
             loss_agg_mode=c.loss_agg_mode, grad_clip=c.grad_clip,
             optimizer_offload=c.fsdp_config.optimizer_offload,
         )

@@ -20,10 +20,6 @@ from rlkit.algo.run_needs import agg_unit
 from rlkit.protocol import Batch
 
 
-def split_by_count(batch: Batch, micro_batch_size: int) -> list[Batch]:
-    return batch.split(micro_batch_size)
-
-
 def _balanced_partitions(lengths: list[int], k: int) -> list[list[int]]:
     """Greedy longest-first into k bins by token count (classic LPT); each bin keeps index order."""
     bins: list[tuple[int, int, list[int]]] = [(0, i, []) for i in range(k)]
@@ -35,24 +31,19 @@ def _balanced_partitions(lengths: list[int], k: int) -> list[list[int]]:
     return [sorted(m) for _, _, m in sorted(bins, key=lambda b: b[1]) if m]
 
 
-def token_partitions(batch: Batch, max_tokens: int, same_count_across_ranks: bool = True) -> list[list[int]]:
+def token_partitions(batch: Batch, max_tokens: int) -> list[list[int]]:
     """Row indices of micro-batches of about `max_tokens` valid tokens each: as many as the tokens need
     (at most one per row; the most any rank needs, so every rank runs as many forwards), balanced by
     tokens (one long row may exceed the budget alone, and balancing may overshoot it a little)."""
     lengths = batch["attention_mask"].sum(-1).tolist()
     total = sum(lengths)
     k = min(max(1, -(-total // max_tokens)), max(1, len(lengths)))
-    if same_count_across_ranks and dist.is_initialized() and dist.get_world_size() > 1:
+    if dist.is_initialized() and dist.get_world_size() > 1:
         t = torch.tensor([k])
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         k = int(t.item())
     # DP shards have equal row counts, so k <= rows on every rank and no bin is empty
     return _balanced_partitions(lengths, min(k, len(lengths)))
-
-
-def split_by_tokens(batch: Batch, max_tokens: int, same_count_across_ranks: bool = True) -> list[Batch]:
-    """Micro-batches whose valid-token count stays about under `max_tokens` (`token_partitions`)."""
-    return [batch.index(p) for p in token_partitions(batch, max_tokens, same_count_across_ranks)]
 
 
 @dataclass(frozen=True)
@@ -67,7 +58,7 @@ class MicroBatching:
     def split(self, batch: Batch) -> tuple[list[Batch], torch.Tensor | None]:
         """The micro-batches, and the batch rows they hold in order (None: the rows kept their order)."""
         if not self.use_dynamic_bsz:
-            return split_by_count(batch, self.rows), None
+            return batch.split(self.rows), None
         parts = token_partitions(batch, self.max_token_len)
         return [batch.index(p) for p in parts], torch.tensor([i for p in parts for i in p])
 
