@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from rlkit.config.bounds import check_bounds
 from rlkit.config.checks import check_config
+from rlkit.config.micro_batch_sizes import settle_micro_batches
 from rlkit.config.rollout_correction import check_rollout_correction, settle_rollout_correction
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
@@ -26,7 +27,8 @@ DEFAULT_DATA_SEED = 1
 
 
 def derive(cfg: RLConfig) -> None:
-    """Values that follow from others: engine lengths from the data, clip bounds, the critic's defaults."""
+    """Values that follow from others: engine lengths from the data, clip bounds, the critic's defaults, every
+    pass's micro-batching (null = the actor's, global sizes per worker)."""
     rollout = cfg.actor_rollout_ref.rollout
     rollout.prompt_length = cfg.data.max_prompt_length
     rollout.response_length = cfg.data.max_response_length
@@ -52,6 +54,7 @@ def derive(cfg: RLConfig) -> None:
         critic.ppo_epochs = actor.ppo_epochs
     if critic.model.path is None:
         critic.model.path = cfg.actor_rollout_ref.model.path
+    settle_micro_batches(cfg)
     settle_rollout_correction(cfg)  # algorithm.rollout_is/rollout_rs: a level name or None, rejection bounds
     if isinstance(cfg.trainer.logger, str):  # verl's one-name form: trainer.logger=console
         cfg.trainer.logger = [cfg.trainer.logger]

@@ -98,6 +98,17 @@ class RolloutConfig:
     free_cache_engine: bool = True  # sleep the engine between rollouts
     sleep_level: int = 1  # 1: drop KV cache, keep weights; 2: drop both
     calculate_log_probs: bool = False  # also return rollout_log_probs
+    # the actor's old-log-prob pass (help as metadata: too long for a trailing comment)
+    log_prob_micro_batch_size: int | None = field(default=None, metadata={"help": (
+        "deprecated global log_prob_micro_batch_size_per_gpu: rows over all workers, divided by their count; "
+        "null = unset")})
+    log_prob_micro_batch_size_per_gpu: int | None = field(default=None, metadata={"help": (
+        "rows per forward of the actor's old-log-prob pass; null = log_prob_micro_batch_size / workers when set, "
+        "else actor.ppo_micro_batch_size_per_gpu")})
+    log_prob_use_dynamic_bsz: bool | None = field(default=None, metadata={"help": (
+        "old-log-prob forwards by a token budget; null = actor.use_dynamic_bsz")})
+    log_prob_max_token_len_per_gpu: int | None = field(default=None, metadata={"help": (
+        "token budget of an old-log-prob forward; null = actor.ppo_max_token_len_per_gpu")})
     seed: int = 0  # engine seed (vLLM) / seed of the HF backend's private sampling stream
     lora_sync: str = "merge"  # LoRA: merge (adapter merged into the synced weights) | native (vLLM LoRARequest)
     max_lora_rank: int = 0  # set from actor_rollout_ref.model.lora_rank (native sync: the engine's LoRA slots)

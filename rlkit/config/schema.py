@@ -89,8 +89,12 @@ class OptimConfig:
 @dataclass
 class ActorConfig:
     ppo_mini_batch_size: int = f(16, "prompts per optimizer step (multiplied by rollout.n)")
-    ppo_micro_batch_size_per_gpu: int = f(4, "sequences per forward/backward on each worker")
-    use_dynamic_bsz: bool = f(False, "micro-batches bounded by a token budget instead of a count")
+    ppo_micro_batch_size: int | None = f(None, "deprecated global ppo_micro_batch_size_per_gpu: rows per "
+                                         "forward/backward over all workers, divided by their count; null = unset")
+    ppo_micro_batch_size_per_gpu: int | None = f(None, "sequences per forward/backward on each worker; null = "
+                                                 "ppo_micro_batch_size / workers when set, else 4")
+    use_dynamic_bsz: bool = f(False, "micro-batches bounded by a token budget instead of a count (the log-prob "
+                              "passes and the critic follow unless they set their own)")
     ppo_max_token_len_per_gpu: int = f(16384, "token budget per micro-batch when use_dynamic_bsz")
     ppo_epochs: int = f(1, "passes over each rollout batch")
     shuffle: bool = f(False, "shuffle mini-batches across epochs")
@@ -120,7 +124,14 @@ class ActorConfig:
 
 @dataclass
 class RefConfig:
-    log_prob_micro_batch_size_per_gpu: int = f(8, "sequences per reference forward")
+    log_prob_micro_batch_size: int | None = f(None, "deprecated global log_prob_micro_batch_size_per_gpu: rows over "
+                                              "all workers, divided by their count; null = unset")
+    log_prob_micro_batch_size_per_gpu: int | None = f(None, "sequences per reference forward; null = "
+                                                      "log_prob_micro_batch_size / workers when set, else 8")
+    log_prob_use_dynamic_bsz: bool | None = f(None, "reference forwards by a token budget; null = "
+                                              "actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int | None = f(None, "token budget of a reference forward; null = "
+                                                   "actor.ppo_max_token_len_per_gpu")
     ulysses_sequence_parallel_size: int = f(1, "sequence parallelism of the reference forward (as the actor's)")
     fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings of the frozen reference")
 
@@ -145,7 +156,19 @@ class CriticConfig:
     model: CriticModelConfig = f(factory=CriticModelConfig, help="critic model")
     optim: OptimConfig = f(factory=lambda: OptimConfig(lr=1e-5), help="critic optimizer")
     ppo_mini_batch_size: int | None = f(None, "null = the actor's")
-    ppo_micro_batch_size_per_gpu: int = f(4, "sequences per forward/backward")
+    ppo_micro_batch_size: int | None = f(None, "deprecated global ppo_micro_batch_size_per_gpu: rows over all "
+                                         "workers, divided by their count; null = unset")
+    ppo_micro_batch_size_per_gpu: int | None = f(None, "sequences per forward/backward; null = ppo_micro_batch_size "
+                                                 "/ workers when set, else 4")
+    use_dynamic_bsz: bool | None = f(None, "micro-batches by a token budget; null = actor.use_dynamic_bsz")
+    ppo_max_token_len_per_gpu: int = f(32768, "token budget per update micro-batch when use_dynamic_bsz")
+    forward_micro_batch_size: int | None = f(None, "deprecated global forward_micro_batch_size_per_gpu; null = "
+                                             "ppo_micro_batch_size")
+    forward_micro_batch_size_per_gpu: int | None = f(None, "sequences per value forward (compute_values); null = "
+                                                     "forward_micro_batch_size / workers when set, else "
+                                                     "ppo_micro_batch_size_per_gpu")
+    forward_max_token_len_per_gpu: int | None = f(None, "token budget per value forward when use_dynamic_bsz; null = "
+                                                  "ppo_max_token_len_per_gpu")
     ppo_epochs: int | None = f(None, "null = the actor's")
     ulysses_sequence_parallel_size: int = f(1, "sequence parallelism of the critic (as the actor's)")
     cliprange_value: float = f(0.5, "value clipping range")

@@ -20,13 +20,19 @@ def policy_model(cfg: RLConfig, model_path: str) -> ModelConfig:
 
 
 def actor_role(cfg: RLConfig, model_path: str, total_steps: int) -> ClassWithInitArgs:
+    """The actor, with the rollout's temperature and the micro-batching of its old-log-prob pass (rollout.log_prob_*:
+    verl's keys of that pass live in the rollout section)."""
     from rlkit.workers.actor import ActorWorker
+    from rlkit.workers.micro_batch import MicroBatching
 
     arr, algo = cfg.actor_rollout_ref, cfg.algorithm
+    rollout = arr.rollout
+    log_prob = MicroBatching(rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
+                             rollout.log_prob_max_token_len_per_gpu)
     return ClassWithInitArgs(
-        ActorWorker, arr.actor, policy_model(cfg, model_path), total_steps=total_steps, rollout_n=arr.rollout.n,
-        temperature=arr.rollout.temperature, seed=cfg.trainer.seed,
-        rollout_correction=RolloutCorrection.from_config(algo),
+        ActorWorker, arr.actor, policy_model(cfg, model_path), total_steps=total_steps, rollout_n=rollout.n,
+        temperature=rollout.temperature, seed=cfg.trainer.seed,
+        rollout_correction=RolloutCorrection.from_config(algo), log_prob=log_prob,
     )
 
 

@@ -27,7 +27,7 @@ from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.heads import ForwardOut
-from rlkit.workers.micro_batch import split_by_count
+from rlkit.workers.micro_batch import MicroBatching, in_row_order
 from rlkit.workers.model_inputs import ModelInputs
 from rlkit.workers.trainable import MicroLoss, TrainableModelRole, UpdatePlan
 
@@ -59,34 +59,43 @@ class _PolicyScorer(Worker):
                             "use a rollout that records them (rollout.name=hf; docs/moe.md) or set router_replay=false")
         return mb["routed_experts"]
 
-    def _log_probs(self, batch: Batch, micro: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _log_probs(self, batch: Batch, micro: MicroBatching,
+                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probs (and entropies) of the batch's rows, in its row order, `micro` rows per forward."""
         response_length = batch["responses"].shape[1]
         lps, ents = [], []
         self.model.module.eval()
         with torch.no_grad():
             keys = FORWARD_KEYS + (["routed_experts"] if self.router_replay and "routed_experts" in batch else [])
-            for mb in split_by_count(batch.select(keys), micro):
+            micros, order = micro.split(batch.select(keys))
+            for mb in micros:
                 out = self._forward(mb, response_length, with_entropy)
                 lps.append(out.log_probs.float().cpu())
                 if with_entropy:
                     ents.append(out.entropy.float().cpu())
-        return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
+        return in_row_order(lps, order), (in_row_order(ents, order) if with_entropy else None)
 
 
 class ActorWorker(_PolicyScorer, TrainableModelRole):
     """The trained policy. `update_actor` runs the shared update loop with the registered policy loss."""
 
     def __init__(self, actor: ActorConfig, model: ModelConfig, *, total_steps: int, rollout_n: int,
-                 temperature: float, seed: int, rollout_correction: RolloutCorrection | None = None) -> None:
+                 temperature: float, seed: int, rollout_correction: RolloutCorrection | None = None,
+                 log_prob: MicroBatching | None = None) -> None:
         """`actor`: actor_rollout_ref.actor; `model`: actor_rollout_ref.model with `path` resolved to a local
         folder. `total_steps` sizes the LR schedule; `rollout_n` (samples per prompt) turns
         ppo_mini_batch_size prompts into rows; `temperature` is the rollout's; `seed` seeds the init and the
         epoch shuffles; `rollout_correction` weighs the policy-gradient loss against the engine's
-        `rollout_log_probs` (algorithm.rollout_is / rollout_rs: importance weights, rejection; None = off)."""
+        `rollout_log_probs` (algorithm.rollout_is / rollout_rs: importance weights, rejection; None = off);
+        `log_prob`: the micro-batching of the old-log-prob pass (actor_rollout_ref.rollout.log_prob_*, also the
+        LoRA reference's, as in verl; None = the update's)."""
         super().__init__()
         self.actor, self.model_cfg, self.total_steps = actor, model, total_steps
         self.rollout_n, self.temperature, self.seed = rollout_n, temperature, seed
         self.rollout_correction = rollout_correction
+        self.update_micro = MicroBatching(actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz,
+                                          actor.ppo_max_token_len_per_gpu)
+        self.log_prob = log_prob or self.update_micro
         self.logits_chunk_size = actor.logits_chunk_size
         self.router_replay = actor.router_replay
 
@@ -126,7 +135,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch) -> Batch:
         maybe_break("actor.compute_log_prob")
-        lp, ent = self._log_probs(batch, self.actor.ppo_micro_batch_size_per_gpu, with_entropy=True)
+        lp, ent = self._log_probs(batch, self.log_prob, with_entropy=True)
         mask = batch["response_mask"].float()
         return Batch({"old_log_probs": lp, "entropys": ent},
                      meta={"metrics": {"actor/entropy": float(masked_mean(ent, mask))}})
@@ -138,8 +147,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
         a = self.actor
         plan = UpdatePlan(
             epochs=a.ppo_epochs, mini_batch_rows=max(1, a.ppo_mini_batch_size * self.rollout_n // self.world_size),
-            micro_batch_size=a.ppo_micro_batch_size_per_gpu, loss_agg_mode=a.loss_agg_mode, grad_clip=a.grad_clip,
-            use_dynamic_bsz=a.use_dynamic_bsz, max_token_len=a.ppo_max_token_len_per_gpu,
+            micro=self.update_micro, loss_agg_mode=a.loss_agg_mode, grad_clip=a.grad_clip,
             shuffle_seed=self.seed + self.rank if a.shuffle else None,
             optimizer_offload=a.fsdp_config.optimizer_offload,
         )
@@ -202,7 +210,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
         if self.model.lora is None:
             raise RuntimeError("compute_ref_log_prob on the actor needs LoRA (full fine-tuning has a reference worker)")
         with self.model.lora.disabled():
-            lp, _ = self._log_probs(batch, self.actor.ppo_micro_batch_size_per_gpu, False)
+            lp, _ = self._log_probs(batch, self.log_prob, False)
         return Batch({"ref_log_prob": lp})
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
@@ -246,5 +254,8 @@ class RefWorker(_PolicyScorer):
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         maybe_break("ref.compute_log_prob")
-        lp, _ = self._log_probs(batch, self.ref.log_prob_micro_batch_size_per_gpu, False)
+        ref = self.ref  # its nulls settled by finalize (rlkit/config/micro_batch_sizes.py)
+        micro = MicroBatching(ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
+                              ref.log_prob_max_token_len_per_gpu)
+        lp, _ = self._log_probs(batch, micro, False)
         return Batch({"ref_log_prob": lp})

@@ -14,7 +14,7 @@ from rlkit.controller import Dispatch, Worker, register
 from rlkit.debug import maybe_break
 from rlkit.protocol import Batch
 from rlkit.workers.fsdp_model import FSDPModel
-from rlkit.workers.micro_batch import split_by_count
+from rlkit.workers.micro_batch import MicroBatching, in_row_order
 from rlkit.workers.model_inputs import ModelInputs
 from rlkit.workers.trainable import TrainableModelRole, UpdatePlan
 
@@ -51,10 +51,12 @@ class CriticWorker(Worker, TrainableModelRole):
     def compute_values(self, batch: Batch) -> Batch:
         maybe_break("critic.compute_values")
         self.model.module.eval()
+        c = self.critic
+        micro = MicroBatching(c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz, c.forward_max_token_len_per_gpu)
         with torch.no_grad():
-            micro = self.critic.ppo_micro_batch_size_per_gpu
-            vals = [self._values(mb).float().cpu() for mb in split_by_count(batch, micro)]
-        values = torch.cat(vals) * batch["response_mask"].float()
+            micros, order = micro.split(batch.select(["input_ids", "attention_mask", "position_ids", "responses"]))
+            values = in_row_order([self._values(mb).float().cpu() for mb in micros], order)
+        values = values * batch["response_mask"].float()
         return Batch({"values": values})
 
     @register(dispatch=Dispatch.DP_COMPUTE)
@@ -64,7 +66,8 @@ class CriticWorker(Worker, TrainableModelRole):
         plan = UpdatePlan(
             epochs=c.ppo_epochs or 1, mini_batch_rows=max(1, (c.ppo_mini_batch_size or 1) * self.rollout_n
                                                           // self.world_size),
-            micro_batch_size=c.ppo_micro_batch_size_per_gpu, loss_agg_mode=c.loss_agg_mode, grad_clip=c.grad_clip,
+            micro=MicroBatching(c.ppo_micro_batch_size_per_gpu, c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu),
+            loss_agg_mode=c.loss_agg_mode, grad_clip=c.grad_clip,
             optimizer_offload=c.fsdp_config.optimizer_offload,
         )
         return Batch(meta={"metrics": self.run_update(batch, plan, self._value_loss, "critic")})

@@ -119,6 +119,9 @@ class FSDPModel:
             model = getattr(transformers, auto_class).from_pretrained(model_path, config=config, **kwargs)
         elif value_head:
             config.num_labels = 1
+            # no dropout before the value head (transformers' default is 0.1): in train mode it would make the
+            # update's values differ from compute_values' and the gradient depend on how rows are micro-batched
+            config.classifier_dropout = 0.0
             model = AutoModelForTokenClassification.from_pretrained(model_path, config=config, **kwargs)
         else:
             model = AutoModelForCausalLM.from_pretrained(model_path, config=config, **kwargs)

@@ -2,22 +2,22 @@
 
 With FSDP every rank must run the same number of forward/backward passes (each
 pass all-gathers parameters), so dynamic micro-batches agree on the count
-across ranks and then balance tokens within it.
+across ranks and then balance tokens within it. A token budget regroups rows, so a forward-only
+pass (log-probs, values) puts its outputs back in the batch's row order (`MicroBatching.split`
+returns the order, `in_row_order` undoes it); an update needs no order: `loss_scales` weighs each
+micro-batch by what it holds, so the mini-batch loss does not depend on the grouping.
 """
 
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from rlkit.algo.run_needs import agg_unit
 from rlkit.protocol import Batch
-
-
-def split_by_count(batch: Batch, micro_batch_size: int) -> list[Batch]:
-    return batch.split(micro_batch_size)
 
 
 def _balanced_partitions(lengths: list[int], k: int) -> list[list[int]]:
@@ -31,18 +31,50 @@ def _balanced_partitions(lengths: list[int], k: int) -> list[list[int]]:
     return [sorted(m) for _, _, m in sorted(bins, key=lambda b: b[1]) if m]
 
 
-def split_by_tokens(batch: Batch, max_tokens: int, same_count_across_ranks: bool = True) -> list[Batch]:
-    """Micro-batches whose valid-token count stays under `max_tokens` (one long row may exceed it alone)."""
+def token_partitions(batch: Batch, max_tokens: int) -> list[list[int]]:
+    """Row indices of micro-batches of about `max_tokens` valid tokens each: as many as the tokens need
+    (at most one per row; the most any rank needs, so every rank runs as many forwards), balanced by
+    tokens (one long row may exceed the budget alone, and balancing may overshoot it a little)."""
     lengths = batch["attention_mask"].sum(-1).tolist()
     total = sum(lengths)
     k = min(max(1, -(-total // max_tokens)), max(1, len(lengths)))
-    if same_count_across_ranks and dist.is_initialized() and dist.get_world_size() > 1:
+    if dist.is_initialized() and dist.get_world_size() > 1:
         t = torch.tensor([k])
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         k = int(t.item())
     # DP shards have equal row counts, so k <= rows on every rank and no bin is empty
-    parts = _balanced_partitions(lengths, min(k, len(lengths)))
-    return [batch.index(p) for p in parts]
+    return _balanced_partitions(lengths, min(k, len(lengths)))
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How one pass cuts this rank's rows into forward calls: `rows` per call, or, with `use_dynamic_bsz`,
+    groups of about `max_token_len` valid tokens (verl's `*_use_dynamic_bsz` / `*_max_token_len_per_gpu`)."""
+
+    rows: int
+    use_dynamic_bsz: bool = False
+    max_token_len: int = 0
+
+    def split(self, batch: Batch) -> tuple[list[Batch], torch.Tensor | None]:
+        """The micro-batches, and the batch rows they hold in order (None: the rows kept their order)."""
+        if not self.use_dynamic_bsz:
+            return batch.split(self.rows), None
+        parts = token_partitions(batch, self.max_token_len)
+        return [batch.index(p) for p in parts], torch.tensor([i for p in parts for i in p])
+
+    def micro_batches(self, batch: Batch) -> list[Batch]:
+        """The micro-batches of an update (their order does not matter to the summed loss)."""
+        return self.split(batch)[0]
+
+
+def in_row_order(outputs: list[torch.Tensor], order: torch.Tensor | None) -> torch.Tensor:
+    """The micro-batches' outputs (dim 0 = their rows) concatenated back into the batch's row order."""
+    joined = torch.cat(outputs)
+    if order is None:
+        return joined
+    out = torch.empty_like(joined)
+    out[order] = joined
+    return out
 
 
 def balance_across_ranks(batch: Batch, world_size: int) -> torch.Tensor:

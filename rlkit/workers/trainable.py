@@ -25,7 +25,7 @@ import torch
 from rlkit.controller import Dispatch, register
 from rlkit.protocol import Batch
 from rlkit.workers.fsdp_model import FSDPModel
-from rlkit.workers.micro_batch import loss_scales, split_by_count, split_by_tokens
+from rlkit.workers.micro_batch import MicroBatching, loss_scales
 
 #: One micro-batch -> (its loss, aggregated over its own rows by the plan's loss_agg_mode; metrics to record).
 MicroLoss = Callable[[Batch], tuple[torch.Tensor, dict[str, float]]]
@@ -37,18 +37,11 @@ class UpdatePlan:
 
     epochs: int
     mini_batch_rows: int  # rows of this rank per optimizer step
-    micro_batch_size: int  # rows per forward/backward (when not use_dynamic_bsz)
+    micro: MicroBatching  # forward/backward calls per mini-batch: by rows or by a token budget
     loss_agg_mode: str  # how the loss averages: sets the micro-batch weights (`loss_scales`)
     grad_clip: float
-    use_dynamic_bsz: bool = False  # micro-batches bounded by max_token_len instead of a row count
-    max_token_len: int = 0
     shuffle_seed: int | None = None  # reshuffle the rows every epoch with this seed; None = keep their order
     optimizer_offload: bool = False  # optimizer state lives on the host between updates
-
-    def micro_batches(self, mini: Batch) -> list[Batch]:
-        if self.use_dynamic_bsz:
-            return split_by_tokens(mini, self.max_token_len)
-        return split_by_count(mini, self.micro_batch_size)
 
 
 class TrainableModelRole:
@@ -66,7 +59,7 @@ class TrainableModelRole:
         for _epoch in range(plan.epochs):
             data = batch.index(torch.randperm(len(batch), generator=gen)) if gen is not None else batch
             for mini in data.split(plan.mini_batch_rows):
-                micros = plan.micro_batches(mini)
+                micros = plan.micro.micro_batches(mini)
                 scales = loss_scales([mb["response_mask"] for mb in micros], plan.loss_agg_mode)
                 for mb, weight in zip(micros, scales):
                     loss, micro_metrics = loss_fn(mb)

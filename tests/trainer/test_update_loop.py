@@ -20,6 +20,7 @@ from rlkit.config.schema import FSDPConfig, OptimConfig
 from rlkit.protocol import Batch
 from rlkit.testing import save_tiny_model
 from rlkit.workers.fsdp_model import FSDPModel
+from rlkit.workers.micro_batch import MicroBatching
 from rlkit.workers.trainable import TrainableModelRole, UpdatePlan
 from tests.perf.test_forward_equivalence import RESPONSE, handmade_batch
 
@@ -69,10 +70,10 @@ def test_micro_batches_add_up_to_the_whole_mini_batch(process_group, model_path,
     batch = batch_of(12)
     looped, whole = make_role(model_path), make_role(model_path)
     before = copy.deepcopy(whole.model.module.state_dict())
-    plan = UpdatePlan(epochs=1, mini_batch_rows=12, micro_batch_size=5, loss_agg_mode=mode, grad_clip=1e9,
-                      use_dynamic_bsz=split == "tokens", max_token_len=60)
+    plan = UpdatePlan(epochs=1, mini_batch_rows=12, micro=MicroBatching(5, split == "tokens", max_token_len=60),
+                      loss_agg_mode=mode, grad_clip=1e9)
     metrics = looped.run_update(batch, plan, pg_loss(looped, mode), "test")
-    micros = len(plan.micro_batches(batch))
+    micros = len(plan.micro.micro_batches(batch))
     assert micros > 1 and len(metrics["test/loss"]) == micros
     assert len(metrics["test/grad_norm"]) == 1 and metrics["test/lr"] == [1e-2]
 
@@ -99,7 +100,7 @@ def test_epochs_and_mini_batches_set_the_steps_and_the_row_order(process_group, 
 
     def visited(shuffle_seed):
         role, seen = make_role(model_path, lr=1e-4), []
-        plan = UpdatePlan(epochs=2, mini_batch_rows=4, micro_batch_size=2, loss_agg_mode="token-mean",
+        plan = UpdatePlan(epochs=2, mini_batch_rows=4, micro=MicroBatching(2), loss_agg_mode="token-mean",
                           grad_clip=1.0, shuffle_seed=shuffle_seed)
         metrics = role.run_update(batch, plan, pg_loss(role, "token-mean", seen), "test")
         assert len(metrics["test/grad_norm"]) == 2 * 3  # epochs x mini-batches optimizer steps
