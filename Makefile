@@ -15,7 +15,7 @@ test: setup
 
 # the default suite without the end-to-end tests marked slow (learning runs, vLLM, cluster flows)
 test-fast: setup
-	@bash scripts/test.sh -m "not slow"
+	@RLKIT_TEST_MARK="not slow" bash scripts/test.sh
 
 lint: setup
 	@.venv/bin/ruff check .

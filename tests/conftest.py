@@ -20,12 +20,27 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the suite is calibrated in float32: on a CPU where bf16 is faster (AMX, AVX512-BF16), `param_dtype: auto` would
 # train in bf16 (rlkit/utils/cpu_precision.py); tests of the bf16 path set it themselves
 os.environ.setdefault("RLKIT_CPU_COMPUTE_DTYPE", "float32")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two test processes share the two cores: one torch thread each (Ray workers and CLI runs inherit it), or their
+    # OpenMP threads oversubscribe the cores and a run slows many times over
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+#: tests that bind the machine's default Ray ports (GCS 6379, dashboard 8265) as a user's `rlkit cluster up` does: the
+#: suite runs them after the others, alone (scripts/test.sh)
+SERIAL_DIRS = ("tests/debug/",)
 
 # property tests draw the same examples on every machine (CI fails on a bug, not on a lucky draw);
 # HYPOTHESIS_PROFILE=explore draws new ones, as a local bug hunt
 settings.register_profile("rlkit", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "rlkit"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        if any(str(item.path.relative_to(root)).startswith(d) for d in SERIAL_DIRS):
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ def test_compiled_layers_match_eager_and_compile_once(model_path):
     import torch._dynamo
 
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # count this test's graphs only, whatever ran before in this process
     eager = FSDPModel(str(model_path), FSDPConfig(), torch.device("cpu"))
     compiled = FSDPModel(str(model_path), FSDPConfig(), torch.device("cpu"), compile_layers=True)
     assert dict(compiled.module.named_parameters()).keys() == dict(eager.module.named_parameters()).keys()
