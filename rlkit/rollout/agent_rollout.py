@@ -81,7 +81,11 @@ class AgentRollout(RolloutBackend):
     def load_adapter(self, peft_config: dict, tensors: dict[str, torch.Tensor]) -> int:
         return self.backend.load_adapter(peft_config, tensors)
 
-    def sleep(self, level: int = 1) -> None:
+    @property
+    def asleep(self) -> frozenset[str]:  # type: ignore[override] - the wrapped engine's record, not a second one
+        return self.backend.asleep
+
+    def sleep(self, level: int | None = None) -> None:
         self.backend.sleep(level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:

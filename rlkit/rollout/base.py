@@ -28,9 +28,15 @@ from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.registry import Registry
 
+WAKE_ORDER = ("weights", "kv_cache")  # the parts an engine sleeps, in the order they wake
+SLEEP_PARTS = frozenset(WAKE_ORDER)
+
 
 class RolloutBackend(ABC):
     """One engine per worker process. Created once, then generate/sync/sleep/wake many times."""
+
+    #: the parts held asleep: the one record of the engine's sleep state (EngineLifecycle wakes what it names)
+    asleep: frozenset[str] = frozenset()
 
     #: whether consecutive workers may form one engine (rollout.tensor_model_parallel_size > 1)
     tensor_parallel: bool = False
@@ -51,12 +57,32 @@ class RolloutBackend(ABC):
         raise UserError(f"actor_rollout_ref.rollout.lora_sync=native needs an engine that loads LoRA adapters "
                         f"(vllm); {type(self).__name__} does not: use lora_sync=merge")
 
-    def sleep(self, level: int = 1) -> None:  # noqa: B027 - optional hook, a no-op by default
-        """Free what the engine can between rollouts (KV cache; level 2 also weights)."""
+    @property
+    def sleeping(self) -> bool:
+        """Whether any part (weights, KV cache) is asleep."""
+        return bool(self.asleep)
 
-    def wake_up(self, tags: list[str] | None = None) -> None:  # noqa: B027 - optional hook, a no-op by default
+    def sleep(self, level: int | None = None) -> None:
+        """Free what the engine can between rollouts (KV cache; level 2 also weights): every part is asleep after.
+        `level` None: the engine's configured level."""
+        if self.asleep == SLEEP_PARTS:
+            return
+        self._release(level)
+        self.asleep = SLEEP_PARTS
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
         """Undo `sleep` before the next generate; `tags` ("weights", "kv_cache") wakes one part, None all.
         The order (weights, load, KV cache) is `EngineLifecycle`'s (rlkit/rollout/lifecycle.py)."""
+        wake = [t for t in (tags or WAKE_ORDER) if t in self.asleep]
+        if wake:
+            self._restore(wake)
+            self.asleep = self.asleep - set(wake)
+
+    def _release(self, level: int | None) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """What `sleep` frees (the engine's own calls); the bookkeeping is `sleep`'s."""
+
+    def _restore(self, parts: list[str]) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """What `wake_up` brings back for `parts`, in that order."""
 
     def discards_weights(self, level: int) -> bool:
         """Whether `sleep(level)` forgets the weights, so they must be loaded again before generating."""

