@@ -3,9 +3,10 @@
     .venv/bin/python bench/peak.py                # all cores and one core -> bench/results/peak.json
     .venv/bin/python bench/peak.py --quick        # smaller sizes, fewer repeats (tests, ~10 s)
 
-`perf/mfu` in the training metrics divides the model FLOPs of a step by this peak
-(`rlkit.utils.flops.peak_flops`): fp32 or bf16 by the actor's compute dtype, per core
-times the cores the workers use. On a GPU the device's spec sheet peak is used instead.
+With `RLKIT_PEAK_FILE=bench/results/peak.json` (written on this machine), `perf/mfu` divides the
+model FLOPs of a step by this peak (`rlkit.utils.flops.peak_flops`): fp32 or bf16 by the actor's
+compute dtype, per core times the cores the workers use; without it, by the precision probe's
+rates measured on this machine. On a GPU the device's spec sheet peak is used instead.
 It also records the CPU's ISA (its bf16 flags) and bf16's speed-up over fp32, the question
 `param_dtype: auto` asks on CPU (rlkit/utils/cpu_precision.py, which times the same function,
 `rlkit.utils.matmul_timing.matmul_gflops`, at start-up and caches the answer per machine).

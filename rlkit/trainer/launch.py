@@ -165,6 +165,8 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
             summary.memory = {**(actor_memory(trainer.workers.actor) or {}), **moe_params(trainer.model_path)}
             summary.wall_s = time.perf_counter() - started  # type: ignore[attr-defined]
             summary.precision = precision_line(cfg)  # type: ignore[attr-defined]
+            meter = getattr(trainer, "mfu_meter", None)
+            summary.mfu_peak = meter.source if meter is not None else None  # type: ignore[attr-defined]
             console.print(summary_table(summary))
             return summary
         except BaseException as exc:
@@ -222,6 +224,8 @@ def summary_table(summary: Any) -> Table:
         table.add_row("wall time", f"{summary.wall_s:.0f}s")
     if hasattr(summary, "precision"):
         table.add_row("precision", summary.precision)
+    if getattr(summary, "mfu_peak", None):
+        table.add_row("perf/mfu peak", summary.mfu_peak)
     for what, value in memory_rows(getattr(summary, "memory", None)):
         table.add_row(what, value)
     for what, value in phase_memory_rows(getattr(summary, "memory_peaks", None)):

@@ -203,6 +203,19 @@ def choose(
         if forced not in ("float32", "bfloat16"):
             raise ValueError(f"${OVERRIDE_ENV}={forced!r}: use float32 or bfloat16 (or unset it to measure)")
         return PrecisionChoice(forced, 0.0, 0.0, threads, isa.describe(), f"${OVERRIDE_ENV}")
+    return measured_rates(threads, isa, cache_dir, measure_fn)
+
+
+def measured_rates(
+    threads: int | None = None,
+    isa: CpuIsa | None = None,
+    cache_dir: str | Path | None = None,
+    measure_fn: Callable[[int], tuple[float, float]] = measure,
+) -> PrecisionChoice:
+    """This machine's fp32 and bf16 matmul rates at `threads` (cached per machine, measured if absent) and the
+    dtype they decide, whatever the override says: `perf/mfu` divides by the rate of the dtype in use."""
+    isa = isa or read_isa()
+    threads = threads or torch.get_num_threads()
     path, key = cache_path(cache_dir), cache_key(isa, threads)
     hit = _read(path).get(key)
     if hit:

@@ -10,8 +10,9 @@ What `perf/mfu` counts: the tokens the step trained on (3 forwards each, times p
 and the tokens it scored without gradient (old log-probs, reference), both only the valid
 (non-pad) tokens. Generation is not counted (it is bound by memory bandwidth, not matmul
 throughput). The peak is, on GPU, the device's spec-sheet dense peak for the compute dtype
-(`GPU_PEAK_TFLOPS`); on CPU the matmul peak measured by `bench/peak.py` (per core, times the
-cores the workers use) or, when that file is absent, `DEFAULT_CPU_GFLOPS_PER_CORE`.
+(`GPU_PEAK_TFLOPS`); on CPU this machine's measured matmul rate for the dtype the actor computes in, at
+the workers' thread count: the precision probe's measurement (cached per machine), or a bench/peak.py
+file named by $RLKIT_PEAK_FILE. The run summary names the peak and where it came from.
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ GPU_PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     ("T4", {"bf16": 65.0, "fp32": 8.1}),  # fp16 tensor cores
 ]
 
-#: Used when bench/results/peak.json is absent: a conservative AVX2/AVX-512 core (fp32 ~ 2 FMA x 8-16 lanes x ~3 GHz).
-DEFAULT_CPU_GFLOPS_PER_CORE = {"fp32": 100.0, "bf16": 100.0}
-
+#: A peak file written by bench/peak.py on this machine (`RLKIT_PEAK_FILE=bench/results/peak.json`) replaces the
+#: precision probe's rates as the CPU peak; unset, the probe's cached measurement of this machine is used.
 PEAK_FILE_ENV = "RLKIT_PEAK_FILE"
-DEFAULT_PEAK_FILE = Path(__file__).resolve().parents[2] / "bench" / "results" / "peak.json"
+#: An unknown GPU (not in GPU_PEAK_TFLOPS): perf/mfu is then not meaningful and says so in its source.
+UNKNOWN_GPU_TFLOPS = 100.0
 
 
 # --------------------------------------------------------------- model FLOPs
@@ -128,39 +129,50 @@ def gpu_peak_flops(device_name: str, dtype: torch.dtype | str) -> float | None:
     return None
 
 
-def load_cpu_peak(path: str | Path | None = None) -> dict | None:
-    """bench/peak.py's JSON (or $RLKIT_PEAK_FILE), None when absent or unreadable."""
-    p = Path(path or os.environ.get(PEAK_FILE_ENV) or DEFAULT_PEAK_FILE)
+def load_cpu_peak(path: str | Path) -> dict | None:
+    """bench/peak.py's JSON, None when absent or unreadable."""
     try:
-        return json.loads(p.read_text())
+        return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
 
 
-def cpu_peak_flops(cores: float, dtype: torch.dtype | str = torch.float32, peak: dict | None = None) -> float:
-    """Matmul peak (FLOP/s) of `cores` CPU cores: the measured per-core peak, else the default."""
+def cpu_peak_flops(cores: float, dtype: torch.dtype | str, peak: dict) -> float | None:
+    """Matmul peak (FLOP/s) of `cores` CPU cores from a bench/peak.py file; None if it lacks this dtype."""
     key = _dtype_key(dtype)
-    peak = peak if peak is not None else load_cpu_peak()
-    per_core = None
-    if peak:
-        per_core = max(peak.get(f"{key}_gflops_per_core") or 0.0, (peak.get(f"{key}_gflops") or 0.0)
-                       / max(1, peak.get("cores") or 1))
-    per_core = per_core or DEFAULT_CPU_GFLOPS_PER_CORE[key]
-    return per_core * 1e9 * cores
+    per_core = max(peak.get(f"{key}_gflops_per_core") or 0.0,
+                   (peak.get(f"{key}_gflops") or 0.0) / max(1, peak.get("cores") or 1))
+    return per_core * 1e9 * cores if per_core else None
 
 
 def peak_flops(device: str, workers: int, dtype: torch.dtype | str, cores_per_worker: float = 1.0,
                device_name: str | None = None) -> tuple[float, str]:
-    """Peak FLOP/s of the whole run and where it came from ("spec:<gpu>", "measured", "default")."""
+    """Peak FLOP/s of the whole run and where it came from, for the summary ("spec sheet: <gpu>", ...).
+
+    On CPU: this machine's matmul rate at the workers' thread count for the dtype in use -- the precision
+    probe's measurement (rlkit/utils/cpu_precision.py, cached per machine), or bench/peak.py's file when
+    $RLKIT_PEAK_FILE names one -- times the workers that fit on the cores."""
+    key = _dtype_key(dtype)
     if device == "cuda":
         name = device_name or (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
         per = gpu_peak_flops(name, dtype)
         if per is not None:
-            return per * workers, f"spec:{name}"
-        return DEFAULT_CPU_GFLOPS_PER_CORE["fp32"] * 1e9 * workers, "default"  # unknown GPU: mfu is not meaningful
+            return per * workers, f"spec sheet: {name} {key}"
+        return UNKNOWN_GPU_TFLOPS * 1e12 * workers, f"unknown GPU {name!r}: a guess of {UNKNOWN_GPU_TFLOPS:g} TFLOP/s"
     cores = min(workers * cores_per_worker, float(os.cpu_count() or 1))
-    peak = load_cpu_peak()
-    return cpu_peak_flops(cores, dtype, peak), "measured" if peak else "default"
+    file = os.environ.get(PEAK_FILE_ENV)
+    peak = load_cpu_peak(file) if file else None
+    from_file = cpu_peak_flops(cores, dtype, peak) if peak else None
+    if from_file:
+        return from_file, f"{from_file / 1e9:.0f} GFLOP/s {key}, {cores:g} cores, from {file}"
+    from rlkit.utils.cpu_precision import measured_rates
+
+    threads = max(1, int(cores_per_worker))
+    rates = measured_rates(threads)
+    per_worker = (rates.fp32_gflops if key == "fp32" else rates.bf16_gflops) * 1e9
+    total = per_worker * cores / threads
+    return total, (f"{total / 1e9:.0f} GFLOP/s {key} = {cores / threads:g} x {per_worker / 1e9:.0f} at {threads} "
+                   f"thread(s), this CPU's matmul rate ({rates.reason}, precision probe)")
 
 
 def mfu(flops: float, seconds: float, peak: float) -> float:

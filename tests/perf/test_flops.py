@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -42,16 +43,32 @@ def test_meter_counts_the_phases_that_ran():
     assert meter(5e11, 2.0) == pytest.approx(0.25)
 
 
-def test_peak_from_the_measured_file_else_default(tmp_path, monkeypatch):
-    monkeypatch.setenv(flops.PEAK_FILE_ENV, str(tmp_path / "missing.json"))
-    peak, source = flops.peak_flops("cpu", workers=1, dtype=torch.float32, cores_per_worker=1)
-    assert source == "default" and peak == flops.DEFAULT_CPU_GFLOPS_PER_CORE["fp32"] * 1e9
+def test_cpu_peak_is_this_machines_rate_for_the_dtype_in_use(tmp_path, monkeypatch):
+    """Without a peak file: the precision probe's cached rates of this machine at the workers' thread count,
+    fp32 or bf16 by the dtype in use, whatever $RLKIT_CPU_COMPUTE_DTYPE pins (the tests pin float32)."""
+    from rlkit.utils import cpu_precision
+
+    monkeypatch.delenv(flops.PEAK_FILE_ENV, raising=False)
+    monkeypatch.setenv(cpu_precision.CACHE_ENV, str(tmp_path))
+    isa = cpu_precision.read_isa()
+    rates = {1: (50.0, 120.0), 2: (90.0, 230.0)}
+    for threads, (fp32, bf16) in rates.items():
+        cpu_precision.measured_rates(threads, isa, tmp_path, measure_fn=lambda t, r=(fp32, bf16): r)
+    assert cpu_precision.choose(2).reason.startswith("$")  # the override does not hide the measurement
+    peak, source = flops.peak_flops("cpu", workers=1, dtype=torch.bfloat16, cores_per_worker=2)
+    assert peak == pytest.approx(230e9) and "bf16" in source and "2 thread(s)" in source and "cached" in source
+    cores = min(2, os.cpu_count() or 1)  # two one-thread workers, if the machine has the cores
+    peak, _ = flops.peak_flops("cpu", workers=2, dtype=torch.float32, cores_per_worker=1)
+    assert peak == pytest.approx(cores * 50e9)
+
+
+def test_cpu_peak_from_a_bench_peak_file(tmp_path, monkeypatch):
     path = tmp_path / "peak.json"
     path.write_text(json.dumps({"cores": 2, "fp32_gflops": 150.0, "fp32_gflops_per_core": 90.0,
                                 "bf16_gflops": 60.0, "bf16_gflops_per_core": 40.0}))
     monkeypatch.setenv(flops.PEAK_FILE_ENV, str(path))
-    peak, source = flops.peak_flops("cpu", workers=1, dtype=torch.float32, cores_per_worker=2)
-    assert source == "measured" and peak == pytest.approx(2 * 90e9)
+    peak, source = flops.peak_flops("cpu", workers=1, dtype=torch.float32, cores_per_worker=min(2, os.cpu_count()))
+    assert peak == pytest.approx(min(2, os.cpu_count()) * 90e9) and str(path) in source
     peak, _ = flops.peak_flops("cpu", workers=1, dtype=torch.bfloat16, cores_per_worker=1)
     assert peak == pytest.approx(40e9)
 
@@ -62,7 +79,7 @@ def test_gpu_spec_peaks():
     assert flops.gpu_peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 19.5e12
     assert flops.gpu_peak_flops("Some Future GPU", torch.bfloat16) is None
     peak, source = flops.peak_flops("cuda", workers=8, dtype=torch.bfloat16, device_name="NVIDIA H200")
-    assert peak == 8 * 989e12 and source == "spec:NVIDIA H200"
+    assert peak == 8 * 989e12 and source == "spec sheet: NVIDIA H200 bf16"
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
