@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--beta", type=float, default=0.0)
     ap.add_argument("--micro", type=int, default=4, help="per_device_train_batch_size (grad accumulation fills 16)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="TRL's bf16=True: fp32 weights, bf16 autocast (its best precision where bf16 has kernels)")
     ap.add_argument("--gradient-checkpointing", action="store_true",
                     help="TRL's default; off here by default because it also turns off the KV cache in generate")
     args = ap.parse_args()
@@ -78,9 +80,9 @@ def main() -> None:
         beta=args.beta,
         max_steps=args.steps,
         use_cpu=True,
-        bf16=False,
+        bf16=args.bf16,  # on CPU: torch.autocast(cpu, bfloat16) around the forward, fp32 master weights
         fp16=False,
-        model_init_kwargs={"dtype": torch.float32},  # as rlkit trains on CPU
+        model_init_kwargs={"dtype": torch.float32},
         shuffle_dataset=False,
         logging_steps=1,
         save_strategy="no",

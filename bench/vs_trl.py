@@ -4,7 +4,13 @@
     .venv/bin/python bench/vs_trl.py --variants trl,rlkit-vllm --rounds 2
     .venv/bin/python bench/vs_trl.py --report bench/results/vs_trl.json   # print the table of a saved run
 
-Workload (both frameworks): SmolLM2-135M-Instruct (the converted local folder, fp32), the first
+Precision: each framework at its best on the CPU at hand. rlkit's actor uses `param_dtype: auto`
+(bf16 where this CPU's bf16 matmul measures >= 1.3x fp32, rlkit/utils/cpu_precision.py); the TRL rows
+`trl`, `trl-kl`, `trl-defaults` run with `bf16=True` (fp32 weights, bf16 autocast, what a TRL user on
+such a CPU sets) on the same measurement, float32 otherwise. `trl-fp32` / `trl-bf16` pin one precision
+(`--variants trl-fp32,trl-bf16,...` gives both rows); the table's header line says which ran.
+
+Workload (both frameworks): SmolLM2-135M-Instruct (the converted local folder, fp32 weights), the first
 20 GSM8K training prompts in order, 4 prompts x 4 samples per step, at most 128 new tokens,
 temperature 1.0 (no top-k/top-p), rlkit's gsm8k scorer as the reward, lr 1e-6 (constant),
 one optimizer step per generation batch, 5 steps; the KL variants add a frozen reference
@@ -62,6 +68,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "rlkit-vllm-async": ("rlkit", {"rollout": "vllm", "kl": 0.0, "extra": [
         "trainer.one_step_off_policy=true", "trainer.cpus_per_worker=1", "trainer.rollout_cpus_per_worker=1"]}),
     "trl-kl": ("trl", {"beta": KL_COEF}),
+    "trl-fp32": ("trl", {"beta": 0.0, "precision": "fp32"}),
+    "trl-bf16": ("trl", {"beta": 0.0, "precision": "bf16"}),
     "rlkit-vllm-kl": ("rlkit", {"rollout": "vllm", "kl": KL_COEF}),
     "rlkit-hf-kl": ("rlkit", {"rollout": "hf", "kl": KL_COEF}),
 }
@@ -121,7 +129,9 @@ def run_variant(name: str, model: str, data: Path, steps: int, out_dir: Path, tr
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
     if framework == "trl":
         assert trl_py is not None
-        cmd = [str(trl_py), str(BENCH / "_trl_worker.py"), "--beta", str(opts["beta"]), *opts.get("extra", [])]
+        bf16 = opts.get("precision", trl_best_precision()) == "bf16"
+        cmd = [str(trl_py), str(BENCH / "_trl_worker.py"), "--beta", str(opts["beta"]), *opts.get("extra", []),
+               *(["--bf16"] if bf16 else [])]
     else:
         cmd = [sys.executable, str(BENCH / "_rlkit_worker.py"), "--rollout", opts["rollout"],
                "--kl-coef", str(opts["kl"]), *opts.get("extra", [])]
@@ -204,15 +214,25 @@ def combine_rounds(per_round: list[dict[str, dict]]) -> dict[str, dict]:
     return out
 
 
+def trl_best_precision(threads: int = 2) -> str:
+    """bf16 (TRL's `bf16=True` autocast) where this CPU's bf16 matmul is measurably faster, else fp32: the same
+    measurement that makes rlkit's `param_dtype: auto` choose, ignoring an override of rlkit's own choice."""
+    from rlkit.utils.cpu_precision import measured_rates
+
+    return "bf16" if measured_rates(threads).dtype == "bfloat16" else "fp32"
+
+
 def precision_meta(threads: int = 2) -> dict:
-    """The ISA and the dtypes each side computes in (the table prints them): TRL loads the model in fp32;
-    rlkit's actor uses `param_dtype: auto` (measured once per machine), its engine `rollout.dtype`."""
+    """The ISA and the dtypes each side computes in (the table prints them): TRL at its best precision on this
+    CPU (fp32 weights; bf16 autocast where bf16 is faster); rlkit's actor `param_dtype: auto`, its engine
+    `rollout.dtype`."""
     from rlkit.config.rollout import RolloutConfig
     from rlkit.rollout.base import engine_dtype
     from rlkit.utils.cpu_precision import plan_row, read_isa
 
     engine = f"{RolloutConfig.dtype} -> {engine_dtype(RolloutConfig.dtype, on_gpu=False)}"
-    return {"isa": read_isa().describe(), "trl_dtype": "float32",
+    trl = "bf16 autocast (bf16=True)" if trl_best_precision(threads) == "bf16" else "float32"
+    return {"isa": read_isa().describe(), "trl_dtype": f"{trl} on trl/trl-kl/trl-defaults",
             "rlkit_actor_dtype": plan_row("auto", "cpu", threads=threads), "rlkit_engine_dtype": engine}
 
 
