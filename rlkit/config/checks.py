@@ -7,6 +7,7 @@ the layers that own the registries; they reach `finalize` as hooks (rlkit.traine
 
 from __future__ import annotations
 
+from rlkit.config.profiler import RoleProfilerConfig, check_profiler
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
 
@@ -59,10 +60,19 @@ def check_config(cfg: RLConfig) -> None:
     if cfg.actor_rollout_ref.rollout.multi_turn.enable and not cfg.data.return_raw_chat:
         raise UserError("actor_rollout_ref.rollout.multi_turn.enable renders each prompt's chat messages with the "
                         "tool schemas, so it needs data.return_raw_chat=true")
+    check_profiler(cfg.global_profiler, profiled_roles(cfg), cfg.trainer.device)
     model = cfg.actor_rollout_ref.model
     if model.fused_lm_head and not model.response_logits_only:
         raise UserError("actor_rollout_ref.model.fused_lm_head=true needs actor_rollout_ref.model.response_logits_only="
                         "true (the fused head computes the response tokens' log-probs only)")
+
+
+def profiled_roles(cfg: RLConfig) -> dict[str, RoleProfilerConfig]:
+    """Each role section's `profiler`, by its config key."""
+    arr = cfg.actor_rollout_ref
+    return {"actor_rollout_ref.actor": arr.actor.profiler, "actor_rollout_ref.ref": arr.ref.profiler,
+            "actor_rollout_ref.rollout": arr.rollout.profiler, "critic": cfg.critic.profiler,
+            "reward_model": cfg.reward_model.profiler}
 
 
 def check_sequence_parallel(cfg: RLConfig) -> None:

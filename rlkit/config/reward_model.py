@@ -23,6 +23,7 @@ from typing import Any
 
 from rlkit.config.fsdp import FSDPConfig
 from rlkit.config.judge import JudgeConfig
+from rlkit.config.profiler import RoleProfilerConfig
 
 
 def f(default: Any = None, help: str = "", factory: Any = None) -> Any:  # noqa: A002
@@ -104,3 +105,5 @@ class RewardModelConfig:
         help="DAPO overlong shaping after scoring (any reward manager): linear penalty over the last `len` "
         "tokens before data.max_response_length, down to -penalty_factor; log: add reward_extra/overlong_reward",
     )
+    profiler: RoleProfilerConfig = f(factory=RoleProfilerConfig, help="classifier: trace the RM role at "
+                                     "global_profiler.steps")

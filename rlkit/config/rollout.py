@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from rlkit.config.agent import MultiTurnConfig
+from rlkit.config.profiler import RoleProfilerConfig
 from rlkit.errors import UserError
 
 DTYPES = ("auto", "bfloat16", "float32", "float16")
@@ -114,6 +115,7 @@ class RolloutConfig:
     max_lora_rank: int = 0  # set from actor_rollout_ref.model.lora_rank (native sync: the engine's LoRA slots)
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # agent loop with tools (docs/agents.md)
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)  # trace at global_profiler.steps
 
     def __post_init__(self) -> None:
         if isinstance(self.val_kwargs, dict):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlkit.config.fsdp import FSDPConfig
+from rlkit.config.profiler import GlobalProfilerConfig, RoleProfilerConfig
 from rlkit.config.reward_model import RewardModelConfig
 from rlkit.config.rollout import RolloutConfig
 
@@ -120,6 +121,7 @@ class ActorConfig:
                             "token (routing replay; the engine returns routed_experts, docs/moe.md)")
     optim: OptimConfig = f(factory=OptimConfig, help="optimizer")
     fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings")
+    profiler: RoleProfilerConfig = f(factory=RoleProfilerConfig, help="trace this role at global_profiler.steps")
 
 
 @dataclass
@@ -134,6 +136,7 @@ class RefConfig:
                                                    "actor.ppo_max_token_len_per_gpu")
     ulysses_sequence_parallel_size: int = f(1, "sequence parallelism of the reference forward (as the actor's)")
     fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings of the frozen reference")
+    profiler: RoleProfilerConfig = f(factory=RoleProfilerConfig, help="trace this role at global_profiler.steps")
 
 
 @dataclass
@@ -175,6 +178,7 @@ class CriticConfig:
     loss_agg_mode: str = f("token-mean", "aggregation of the value loss")
     grad_clip: float = f(1.0, "max grad norm")
     fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings")
+    profiler: RoleProfilerConfig = f(factory=RoleProfilerConfig, help="trace this role at global_profiler.steps")
 
 
 @dataclass
@@ -299,6 +303,8 @@ class RLConfig:
     custom_reward_function: CustomRewardConfig = f(factory=CustomRewardConfig, help="your own reward")
     algorithm: AlgorithmConfig = f(factory=AlgorithmConfig, help="advantages, KL, DAPO")
     trainer: TrainerConfig = f(factory=TrainerConfig, help="loop, resources, checkpoints, logging")
+    global_profiler: GlobalProfilerConfig = f(factory=GlobalProfilerConfig, help="per-step torch profiler traces "
+                                              "of the worker calls (docs/performance.md)")
 
 
 #: keys that did nothing and were removed; naming one is an error that says what to do instead

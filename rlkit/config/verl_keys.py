@@ -18,9 +18,11 @@ from rlkit.config.verl_role_keys import (
     REPLAY_OFF,
     ROLLOUT,
     fsdp_rules,
+    global_profiler_rules,
     megatron_rules,
     model_rules,
     optim_rules,
+    profiler_rules,
     resume_path,
     role_common,
     rollout_engine,
@@ -199,8 +201,7 @@ def _rules() -> list[VerlKey]:
                "the frozen reward model is one FSDP2 group wrapped per decoder layer"),
         mapped("reward_model.model.fsdp_config.wrap_policy.**", "nothing to set: the frozen reward model is one "
                "FSDP2 group wrapped per decoder layer"),
-        refused("reward_model.profiler.**", "verl's per-role profiler (nsys/npu/torch) is not in rlkit: use "
-                "`rlkit debug stacks` or py-spy, and the phase timings in metrics.jsonl", switch="enable"),
+        *profiler_rules("reward_model"),
     ]
     # --- algorithm
     rules += [
@@ -244,8 +245,7 @@ def _rules() -> list[VerlKey]:
         refused("transfer_queue.**", "verl's transfer queue is not in rlkit: batches travel through Ray's object "
                 "store", switch="enable"),
         refused("skip.*.**", "skipping rollouts with dumped generations is not in rlkit", switch="enable"),
-        refused("global_profiler.**", "verl's profilers (nsys/npu/torch) are not in rlkit: use `rlkit debug "
-                "stacks`, py-spy, and the phase timings in metrics.jsonl", switch="tool"),
+        *global_profiler_rules(),
         refused("ray_kwargs.ray_init.num_cpus", "pass --num-cpus N to `rlkit train` (or start `rlkit cluster up "
                 "--num-cpus N`)"),
         refused("ray_kwargs.ray_init.runtime_env.**", "rlkit sets Ray's runtime env itself (the debugger's in "

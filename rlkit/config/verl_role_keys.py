@@ -214,8 +214,7 @@ def role_common(prefix: str, role: str) -> list[VerlKey]:
                 "remove it"),
         refused(f"{prefix}.checkpoint.strict", "rlkit loads checkpoints strictly", inert=only(True)),
         refused(f"{prefix}.checkpoint.mbridge_config", "Megatron bridge checkpoints are not in rlkit"),
-        refused(f"{prefix}.profiler.**", "verl's per-role profiler (nsys/npu/torch) is not in rlkit: use "
-                "`rlkit debug stacks` or py-spy, and the phase timings in metrics.jsonl", switch="enable"),
+        *profiler_rules(prefix),
         mapped(f"{prefix}.{{rollout_n,nccl_timeout,data_loader_seed,shuffle}}", "nothing to set: rollout.n, "
                "trainer.seed and actor.shuffle already say it, and torch.distributed's default timeout applies"),
         refused(f"{prefix}.loss_scale_factor", "rlkit normalises losses by loss_agg_mode alone; remove it"),
@@ -223,4 +222,50 @@ def role_common(prefix: str, role: str) -> list[VerlKey]:
                 "rollout of the same step; there are no route files"),
         refused(f"{prefix}.pad_to_length", "rlkit packs sequences (model.use_remove_padding) or trims padding; "
                 "remove it"),
+    ]
+
+
+PROFILER_HOOKS = ("copying traces elsewhere and running a command after profiling are not in rlkit: the traces are "
+                  "files under global_profiler.save_path; copy them yourself")
+
+
+def profiler_rules(prefix: str) -> list[VerlKey]:
+    """A role's `profiler` keys rlkit's schema does not hold (rlkit/config/profiler.py: enable, ranks, contents)."""
+    p = f"{prefix}.profiler"
+    return [
+        mapped(f"{p}.{{tool,save_path}}", "nothing to set: rlkit has one profiler per run, global_profiler.tool and "
+               "global_profiler.save_path"),
+        mapped(f"{p}.tool_config", "nothing to set: verl's older layout copies the actor's tool options here; rlkit "
+               "reads each role's own"),
+        mapped(f"{p}.tool_config.torch.discrete", "nothing to set: rlkit writes one trace per worker call (as verl's "
+               "discrete=true)"),
+        refused(f"{p}.tool_config.torch.schedule.**", "rlkit traces each step of global_profiler.steps whole: list "
+                "the steps there instead of a schedule"),
+        refused(f"{p}.tool_config.torch.{{profile_token_start,profile_token_end}}", "rlkit traces a rollout call "
+                "whole, not a token range; remove it"),
+        mapped(f"{p}.tool_config.torch_memory.**", "nothing to set: rlkit reads "
+               "global_profiler.global_tool_config.torch_memory"),
+        mapped(f"{p}.tool_config.{{nsys,npu}}.**", "nothing to set: read only by the nsys/npu tools, which rlkit "
+               "refuses"),
+        refused(f"{p}.tool_config.precision_debugger.**", "verl's precision debugger (msprobe, Ascend) is not in "
+                "rlkit: for non-finite values use `rlkit train --debug nan`"),
+        refused(f"{p}.{{relocate_results,finish_hook_cmd,finish_hook_all_ranks,finish_hook_ranks}}", PROFILER_HOOKS),
+    ]
+
+
+def global_profiler_rules() -> list[VerlKey]:
+    """`global_profiler` keys rlkit's schema does not hold (it holds tool, steps, save_path, torch_memory's options)."""
+    g = "global_profiler"
+    return [
+        refused(f"{g}.profile_continuous_steps", "rlkit writes one trace per worker call of each step in "
+                "global_profiler.steps; remove it"),
+        refused(f"{g}.{{relocate_results,finish_hook_cmd,finish_hook_all_ranks,finish_hook_ranks}}", PROFILER_HOOKS),
+        mapped(f"{g}.global_tool_config.nsys.**", "nothing to set: read only by global_profiler.tool=nsys, which "
+               "rlkit refuses (torch traces show CUDA kernels too)"),
+        mapped(f"{g}.global_tool_config.torch_memory.stack_depth", "nothing to set: torch records whole stacks "
+               "(global_profiler.global_tool_config.torch_memory.stacks: python | all)"),
+        refused(f"{g}.global_tool_config.torch_memory.kw_args", "rlkit passes context, stacks and "
+                "trace_alloc_max_entries to torch.cuda.memory._record_memory_history; remove it"),
+        refused(f"{g}.global_tool_config.precision_debugger.**", "verl's precision debugger (msprobe, Ascend) is not "
+                "in rlkit: for non-finite values use `rlkit train --debug nan`"),
     ]

@@ -32,6 +32,7 @@ from rlkit.controller.worker import free_port, node_ip
 from rlkit.debug.breakpoints import set_step
 from rlkit.registry import extension_modules, import_plugins
 from rlkit.utils.memory_peak import PhasePeaks
+from rlkit.utils.profiling import ProfilePlan, StepProfiler
 
 # calls too small to be a phase of a step: their memory peaks would only add noise to the metrics
 UNMEASURED_METHODS = frozenset({"dispatch_info", "where", "memory_report"})
@@ -65,6 +66,9 @@ class _WorkerHost:
         import_plugins(plugins, strict=False)
         self._roles = {}
         self._peaks = PhasePeaks()  # each call's peak memory, popped by the driver once per step
+        self._step: int | None = None
+        # global_profiler: the listed steps' calls of the selected roles and ranks write a trace each
+        self._profiler = StepProfiler(ProfilePlan.from_env(), int(os.environ.get("RANK", "0")))
         for name, spec in roles.items():
             args = [self._sibling(name, a) for a in spec.args]
             kwargs = {k: self._sibling(name, v) for k, v in spec.kwargs.items()}
@@ -81,9 +85,10 @@ class _WorkerHost:
     def call(self, role: str, method: str, step: int | None, /, *args: Any, **kwargs: Any) -> Any:
         if step is not None:
             set_step(step)  # the driver's global step, for break_at's `step=` in whichever role runs
+            self._step = step
         if method in UNMEASURED_METHODS:
             return getattr(self._roles[role], method)(*args, **kwargs)
-        with self._peaks.measure(method):
+        with self._peaks.measure(method), self._profiler.around(role, method, self._step):
             return getattr(self._roles[role], method)(*args, **kwargs)
 
     def pop_memory_peaks(self) -> dict[str, dict[str, float]]:

@@ -29,6 +29,7 @@ from rlkit.models.lora import lora_enabled
 from rlkit.reward.model_styles import model_style
 from rlkit.rollout.lifecycle import InProcessRoute, ObjectStoreRoute, WeightRoute
 from rlkit.utils.memory_peak import phase_metrics
+from rlkit.utils.profiling import ProfilePlan
 
 TRAINER_GROUP, ROLLOUT_GROUP = "rlkit", "rlkit-rollout"  # Ray actor names: "rlkit:0", "rlkit-rollout:0"
 REWARD_GROUP = "rlkit-reward"  # reward_model.enable_resource_pool: the RM's own group
@@ -169,6 +170,27 @@ def _check_cpus(layout: Layout) -> None:
         )
 
 
+def profile_plan(cfg: RLConfig) -> ProfilePlan | None:
+    """`global_profiler` + each role's `profiler` as the worker processes read them (rlkit/utils/profiling.py);
+    None when off. The roles are the worker role names the groups build."""
+    from pathlib import Path
+
+    from rlkit.utils.profiling import RoleSelection
+
+    g = cfg.global_profiler
+    if g.tool is None:
+        return None
+    arr = cfg.actor_rollout_ref
+    sections = {"actor": arr.actor.profiler, "ref": arr.ref.profiler, "rollout": arr.rollout.profiler,
+                "critic": cfg.critic.profiler, "reward_model": cfg.reward_model.profiler}
+    roles = {name: RoleSelection(None if p.all_ranks else (list(p.ranks) or [0]), list(p.tool_config.torch.contents))
+             for name, p in sections.items() if p.enable}
+    memory = g.global_tool_config.torch_memory
+    return ProfilePlan(g.tool, list(g.steps or []), str(Path(g.save_path).expanduser().resolve()), roles,
+                       {"context": memory.context, "stacks": memory.stacks,
+                        "trace_alloc_max_entries": memory.trace_alloc_max_entries})
+
+
 def build_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env: dict | None = None) -> WorkerHandles:
     """Spawn the layout's groups, load every model (the rollout engines while the actor loads), and
     return the handles. Either layout; see the module docstring."""
@@ -181,11 +203,14 @@ def build_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env:
     if not gpu:
         _check_cpus(layout)
     groups: list[RayWorkerGroup] = []
+    profiling = profile_plan(cfg)
+    profile_env = profiling.to_env() if profiling is not None else {}
     try:
         for plan, roles in zip(layout.groups, role_specs(cfg, layout, model_path, total_steps)):
             pool = ResourcePool([plan.per_node] * plan.nnodes, use_gpu=gpu, cpus_per_process=plan.cpus_per_process,
                                 name=plan.pool)
-            groups.append(RayWorkerGroup(pool, roles, name_prefix=plan.name, runtime_env=runtime_env, env=plan.env))
+            groups.append(RayWorkerGroup(pool, roles, name_prefix=plan.name, runtime_env=runtime_env,
+                                         env={**plan.env, **profile_env}))
     except BaseException:
         for group in groups:
             group.shutdown()

@@ -12,7 +12,9 @@ threads per worker (trainer.cpus_per_worker=2) ran 10x slower when the cores wer
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,8 +153,14 @@ def test_ppo_with_a_critic_learns(toy_data, tiny_model, tmp_path):
         # path and seed it was calibrated on
         actor_rollout_ref__model__use_remove_padding=False,
         trainer__debug__check_batch_keys=True,  # every role's output against rlkit/batch_keys.py (no numerics change)
+        # verl's profiler keys (no numerics change): a torch trace of each actor / critic / rollout call of step 2
+        global_profiler__tool="torch", global_profiler__steps="[2]", global_profiler__save_path=str(tmp_path / "prof"),
+        actor_rollout_ref__actor__profiler__enable=True, critic__profiler__enable=True,
+        actor_rollout_ref__rollout__profiler__enable=True,
+        actor_rollout_ref__actor__profiler__tool_config__torch__contents="[cpu,shapes]",
     )
     summary, rows, _ = fit("ppo", overrides, tmp_path / "logs")
+    _check_traces(tmp_path / "prof")
     steps = train_rows(rows)
     scores = [r["critic/score/mean"] for r in steps]
     values = [r["critic/values/mean"] for r in steps]
@@ -162,3 +170,17 @@ def test_ppo_with_a_critic_learns(toy_data, tiny_model, tmp_path):
     assert "critic/vf_loss" in steps[-1] and "timing_s/update_critic" in steps[-1]
     assert last > first + 0.25
     assert abs(_mean(values[-20:]) - last) < 0.1  # the critic learned the value of the current policy
+
+
+def _check_traces(root: Path) -> None:
+    """global_profiler: one Chrome trace per worker call of the listed step, per enabled role, rank 0, that parses
+    and holds the call's torch ops (shapes recorded where asked)."""
+    assert sorted(p.name for p in root.iterdir()) == ["step_2"]
+    traces = {p.name.removesuffix(".pt.trace.json"): p for p in (root / "step_2").iterdir()}
+    for name in ("actor_rank0_update_actor", "critic_rank0_update_critic",
+                 "critic_rank0_compute_values", "rollout_rank0_generate_sequences"):
+        assert name in traces, sorted(traces)
+    events = json.loads(traces["actor_rank0_update_actor"].read_text())["traceEvents"]
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    assert any(e["name"] == "aten::mm" or e["name"] == "aten::addmm" for e in ops)
+    assert any("Input Dims" in e.get("args", {}) for e in ops)  # contents=[cpu,shapes]
