@@ -1,8 +1,7 @@
-"""Preference pairs: parquet rows (`prompt`, `chosen`, `rejected`) -> tokenized (prompt, chosen, rejected) triples.
+"""Preference pairs: parquet rows (`prompt`, `chosen`, `rejected`; rlkit.data.preference_schema) -> tokenized
+(prompt, chosen, rejected) triples and training batches.
 
-A row's prompt is a string (one user turn) or a list of {role, content} messages; chosen and rejected
-are strings or lists of assistant messages (TRL's standard and conversational formats). The prompt is
-rendered with the chat template and the generation prompt, as the policy sees it when it samples; a
+The prompt is rendered with the chat template and the generation prompt, as the policy sees it when it samples; a
 completion is what the template adds after that prefix for the reply (content + end of turn), so the
 pair scores exactly the tokens a rollout would have produced. A batch of B pairs travels as 2B rows in
 the RL layout (`prompts`, `responses`, `response_mask`, `input_ids`, ...): the chosen rows first, then
@@ -14,85 +13,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from rlkit.data.collation import left_pad
 from rlkit.data.dataset import PathLike, expand_files
-from rlkit.data.schema import ROLES, Problem, data_columns, read_table
+from rlkit.data.preference_schema import PREFERENCE_COLUMNS, SIDES, messages_of, read_preference_table, reply_of
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.utils.tokens import pad_token_id
 
 log = logging.getLogger(__name__)
 
-PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")
-SIDES = ("chosen", "rejected")
 
-
-def is_preference_table(table: pa.Table) -> bool:
-    """A file is read as preference pairs when it has both completion columns."""
-    return all(c in data_columns(table) for c in SIDES)
-
-
-# ------------------------------------------------------------------ validation
-def _messages(value: Any) -> list[dict[str, Any]] | None:
-    """A string or a message list as messages (None for anything else)."""
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    if isinstance(value, list) and all(isinstance(m, dict) for m in value):
-        return [{k: v for k, v in m.items() if v is not None or k in ("role", "content")} for m in value]
-    return None
-
-
-def _prompt_problems(row: int, value: Any) -> list[Problem]:
-    messages = _messages(value)
-    if messages is None:
-        return [Problem(row, "prompt", 'expected a string or a list of {"role", "content"} messages')]
-    if not messages or all(not (m.get("content") or "").strip() for m in messages):
-        return [Problem(row, "prompt", "is empty; every pair needs the prompt both completions answer")]
-    return [Problem(row, f"prompt[{j}].role", f"unknown role {m.get('role')!r}; use one of {', '.join(ROLES)}")
-            for j, m in enumerate(messages) if m.get("role") not in ROLES]
-
-
-def _side_problems(row: int, side: str, value: Any) -> list[Problem]:
-    if isinstance(value, str):
-        return [] if value.strip() else [Problem(row, side, "is empty; drop the row or give both completions")]
-    messages = _messages(value)
-    if messages is None:
-        return [Problem(row, side, 'expected a string or a list of {"role": "assistant", "content"} messages')]
-    if not messages or all(not (m.get("content") or "").strip() for m in messages):
-        return [Problem(row, side, "is empty; drop the row or give both completions")]
-    return [Problem(row, f"{side}[{j}].role", f"is {m.get('role')!r}; {side} holds the assistant's reply only "
-                    "(put earlier turns in prompt)") for j, m in enumerate(messages) if m.get("role") != "assistant"]
-
-
-def validate_preference_table(table: pa.Table) -> list[Problem]:
-    """Every problem of a preference file, with its row and column (as `rlkit.data.schema.validate_table`)."""
-    columns = data_columns(table)
-    problems = [Problem(None, c, f"column is missing; a preference file has {', '.join(PREFERENCE_COLUMNS)}")
-                for c in PREFERENCE_COLUMNS if c not in columns]
-    if table.num_rows == 0:
-        problems.append(Problem(None, None, "file has no rows; regenerate it or drop it from the file list"))
-    if problems:
-        return problems
-    for row, record in enumerate(table.select(list(PREFERENCE_COLUMNS)).to_pylist()):
-        problems.extend(_prompt_problems(row, record["prompt"]))
-        for side in SIDES:
-            problems.extend(_side_problems(row, side, record[side]))
-    return problems
-
-
-def _reply(value: Any) -> list[dict[str, Any]]:
-    """A validated completion as assistant messages."""
-    return [{"role": "assistant", "content": value}] if isinstance(value, str) else _messages(value) or []
-
-
-# ------------------------------------------------------------------ tokenization
 @dataclass(frozen=True)
 class Pair:
     prompt: np.ndarray  # int32 token ids, chat-templated with the generation prompt
@@ -149,10 +84,10 @@ class PreferenceDataset:
         return ids + ([self.eos_token_id] if self.eos_token_id is not None else [])
 
     def _tokenize(self, record: dict[str, Any]) -> Pair:
-        prompt = _messages(record["prompt"]) or []
+        prompt = messages_of(record["prompt"]) or []
         prompt_text = self._render(prompt, generation_prompt=True)
         prompt_ids = self._ids(prompt_text)
-        sides = [self._completion(prompt, prompt_text, _reply(record[s])) for s in SIDES]
+        sides = [self._completion(prompt, prompt_text, reply_of(record[s])) for s in SIDES]
         if len(prompt_ids) > self.max_prompt_length or any(len(s) > self.max_response_length for s in sides):
             self.num_truncated += 1
         prompt_ids = prompt_ids[-self.max_prompt_length:]
@@ -195,13 +130,3 @@ def split_sides(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(2B, ...) rows of a pairs batch -> (chosen (B, ...), rejected (B, ...))."""
     half = values.shape[0] // 2
     return values[:half], values[half:]
-
-
-def read_preference_table(path: str | Path) -> pa.Table:
-    """A preference file, refused with its first problem (one line naming the row and column) when invalid."""
-    table = read_table(path)
-    errors = [p for p in validate_preference_table(table) if p.is_error]
-    if errors:
-        more = f" (and {len(errors) - 1} more; see `rlkit data inspect {path}`)" if len(errors) > 1 else ""
-        raise UserError(f"{path}: {errors[0]}{more}")
-    return table
