@@ -3,9 +3,9 @@
 
 The prompt is rendered with the chat template and the generation prompt, as the policy sees it when it samples; a
 completion is what the template adds after that prefix for the reply (content + end of turn), so the
-pair scores exactly the tokens a rollout would have produced. A batch of B pairs travels as 2B rows in
-the RL layout (`prompts`, `responses`, `response_mask`, `input_ids`, ...): the chosen rows first, then
-the rejected rows, so the actor's and the reference's log-prob passes read it as they read a rollout.
+pair scores exactly the tokens a rollout would have produced. A batch of B pairs is B rows whose tensors hold
+the chosen then the rejected sequence side by side (`pairs_batch`), so micro-batching keeps a pair together;
+`as_sequences` unfolds them into 2B rows in the RL layout for the policy's and the reference's forward.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from rlkit.utils.tokens import pad_token_id
 
 log = logging.getLogger(__name__)
 
+#: what a policy forward reads of a pair row, per side
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+
 
 @dataclass(frozen=True)
 class Pair:
@@ -38,16 +41,21 @@ class Pair:
 class PreferenceDataset:
     """Pairs from one or more parquet files, validated, chat-templated and tokenized at load time.
 
-    Prompts over `max_prompt_length` tokens keep their end (the question is usually last), completions
-    over `max_response_length` keep their start; both are counted and logged.
+    A prompt over `max_prompt_length` tokens keeps its end (the question is usually last); a completion keeps its
+    start, cut so that prompt + completion fit `max_length`. `truncation="error"` refuses such a pair instead,
+    naming its file and row; other values cut, and the count is logged.
     """
 
     def __init__(self, files: PathLike | Sequence[PathLike], tokenizer: Any, max_prompt_length: int = 512,
-                 max_response_length: int = 512, chat_template: str | None = None,
+                 max_length: int = 1024, truncation: str = "right", chat_template: str | None = None,
                  max_samples: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.max_prompt_length = int(max_prompt_length)
-        self.max_response_length = int(max_response_length)
+        self.max_length = int(max_length)
+        if not 0 < self.max_prompt_length < self.max_length:
+            raise UserError(f"max_prompt_length={max_prompt_length} must be > 0 and below max_length={max_length} "
+                            "(room for the completion)")
+        self.truncation = truncation
         self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
         if not self.chat_template:
             raise UserError("the tokenizer has no chat template; use a chat model's tokenizer or set a chat_template")
@@ -61,11 +69,11 @@ class PreferenceDataset:
             table = read_preference_table(path)
             if max_samples is not None:
                 table = table.slice(0, max_samples - len(self.pairs))
-            for record in table.select(list(PREFERENCE_COLUMNS)).to_pylist():
-                self.pairs.append(self._tokenize(record))
+            for row, record in enumerate(table.select(list(PREFERENCE_COLUMNS)).to_pylist()):
+                self.pairs.append(self._tokenize(record, f"{path} row {row}"))
         if self.num_truncated:
-            log.warning("cut %d pairs to max_prompt_length=%d / max_response_length=%d tokens",
-                        self.num_truncated, self.max_prompt_length, self.max_response_length)
+            log.warning("cut %d pairs to max_prompt_length=%d / max_length=%d tokens", self.num_truncated,
+                        self.max_prompt_length, self.max_length)
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
@@ -83,28 +91,36 @@ class PreferenceDataset:
         ids = self._ids("".join(m.get("content") or "" for m in reply))
         return ids + ([self.eos_token_id] if self.eos_token_id is not None else [])
 
-    def _tokenize(self, record: dict[str, Any]) -> Pair:
+    def _tokenize(self, record: dict[str, Any], where: str) -> Pair:
         prompt = messages_of(record["prompt"]) or []
         prompt_text = self._render(prompt, generation_prompt=True)
         prompt_ids = self._ids(prompt_text)
         sides = [self._completion(prompt, prompt_text, reply_of(record[s])) for s in SIDES]
-        if len(prompt_ids) > self.max_prompt_length or any(len(s) > self.max_response_length for s in sides):
+        longest = len(prompt_ids) + max(len(s) for s in sides)
+        if len(prompt_ids) > self.max_prompt_length or longest > self.max_length:
+            if self.truncation == "error":
+                raise UserError(f"{where}: prompt + completion take {longest} tokens (prompt {len(prompt_ids)}), "
+                                f"over max_length={self.max_length} / max_prompt_length={self.max_prompt_length}; "
+                                "raise them or set data.truncation=right to cut")
             self.num_truncated += 1
         prompt_ids = prompt_ids[-self.max_prompt_length:]
-        chosen, rejected = (np.asarray(s[: self.max_response_length], dtype=np.int32) for s in sides)
+        room = self.max_length - len(prompt_ids)
+        chosen, rejected = (np.asarray(s[:room], dtype=np.int32) for s in sides)
         return Pair(np.asarray(prompt_ids, dtype=np.int32), chosen, rejected)
 
     def __len__(self) -> int:
         return len(self.pairs)
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
-        """Pairs at `indices` as 2B rows in the RL layout: chosen rows first, then rejected (see module doc)."""
-        chosen = [self.pairs[int(i)] for i in indices]
-        return pairs_batch(chosen, self.pad_token_id)
+        """Pairs at `indices`, one row each (see `pairs_batch`)."""
+        return pairs_batch([self.pairs[int(i)] for i in indices], self.pad_token_id)
 
 
 def pairs_batch(pairs: Sequence[Pair], pad_id: int) -> Batch:
-    """2B rows: prompt left-padded to the longest prompt, completions right-padded to the longest completion."""
+    """One row per pair, so micro-batching never parts a pair: each tensor holds the chosen sequence then the
+    rejected one along dim 1, both in the RL layout (prompt left-padded to the longest prompt, completion
+    right-padded to the longest completion): `input_ids`, `attention_mask`, `position_ids` (B, 2S) and
+    `responses`, `response_mask` (B, 2R). `as_sequences` turns it into 2B rows for a forward."""
     prompts = [p.prompt for p in pairs] * 2
     responses = [p.chosen for p in pairs] + [p.rejected for p in pairs]
     width = max(len(p) for p in prompts)
@@ -116,17 +132,28 @@ def pairs_batch(pairs: Sequence[Pair], pad_id: int) -> Batch:
         response_ids[i, : len(r)] = torch.from_numpy(r.astype(np.int64))
         response_mask[i, : len(r)] = 1
     response_pos = prompt_pos[:, -1:] + torch.arange(1, length + 1).unsqueeze(0)
-    return Batch({
-        "prompts": prompt_ids,
+    rows = {
         "responses": response_ids,
         "response_mask": response_mask,
         "input_ids": torch.cat([prompt_ids, response_ids], dim=1),
         "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
         "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
-    })
+    }
+    return Batch({k: side_by_side(v) for k, v in rows.items()})
+
+
+def side_by_side(rows: torch.Tensor) -> torch.Tensor:
+    """(2B, L) rows, chosen first -> (B, 2L) pair rows: chosen ++ rejected."""
+    chosen, rejected = rows.chunk(2)
+    return torch.cat([chosen, rejected], dim=1)
 
 
 def split_sides(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(2B, ...) rows of a pairs batch -> (chosen (B, ...), rejected (B, ...))."""
-    half = values.shape[0] // 2
-    return values[:half], values[half:]
+    """(B, 2L) pair rows -> (chosen (B, L), rejected (B, L))."""
+    chosen, rejected = values.chunk(2, dim=1)
+    return chosen, rejected
+
+
+def as_sequences(pairs: Batch, keys: Sequence[str] = SEQUENCE_KEYS) -> Batch:
+    """Pair rows -> 2B sequence rows in the RL layout (the b chosen first, then the b rejected), for a forward."""
+    return Batch({k: torch.cat(split_sides(pairs[k]), dim=0) for k in keys})

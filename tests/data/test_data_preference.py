@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rlkit.data.preference import PreferenceDataset, split_sides
+from rlkit.data.preference import PreferenceDataset, as_sequences, split_sides
 from rlkit.errors import UserError
 
 
@@ -31,27 +31,32 @@ def test_strings_and_messages_tokenize_as_the_policy_sees_them(tokenizer, write_
     assert second.rejected.tolist() == ids(tokenizer, "6 .") + [end]
 
     batch = data.get_batch([0, 1])
-    assert len(batch) == 4  # chosen rows, then rejected rows
-    mask = batch["response_mask"]
-    assert mask.sum(-1).tolist() == [3, 2, 4, 3]
-    chosen, rejected = split_sides(batch["responses"])
-    assert chosen[0, :3].tolist() == first.chosen.tolist() and rejected[1, :3].tolist() == second.rejected.tolist()
-    # the RL layout: left-padded prompt ++ right-padded response, positions continue over the real tokens
-    width = batch["prompts"].shape[1]
-    assert torch.equal(batch["input_ids"][:, width:], batch["responses"])
-    assert torch.equal(batch["attention_mask"][:, width:], mask)
-    real = batch["attention_mask"][0].bool()
-    assert batch["position_ids"][0][real].tolist() == list(range(int(real.sum())))
+    assert len(batch) == 2  # one row per pair: micro-batches never part a pair
+    chosen_mask, rejected_mask = split_sides(batch["response_mask"])
+    assert chosen_mask.sum(-1).tolist() == [3, 2] and rejected_mask.sum(-1).tolist() == [4, 3]
+    rows = as_sequences(batch)  # 2B rows in the RL layout, the chosen first
+    assert len(rows) == 4 and rows["response_mask"].sum(-1).tolist() == [3, 2, 4, 3]
+    assert rows["responses"][0, :3].tolist() == first.chosen.tolist()
+    assert rows["responses"][3, :3].tolist() == second.rejected.tolist()
+    # left-padded prompt ++ right-padded response, positions continue over the real tokens
+    width = rows["input_ids"].shape[1] - rows["responses"].shape[1]
+    assert rows["input_ids"][2, :width].tolist()[-len(first.prompt):] == first.prompt.tolist()
+    assert torch.equal(rows["input_ids"][:, width:], rows["responses"])
+    assert torch.equal(rows["attention_mask"][:, width:], rows["response_mask"])
+    real = rows["attention_mask"][0].bool()
+    assert rows["position_ids"][0][real].tolist() == list(range(int(real.sum())))
 
 
 def test_long_prompts_keep_their_end_and_long_completions_their_start(tokenizer, write_parquet):
     path = write_parquet([{"prompt": "copy the digits : 1 2 3 4 5 6", "chosen": "1 2 3 4 5 6", "rejected": "1"}])
-    data = PreferenceDataset(path, tokenizer, max_prompt_length=4, max_response_length=3)
+    data = PreferenceDataset(path, tokenizer, max_prompt_length=4, max_length=7)
     pair = data.pairs[0]
     full = ids(tokenizer, "<|im_start|> user copy the digits : 1 2 3 4 5 6 <|im_end|> <|im_start|> assistant ")
     assert pair.prompt.tolist() == full[-4:]
-    assert pair.chosen.tolist() == ids(tokenizer, "1 2 3")
+    assert pair.chosen.tolist() == ids(tokenizer, "1 2 3")  # 4 + 3 = max_length
     assert data.num_truncated == 1
+    with pytest.raises(UserError, match=rf"^{path} row 0: prompt \+ completion take 22 tokens \(prompt 15\)"):
+        PreferenceDataset(path, tokenizer, max_prompt_length=4, max_length=7, truncation="error")
 
 
 @pytest.mark.parametrize(("row", "message"), [
