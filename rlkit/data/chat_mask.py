@@ -6,10 +6,11 @@ The rule (docs/sft.md): the model trains on the text of the whole conversation a
 For assistant turn i the template is asked twice: `G` = the turns before it with the generation prompt, `H` = the
 turns up to and including it. The turn's own text is `H` after its common prefix with `G`. When `F` starts with
 `H` (the usual case) that text sits in `F` at the same place. A template may rewrite earlier turns once later
-ones exist (Qwen3 drops the reasoning of past assistant turns): then the turn's text is aligned to `F` by a
-character diff of `H` against `F`, and only the characters of the turn that `F` still holds count (the reasoning
-the final rendering drops is not trained; what it keeps is). Tokens are mapped from characters with the
-tokenizer's offsets: a token is trained when its last character belongs to an assistant turn.
+ones exist, shortening them (Qwen3 drops the reasoning of past assistant turns): then the turn's text is aligned
+by a character diff of `H` against the first len(H) characters of `F`, and only the characters of the turn that
+`F` still holds count (the reasoning the final rendering drops is not trained; what it keeps is). Tokens are
+mapped from characters with the tokenizer's offsets: a token is trained when its last character belongs to an
+assistant turn.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ def assistant_spans(tokenizer: Any, messages: Sequence[Mapping[str, Any]], full:
         if full.startswith(upto):
             spans.append((start, len(upto)))
             continue
-        matcher = difflib.SequenceMatcher(None, upto, full, autojunk=False)
+        # the rewritten conversation up to this turn is no longer than `upto`: align within that window, so the
+        # turn's text cannot match a later turn of `full`
+        matcher = difflib.SequenceMatcher(None, upto, full[: len(upto)], autojunk=False)
         for a, b, size in matcher.get_matching_blocks():
             lo, hi = max(a, start), a + size
             if hi > lo:
