@@ -68,7 +68,7 @@ class SFTDataset:
         d = self.data
         names = data_columns(table)
         if d.messages_key in names:
-            convs = [[_clean_message(m) for m in row or []] for row in table.column(d.messages_key).to_pylist()]
+            convs = [[_message(m) for m in row or []] for row in table.column(d.messages_key).to_pylist()]
             what = f"column '{d.messages_key}'"
         elif d.prompt_key in names and d.response_key in names:
             prompts = table.column(d.prompt_key).to_pylist()
@@ -160,6 +160,14 @@ def _text(value: Any, keys: Any, what: str, path: Path, row: int) -> str:
                             "keys whose text to use")
         return "".join(str(value.get(k, "")) for k in keys)
     return "" if value is None else str(value)
+
+
+def _message(msg: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored message as the chat template takes it: absent fields dropped, tool calls stored as JSON decoded."""
+    out = _clean_message(msg)
+    if isinstance(out.get("tool_calls"), str):
+        out["tool_calls"] = json.loads(out["tool_calls"])
+    return out
 
 
 def _tools(value: Any, path: Path, row: int) -> Any:
