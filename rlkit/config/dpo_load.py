@@ -9,7 +9,6 @@ the trainer layer, which owns the registry.
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any
 
 from rlkit.config.dpo_schema import DPOConfig
 from rlkit.config.load import ConfigSpace, compose_config
@@ -26,9 +25,12 @@ CONVERSATION_KEYS = ("messages_key", "tools_key", "enable_thinking_key", "enable
                      "response_key", "prompt_dict_keys", "response_dict_keys")
 
 
-def load_dpo_config(overrides: list[str] | None = None, config_file: str | None = None, **kwargs: Any) -> DPOConfig:
-    """The validated, finalized DPO config (keywords as `load_sft_config`)."""
-    cfg = compose_config(None, overrides, config_file, space=DPO_SPACE, **kwargs)
+def load_dpo_config(overrides: list[str] | None = None, config_file: str | None = None,
+                    config_path: str | None = None, config_name: str | None = None,
+                    notices: list[str] | None = None) -> DPOConfig:
+    """The validated, finalized DPO config (arguments as `load_sft_config`'s)."""
+    cfg = compose_config(None, overrides, config_file, config_path=config_path, config_name=config_name,
+                         notices=notices, space=DPO_SPACE)
     finalize_dpo(cfg)
     return cfg
 

@@ -54,14 +54,16 @@ def sft_preflight(cfg: SFTConfig, allow_download: bool = False) -> list[str]:
     return [f"{len(files)} data file(s)", f"model {model}"]
 
 
-def run_sft(cfg: SFTConfig, opts: Any, console: Console | None = None) -> Any:
-    """Run an SFT job; returns the FitSummary (TrainingInterrupted on Ctrl-C / SIGTERM, as `rlkit train grpo`)."""
+def run_sft(cfg: SFTConfig, opts: Any, console: Console | None = None, trainer_cls: type | None = None,
+            plan: Table | None = None) -> Any:
+    """Run an SFT job (`trainer_cls`: a trainer on the SFT layout, e.g. DPO's, with its `plan`); returns the
+    FitSummary (TrainingInterrupted on Ctrl-C / SIGTERM, as `rlkit train grpo`)."""
     from rlkit.trainer.launch import actor_memory, run_fit
     from rlkit.trainer.sft_trainer import SFTTrainer
     from rlkit.utils.cpu_precision import resolved_param_dtype
 
     console = console or Console()
-    console.print(sft_plan(cfg))
+    console.print(plan or sft_plan(cfg))
     console.print("pre-flight ok: " + "; ".join(sft_preflight(cfg, allow_download=True)), soft_wrap=True,
                   markup=False)
 
@@ -70,4 +72,4 @@ def run_sft(cfg: SFTConfig, opts: Any, console: Console | None = None) -> Any:
         t = cfg.trainer
         summary.precision = str(resolved_param_dtype(cfg.engine.param_dtype, t.device, max(1, int(t.cpus_per_worker))))
 
-    return run_fit(cfg, opts, console, lambda: SFTTrainer(cfg), describe)
+    return run_fit(cfg, opts, console, lambda: (trainer_cls or SFTTrainer)(cfg), describe)

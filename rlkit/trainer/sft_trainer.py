@@ -61,15 +61,16 @@ def sft_role(cfg: SFTConfig, model_path: str, total_steps: int) -> ClassWithInit
 
 
 def build_sft_workers(cfg: SFTConfig, model_path: str, total_steps: int,
-                      runtime_env: dict | None = None) -> SFTWorkers:
-    """Spawn one SFT worker per device (or CPU process) and load the model on each."""
+                      runtime_env: dict | None = None, role: ClassWithInitArgs | None = None) -> SFTWorkers:
+    """Spawn one SFT worker per device (or CPU process) and load the model on each; `role`: another trainer's
+    worker on the same layout (DPO's), default the SFT worker."""
     from rlkit.trainer.workers_setup import use_gpu
 
     t = cfg.trainer
     pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu(cfg), cpus_per_process=t.cpus_per_worker,
                         name="sft_pool")
-    group = RayWorkerGroup(pool, {"model": sft_role(cfg, model_path, total_steps)}, name_prefix=SFT_GROUP,
-                           runtime_env=runtime_env)
+    role = role or sft_role(cfg, model_path, total_steps)
+    group = RayWorkerGroup(pool, {"model": role}, name_prefix=SFT_GROUP, runtime_env=runtime_env)
     workers = SFTWorkers([group], group.role("model"), world_size(cfg))
     try:
         workers.init_info["model"] = workers.model.init_model()
@@ -84,7 +85,6 @@ class SFTTrainer(TrainerBase):
 
     def __init__(self, cfg: SFTConfig, workers: Any = None, tracker: Any = None) -> None:
         from rlkit.data.sampler import RLDataLoader
-        from rlkit.data.sft_dataset import SFTDataset
         from rlkit.models.loading import load_tokenizer
         from rlkit.models.resolve import resolve_model_path
 
@@ -92,9 +92,7 @@ class SFTTrainer(TrainerBase):
         d, t = cfg.data, cfg.trainer
         self.model_path = str(resolve_model_path(cfg.model.path))
         self.tokenizer = load_tokenizer(self.model_path)
-        thinking = thinking_default(d.enable_thinking_default)
-        self.train_set = SFTDataset(d.train_files, self.tokenizer, d, d.train_max_samples, thinking)
-        self.val_set = SFTDataset(d.val_files, self.tokenizer, d, d.val_max_samples, thinking) if d.val_files else None
+        self.train_set, self.val_set = self.load_data()
         self.train_loader = RLDataLoader(self.train_set, d.train_batch_size, shuffle=d.shuffle, seed=t.seed)
         if len(self.train_loader) == 0:
             from rlkit.errors import UserError
@@ -106,7 +104,19 @@ class SFTTrainer(TrainerBase):
         self.tracker = tracker
         self.global_step = 0
         self.ckpt_root = Path(t.default_local_dir).expanduser()
-        self.workers = workers or build_sft_workers(cfg, self.model_path, self.total_steps)
+        self.workers = workers or self.build_workers()
+
+    def load_data(self) -> tuple[Any, Any]:
+        """The training set and the validation set (None without data.val_files); a subclass reads other rows."""
+        from rlkit.data.sft_dataset import SFTDataset
+
+        d = self.cfg.data
+        thinking = thinking_default(d.enable_thinking_default)
+        train = SFTDataset(d.train_files, self.tokenizer, d, d.train_max_samples, thinking)
+        return train, (SFTDataset(d.val_files, self.tokenizer, d, d.val_max_samples, thinking) if d.val_files else None)
+
+    def build_workers(self) -> SFTWorkers:
+        return build_sft_workers(self.cfg, self.model_path, self.total_steps)
 
     # ------------------------------------------------------------------ step
     def run_step(self) -> dict[str, float]:

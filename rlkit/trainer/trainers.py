@@ -54,3 +54,31 @@ def _sft_check(cfg: Any) -> list[str]:
 
 TRAINERS.add("sft", TrainerEntry(_sft_load, _sft_plan, _sft_run, _sft_check,
                                  "supervised fine-tuning on conversations (verl's SFT keys; docs/sft.md)"))
+
+
+def _dpo_load(*args: Any, **kwargs: Any) -> Any:
+    from rlkit.config.dpo_load import load_dpo_config
+
+    return load_dpo_config(*args, **kwargs)
+
+
+def _dpo_plan(cfg: Any) -> Any:
+    from rlkit.trainer.dpo_launch import dpo_plan
+
+    return dpo_plan(cfg)
+
+
+def _dpo_run(cfg: Any, opts: Any, console: Any) -> Any:
+    from rlkit.trainer.dpo_launch import run_dpo
+
+    return run_dpo(cfg, opts, console)
+
+
+def _dpo_check(cfg: Any) -> list[str]:
+    from rlkit.trainer.dpo_launch import dpo_preflight
+
+    return dpo_preflight(cfg)
+
+
+TRAINERS.add("dpo", TrainerEntry(_dpo_load, _dpo_plan, _dpo_run, _dpo_check,
+                                 "preference optimisation on prompt/chosen/rejected pairs (TRL's losses; docs/dpo.md)"))
