@@ -15,10 +15,17 @@ from rlkit_cli.errors import friendly_errors
 DEBUG_MODES = {"on": "on", "post-mortem": "post-mortem", "postmortem": "post-mortem"}
 
 
+def trainer_names() -> str:
+    """The non-RL trainers with their one-line help, read from the registry (rlkit.trainer.trainers is light)."""
+    from rlkit.trainer.trainers import TRAINERS
+
+    return "; ".join(f"{name}, {TRAINERS.get(name).help}" for name in TRAINERS.names())
+
+
 def train(
     algo: str = typer.Argument(
-        None, help=f"Algorithm preset: {' | '.join(preset_names())}, or a trainer of its own: sft (verl's SFT keys, "
-        "docs/sft.md). Optional: without it the run starts from verl's main_ppo defaults and "
+        None, help=f"Algorithm preset: {' | '.join(preset_names())}, or a trainer of its own: {trainer_names()}. "
+        "Optional: without it the run starts from verl's main_ppo defaults and "
         "algorithm.adv_estimator (default gae) picks the algorithm.", show_default=False,
     ),
     overrides: list[str] = typer.Argument(
@@ -50,6 +57,7 @@ def train(
       verl.trainer.main_ppo` replaced by `rlkit train`; docs/verl.md)
       rlkit train sft data.train_files=~/data/gsm8k_sft/train.parquet model.path=./tiny (verl's `torchrun ... -m
       verl.trainer.fsdp_sft_trainer` / `verl.trainer.sft_trainer` replaced by `rlkit train sft`; docs/sft.md)
+      rlkit train dpo data.train_files=~/data/pairs/train.parquet model.path=./sft_model dpo.beta=0.1 (docs/dpo.md)
 
     verl's config keys are accepted: each is implemented, mapped to rlkit's equivalent (one line at start-up
     says what to what), or refused with one line saying why and what to use instead (docs/verl.md).
