@@ -176,6 +176,7 @@ def _two_rank_step(rank: int, store: str, payload: dict, results) -> None:
                 torch.testing.assert_close(state[name], want, rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_two_fsdp_workers_equal_one(toy_run, sft_toy, random_model, tmp_path):
     batch = varied_batch(toy_run)
     args = overrides(sft_toy, random_model, tmp_path, data__use_dynamic_bsz=False, data__micro_batch_size_per_gpu=2)
@@ -216,6 +217,7 @@ def resume_main(args: list[str]) -> None:
     in_process_trainer(args[1:]).fit()
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_continues_exactly(process_group, sft_toy, random_model, tmp_path):
     common = dict(trainer__total_training_steps=RESUME_STEPS, trainer__save_freq=1, data__val_files="null",
                   data__train_batch_size=8)
