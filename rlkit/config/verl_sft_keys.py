@@ -47,9 +47,10 @@ def _rules() -> list[VerlKey]:
         mapped("model.fsdp_config.wrap_policy.**", "rlkit's FSDP2 wraps each decoder layer (and the root)"),
         mapped("model.strategy", "FSDP2", derive=strategy),
         refused("model.lora_adapter_name", "rlkit's adapter has one name; remove it"),
-        refused("{ulysses_sequence_parallel_size,engine.ulysses_sequence_parallel_size}", "sequence parallelism is "
-                "not in rlkit's SFT trainer yet; use data.max_token_len_per_gpu and engine.param_offload to fit long "
-                "conversations", inert=only(1)),
+        *[refused(key, "sequence parallelism is not in rlkit's SFT trainer yet; use data.max_token_len_per_gpu and "
+                  "engine.param_offload to fit long conversations", inert=only(1))
+          for key in ("ulysses_sequence_parallel_size", "engine.ulysses_sequence_parallel_size")],
+        mapped("model.fused_kernel_options", "nothing to set: rlkit's fused LM head is pure torch"),
         mapped("use_remove_padding", PACKING),
     ]
     # --- engine (FSDP)

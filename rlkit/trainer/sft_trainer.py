@@ -21,6 +21,7 @@ from rlkit.trainer.step_metrics import reduce_worker_metrics
 from rlkit.trainer.trainer_base import TrainerBase
 from rlkit.utils.memory_peak import phase_metrics
 from rlkit.workers.micro_batch import MicroBatching, balance_across_ranks
+from rlkit.workers.sft_worker import step_loss
 
 SFT_GROUP = "rlkit-sft"  # Ray actor names: "rlkit-sft:0"
 
@@ -132,10 +133,12 @@ class SFTTrainer(TrainerBase):
         out = w.model.train_batch(batch)
         update_s = time.perf_counter() - start
         # 4. the row: the step's loss (token mean over every rank's micro-batches), lr, grad norm, throughput
-        metrics = reduce_worker_metrics(out.meta.get("metrics", {}))
+        worker_metrics = dict(out.meta.get("metrics", {}))
+        loss = step_loss(worker_metrics)
+        metrics = reduce_worker_metrics(worker_metrics)
         tokens = float(batch["attention_mask"].sum())
-        loss_tokens = float(batch["response_mask"].sum())
-        metrics.update({"train/tokens": tokens, "train/loss_tokens": loss_tokens,
+        metrics.update({"train/loss": loss, "train/tokens": tokens,
+                        "train/loss_tokens": float(batch["response_mask"].sum()),
                         "perf/tokens_per_s": tokens / max(update_s, 1e-9), "timing_s/update": update_s,
                         "training/epoch": self.train_loader.epoch, **w.memory_peaks()})
         return metrics

@@ -24,6 +24,12 @@ from rlkit.workers.model_inputs import ModelInputs
 from rlkit.workers.trainable import MicroLoss, TrainableModelRole, UpdatePlan
 
 LOSS_AGG = "token-mean"  # every assistant token of the step weighs the same, whichever conversation holds it
+NLL_SUM, LOSS_TOKENS = "train/nll_sum", "train/loss_tokens"  # per micro-batch; the step's loss is their ratio
+
+
+def step_loss(metrics: dict[str, list[float]]) -> float:
+    """The step's token-mean loss from every rank's micro-batch sums (removed from `metrics`)."""
+    return sum(metrics.pop(NLL_SUM)) / max(sum(metrics.pop(LOSS_TOKENS)), 1.0)
 
 
 class SFTWorker(Worker, TrainableModelRole):
@@ -63,13 +69,14 @@ class SFTWorker(Worker, TrainableModelRole):
     def _nll_loss(self) -> MicroLoss:
         def loss_fn(mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
             mask = mb["response_mask"].float().to(self.device)
-            loss = agg_loss(-self._forward(mb).log_probs, mask, LOSS_AGG)
-            return loss, {"train/loss": float(loss.detach())}
+            nll = -self._forward(mb).log_probs * mask
+            loss = agg_loss(nll, mask, LOSS_AGG)
+            return loss, {NLL_SUM: float(nll.detach().sum()), LOSS_TOKENS: float(mask.sum())}
         return loss_fn
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def train_batch(self, batch: Batch) -> Batch:
-        """One optimizer step on this rank's rows; `train/loss` per micro-batch (its own token mean)."""
+        """One optimizer step on this rank's rows; per micro-batch its NLL sum and loss tokens (`step_loss`)."""
         plan = UpdatePlan(epochs=1, mini_batch_rows=max(1, len(batch)), micro=self.micro, loss_agg_mode=LOSS_AGG,
                           grad_clip=self.optim.clip_grad, optimizer_offload=self.engine.optimizer_offload)
         metrics = self.run_update(batch, plan, self._nll_loss(), "train")
