@@ -70,11 +70,6 @@ class SFTModelConfig:
                                 "recomputed in backward (no tokens x vocab logits kept; docs/performance.md)")
     logits_chunk_size: int = f(1024, "rows of logits turned into log-probs at a time (bounds memory)")
 
-    @property
-    def fused_lm_head(self) -> bool:
-        """The name FSDPModel and the LoRA wrapper read."""
-        return self.use_fused_kernels
-
 
 @dataclass
 class SFTOptimConfig(OptimConfig):

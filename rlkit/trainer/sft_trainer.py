@@ -7,6 +7,7 @@ interrupts) is `TrainerBase`'s; a checkpoint holds the model under `actor/` as t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -50,8 +51,6 @@ class SFTWorkers:
 
 def sft_role(cfg: SFTConfig, model_path: str, total_steps: int) -> ClassWithInitArgs:
     """The SFT worker's constructor arguments: its sections, the model path resolved, the micro-batching."""
-    import dataclasses
-
     from rlkit.workers.sft_worker import SFTWorker
 
     d = cfg.data

@@ -78,3 +78,58 @@ def test_single_turn_columns_and_bad_rows(tmp_path):
         SFTDataset(no_answer, tok, SFTDataConfig(messages_key="conversation"))
     with pytest.raises(UserError, match=r"row 0: \d+ tokens > data.max_length=4"):
         SFTDataset(no_answer, tok, SFTDataConfig(max_length=4))
+
+
+def cli(*args):
+    from typer.testing import CliRunner
+
+    from rlkit_cli.main import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_data_messages_and_gsm8k_sft_files_inspect_clean_and_load(tmp_path):
+    import json
+
+    lines = [{"messages": [{"role": "user", "content": "copy 1"}, {"role": "assistant", "content": "1"}]},
+             {"messages": [{"role": "user", "content": "2 + 2"},
+                           {"role": "assistant", "content": "", "tool_calls": [
+                               {"type": "function", "function": {"name": "calculator", "arguments": {"x": "2+2"}}}]},
+                           {"role": "tool", "content": "4"}, {"role": "assistant", "content": "4"}],
+              "tools": [{"type": "function", "function": {"name": "calculator", "parameters": {}}}]}]
+    src = tmp_path / "chats.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    res = cli("data", "messages", src, "--out", tmp_path / "chats", "--test-size", "1")
+    assert res.exit_code == 0, res.output
+    for split in ("train", "test"):
+        res = cli("data", "inspect", tmp_path / "chats" / f"{split}.parquet")
+        assert res.exit_code == 0 and "valid:" in res.output, res.output
+    ds = SFTDataset(tmp_path / "chats" / "test.parquet", build_tiny_tokenizer(), SFTDataConfig())
+    assert ds.row(0)[1].sum() > 0
+
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    res = cli("data", "messages", src, "--out", tmp_path / "bad")
+    assert res.exit_code == 1 and "chats.jsonl line 1: the conversation has no assistant turn" in res.output
+
+    res = cli("data", "gsm8k", "--format", "sft", "--no-hub", "--limit", "4", "--out", tmp_path / "gsm")
+    assert res.exit_code == 0, res.output
+    res = cli("data", "inspect", tmp_path / "gsm" / "train.parquet")
+    assert res.exit_code == 0 and "valid:" in res.output, res.output
+    row = pq.read_table(tmp_path / "gsm" / "train.parquet").to_pylist()[0]
+    assert row["messages"][:-1] == row["prompt"]
+    answer = row["messages"][-1]["content"]
+    assert answer.endswith(f"#### {row['reward_model']['ground_truth']}") and "<<" not in answer
+
+
+def test_train_sft_dry_run_and_a_bad_key(tmp_path):
+    from rlkit.testing import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "tiny")
+    data = write(tmp_path / "t.parquet", [{"prompt": "copy 3", "response": "3"}])
+    res = cli("train", "sft", f"data.train_files={data}", f"model.path={model}", "use_remove_padding=true",
+              f"trainer.default_local_dir={tmp_path / 'ck'}", "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert "resource plan (sft)" in res.output and "pre-flight ok: 1 data file(s)" in res.output
+    assert "verl key use_remove_padding=true ->" in res.output
+    res = cli("train", "sft", f"data.train_files={data}", "data.messages_kye=x", "--dry-run")
+    assert res.exit_code == 1 and "Closest valid keys: data.messages_key" in res.output
