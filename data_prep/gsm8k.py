@@ -6,6 +6,7 @@ release shipped in data_prep/assets/gsm8k (MIT), so this works offline.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pyarrow as pa
 from data_prep import options as opt
 from data_prep.registry import DATASETS
 from data_prep.runner import RowError, run
+from data_prep.sft_format import Format, formatted
 from data_prep.sources import HubDataset, resolve
 from rlkit.data.schema import arrow_schema
 
@@ -32,6 +34,13 @@ def ground_truth(answer: str) -> str:
     if not value:
         raise RowError("nothing follows '####' in the answer")
     return value
+
+
+def solution(record: dict[str, Any], row: dict[str, Any]) -> str:
+    """The reference solution as an assistant would write it: the steps without GSM8K's calculator annotations
+    (`<<48/2=24>>`), ending in the `#### N` line the instruction asks for."""
+    steps, _, final = record["answer"].rpartition("####")
+    return f"{re.sub(r'<<[^>]*>>', '', steps).strip()}\n#### {final.strip()}"
 
 
 def make_row(record: dict[str, Any], split: str, index: int) -> dict[str, Any]:
@@ -57,19 +66,22 @@ def command(
     limit: opt.Limit = None,
     seed: opt.Seed = 0,
     force: opt.Force = False,
+    fmt: Format = "rl",
 ) -> None:
     """GSM8K grade-school math -> train/test parquet (offline copy included).
 
     Example: [bold]rlkit data gsm8k --out ~/data/gsm8k[/bold]
     or from the original release: [bold]rlkit data gsm8k --source gsm8k/ --out /tmp/g --force[/bold]
+    SFT, the reference solutions as assistant turns: [bold]rlkit data gsm8k --format sft -o ~/data/gsm8k_sft[/bold]
     """
+    row_fn, schema = formatted(fmt, make_row, SCHEMA, solution)
     resolved = resolve(
         source=source, splits=SPLITS, split=split, hub=HUB, use_hub=hub, packaged="gsm8k", dataset="gsm8k"
     )
     run(
         dataset="gsm8k",
         resolved=resolved,
-        make_row=make_row,
-        schema=SCHEMA,
+        make_row=row_fn,
+        schema=schema,
         opts=opt.PrepOptions(out=out, limit=limit, seed=seed, force=force),
     )

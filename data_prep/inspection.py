@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rlkit.data.preference_schema import PREFERENCE_COLUMNS, is_preference_table, validate_preference_table
 from rlkit.data.schema import Problem, read_table, validate_table
 
 MAX_VALUE_CHARS = 400
@@ -42,12 +43,12 @@ def schema_table(table: pa.Table, path: Path) -> Table:
     return out
 
 
-def row_table(row: dict[str, Any], number: int, prompt_key: str) -> Table:
+def row_table(row: dict[str, Any], number: int, message_columns: tuple[str, ...]) -> Table:
     out = Table(title=f"row {number}", title_justify="left", show_header=False)
     out.add_column("field", style="cyan", no_wrap=True)
     out.add_column("value", overflow="fold")
     for key, value in row.items():
-        out.add_row(key, _render_prompt(value) if key == prompt_key else escape(_short(value)))
+        out.add_row(key, _render_prompt(value) if key in message_columns else escape(_short(value)))
     return out
 
 
@@ -65,12 +66,16 @@ def problem_lines(problems: list[Problem], limit: int) -> list[str]:
 def inspect_file(
     path: Path, console: Console, rows: int = 3, prompt_key: str = "prompt", strict: bool = False, limit: int = 20
 ) -> bool:
-    """Print the report; True when the file has no errors (warnings allowed)."""
+    """Print the report; True when the file has no errors (warnings allowed). A file with `chosen` and `rejected`
+    columns is checked as preference pairs (rlkit.data.preference_schema), any other in the RL schema."""
     table = read_table(path)
-    problems = validate_table(table, prompt_key=prompt_key, strict=strict)
+    if is_preference_table(table):
+        problems, message_columns = validate_preference_table(table), PREFERENCE_COLUMNS
+    else:
+        problems, message_columns = validate_table(table, prompt_key=prompt_key, strict=strict), (prompt_key,)
     console.print(schema_table(table, path))
     for i, row in enumerate(table.slice(0, max(rows, 0)).to_pylist()):
-        console.print(row_table(row, i, prompt_key))
+        console.print(row_table(row, i, message_columns))
     for line in problem_lines(problems, limit):
         console.print(line)
     errors = sum(p.is_error for p in problems)

@@ -17,6 +17,7 @@ import typer
 from data_prep import options as opt
 from data_prep.registry import DATASETS
 from data_prep.runner import run
+from data_prep.sft_format import Format, formatted
 from data_prep.sources import Resolved, SplitRecords
 from rlkit.data.schema import arrow_schema
 
@@ -54,18 +55,21 @@ def command(
     limit: opt.Limit = None,
     seed: opt.Seed = 0,
     force: opt.Force = False,
+    fmt: Format = "rl",
 ) -> None:
     """Synthetic digit-copy task for smoke runs with a tiny model (no download).
 
-    Example: [bold]rlkit data toy --out /tmp/toy --length 4[/bold]
+    Example: [bold]rlkit data toy --out /tmp/toy --length 4[/bold] ([bold]--format sft[/bold]: the copy as the
+    assistant turn)
     """
+    row_fn, schema = formatted(fmt, make_row, SCHEMA, lambda record, row: row["reward_model"]["ground_truth"])
     sizes = {"train": train_size, "test": test_size}
     splits = {split: generate(split, size, length, seed) for split, size in sizes.items()}
     resolved = Resolved(splits, f"generated (length={length}, seed={seed})")
     run(
         dataset="toy",
         resolved=resolved,
-        make_row=make_row,
-        schema=SCHEMA,
+        make_row=row_fn,
+        schema=schema,
         opts=opt.PrepOptions(out=out, limit=limit, seed=seed, force=force),
     )

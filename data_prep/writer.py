@@ -49,6 +49,11 @@ def write_split(rows: list[dict[str, Any]], schema: pa.Schema, path: Path) -> pa
     errors = [p for p in validate_table(table) if p.is_error]
     if errors:  # a bug in a dataset module, not user input; still say where
         raise UserError(f"{path}: generated rows are invalid: {errors[0]}")
+    return write_table(table, path)
+
+
+def write_table(table: pa.Table, path: Path) -> pa.Table:
+    """Write atomically: a crash never leaves a half-written file under the final name."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         pq.write_table(table, tmp)

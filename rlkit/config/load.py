@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlkit.config.schema import REMOVED_KEYS, RLConfig
 from rlkit.config.verl_keys import VERL_KEYS
-from rlkit.config.verl_rules import find_rule, flatten, translate, unflatten
+from rlkit.config.verl_rules import VerlKey, find_rule, flatten, translate, unflatten
 from rlkit.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -45,6 +46,24 @@ FILE_NODE = "_rlkit_config_file"  # the content of --config FILE
 CLI = "command line"
 MAIN_PPO = "_main_ppo"  # the preset of `rlkit train` without one: verl's main_ppo defaults (adv_estimator gae)
 VERL_BASES = ("ppo_trainer", "ppo_megatron_trainer")  # verl's built-in config names, as rlkit's base
+
+
+@dataclass(frozen=True)
+class ConfigSpace:
+    """What one family of runs composes: its typed schema, its base YAML (conf/<base>.yaml, listing `schema_node`),
+    verl's keys around the schema, and whether an `algorithm` preset group is chosen (RL) or not (SFT)."""
+
+    schema: type
+    base: str
+    schema_node: str
+    rules: Sequence[VerlKey]
+    verl_bases: tuple[str, ...] = ()  # verl's config names that stand for the base (`--config-name ppo_trainer`)
+    presets: bool = True
+    removed: Mapping[str, str] = field(default_factory=dict)
+
+
+#: `rlkit train [ALGO]`: the RL schema, conf/rlkit.yaml and the algorithm presets
+RL_SPACE = ConfigSpace(RLConfig, BASE, SCHEMA_NODE, VERL_KEYS, VERL_BASES, True, REMOVED_KEYS)
 
 
 # ----------------------------------------------------------------------------------------- schema
@@ -85,11 +104,12 @@ def _field_default(fld: dataclasses.Field) -> Any:
     return None
 
 
-def unknown_key_error(dotted: str, source: str, known: Iterable[str]) -> UserError:
+def unknown_key_error(dotted: str, source: str, known: Iterable[str],
+                      removed: Mapping[str, str] = REMOVED_KEYS) -> UserError:
     """'unknown config key X (from SOURCE). Closest valid keys: ...' (by spelling, then by the last name);
     a removed key says so and what to do instead."""
-    if dotted in REMOVED_KEYS:
-        return UserError(f"config key '{dotted}' (from {source}) was removed: {REMOVED_KEYS[dotted]}; delete it")
+    if dotted in removed:
+        return UserError(f"config key '{dotted}' (from {source}) was removed: {removed[dotted]}; delete it")
     all_keys = sorted(known)
     close = difflib.get_close_matches(dotted, all_keys, n=3, cutoff=0.5)
     leaf = dotted.rsplit(".", 1)[-1]
@@ -102,25 +122,27 @@ def _is_known(dotted: str, known: set[str], mappings: list[str]) -> bool:
     return dotted in known or any(dotted.startswith(m + ".") for m in mappings)
 
 
-def _check_known(cfg: dict, source: Any, known: set[str], prefix: str = "") -> None:
+def _check_known(cfg: dict, source: Any, known: set[str], prefix: str = "",
+                 removed: Mapping[str, str] = REMOVED_KEYS) -> None:
     """Raise for the first key the schema does not know; `source` is a name or a key -> name function."""
     for key, value in cfg.items():
         dotted = f"{prefix}{key}"
         if dotted in known:
             continue
         if isinstance(value, dict) and any(k.startswith(dotted + ".") for k in known):
-            _check_known(value, source, known, dotted + ".")
+            _check_known(value, source, known, dotted + ".", removed)
             continue
-        raise unknown_key_error(dotted, source(dotted) if callable(source) else source, known)
+        raise unknown_key_error(dotted, source(dotted) if callable(source) else source, known, removed)
 
 
 # ----------------------------------------------------------------------------------------- verl's keys
 class _Verl:
     """verl's keys of the user's layers in rlkit's terms (rlkit.config.verl_keys), and the notices that says."""
 
-    def __init__(self, known: set[str]) -> None:
+    def __init__(self, known: set[str], space: ConfigSpace = RL_SPACE) -> None:
         self.known = known
-        self.mappings = mapping_keys()
+        self.mappings = mapping_keys(space.schema)
+        self.rules = space.rules
         self.notices: list[str] = []
 
     def is_rlkit(self, key: str) -> bool:
@@ -132,7 +154,7 @@ class _Verl:
 
     def claims(self, key: str, value: Any) -> bool:
         """Whether a rule reads this key (a verl key; or rlkit's own key with a value spelled as verl does)."""
-        hit = find_rule(key, VERL_KEYS)
+        hit = find_rule(key, self.rules)
         return hit is not None and (not self.is_rlkit(key) or (hit[0].when is not None and hit[0].when(value)))
 
     def layer(self, tree: dict, source: str) -> dict:
@@ -140,7 +162,7 @@ class _Verl:
         flat = flatten(tree, keep=self.keep_whole)
         if not any(self.claims(k, v) for k, v in flat.items()):
             return tree
-        done = translate(flat, VERL_KEYS, self.is_rlkit, source)
+        done = translate(flat, self.rules, self.is_rlkit, source)
         self.say(done.notices)
         return unflatten(done.values)
 
@@ -172,11 +194,11 @@ def _translate_overrides(parsed: list[Any], verl: _Verl) -> list[Any]:
     for o in parsed:
         key = o.key_or_group
         if not key or o.is_delete() or not verl.claims(key, o.value()):
-            if o.is_delete() and key and not verl.is_rlkit(key) and find_rule(key, VERL_KEYS):
+            if o.is_delete() and key and not verl.is_rlkit(key) and find_rule(key, verl.rules):
                 continue  # `~verl_key`: back to verl's default, which asks nothing of rlkit
             out.append(o)
             continue
-        done = translate({key: o.value()}, VERL_KEYS, verl.is_rlkit, f"{CLI} '{o.input_line}'")
+        done = translate({key: o.value()}, verl.rules, verl.is_rlkit, f"{CLI} '{o.input_line}'")
         verl.say(done.notices)
         out += [parser.parse_override(f"++{k}={_hydra_literal(v)}") for k, v in done.values.items()]
     return out
@@ -236,10 +258,11 @@ def _cli_layer(parsed: list[Any]) -> dict:
     return out
 
 
-def _hydra_overrides(algo: str, parsed: list[Any], known: set[str]) -> list[str]:
+def _hydra_overrides(algo: str | None, parsed: list[Any], known: set[str],
+                     space: ConfigSpace = RL_SPACE) -> list[str]:
     """Check each override's key against the schema, then write the list Hydra composes with."""
-    mappings = mapping_keys()
-    out = [f"algorithm={algo}"]
+    mappings = mapping_keys(space.schema)
+    out = [f"algorithm={algo}"] if algo is not None else []
     for o in parsed:
         key = o.key_or_group
         if not key:
@@ -251,7 +274,7 @@ def _hydra_overrides(algo: str, parsed: list[Any], known: set[str]) -> list[str]
             raise UserError(f"override '{o.input_line}' is not supported: rlkit composes the config itself")
         plain = not o.is_add() and not o.is_force_add()
         if plain and not _is_known(key, known, mappings):  # +key / ++key may add; the result is checked below
-            raise unknown_key_error(key, f"{CLI} '{o.input_line}'", known)
+            raise unknown_key_error(key, f"{CLI} '{o.input_line}'", known, space.removed)
         text = o.input_line
         if plain and not o.is_delete() and any(key == m or key.startswith(m + ".") for m in mappings):
             text = "++" + text  # a free-form mapping: ++ sets the entry whether or not it exists yet; the others stay
@@ -279,27 +302,29 @@ def _config_file(config_file: str) -> dict:
     return _user_yaml(path)
 
 
-def _lists_base(defaults: Any) -> bool:
+def _lists_base(defaults: Any, space: ConfigSpace = RL_SPACE) -> bool:
     """Whether a user defaults list already pulls in rlkit's base (verl style: `defaults: [rlkit, _self_]`)."""
     names = [d if isinstance(d, str) else next(iter(d), "") for d in defaults or [] if isinstance(d, str | dict)]
-    return any(str(n).lstrip("/").split("@")[0] in (BASE, *VERL_BASES) for n in names)
+    return any(str(n).lstrip("/").split("@")[0] in (space.base, *space.verl_bases) for n in names)
 
 
-def _store_nodes(file_layer: dict | None, user_name: str | None, base_listed: bool) -> str:
+def _store_nodes(file_layer: dict | None, user_name: str | None, base_listed: bool,
+                 space: ConfigSpace = RL_SPACE) -> str:
     """Put the schema (and a generated primary config) in Hydra's ConfigStore; returns the primary's name."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
-    store.store(name=SCHEMA_NODE, node=OmegaConf.to_container(OmegaConf.structured(RLConfig)))
+    base = space.base
+    store.store(name=space.schema_node, node=OmegaConf.to_container(OmegaConf.structured(space.schema)))
     if file_layer is not None:
         store.store(name=FILE_NODE, node=file_layer)
-        store.store(name=RUN_NODE, node={"defaults": [BASE, FILE_NODE, "_self_"]})
+        store.store(name=RUN_NODE, node={"defaults": [base, FILE_NODE, "_self_"]})
         return RUN_NODE
     if user_name is None:
-        return BASE
+        return base
     if base_listed:
         return user_name
-    store.store(name=RUN_NODE, node={"defaults": [BASE, user_name, "_self_"]})
+    store.store(name=RUN_NODE, node={"defaults": [base, user_name, "_self_"]})
     return RUN_NODE
 
 
@@ -323,32 +348,35 @@ def _compose(primary: str, config_dir: Path, overrides: list[str]) -> DictConfig
 
 def compose_config(algo: str | None = "grpo", overrides: list[str] | None = None, config_file: str | None = None,
                    *, config_path: str | None = None, config_name: str | None = None,
-                   notices: list[str] | None = None) -> RLConfig:
+                   notices: list[str] | None = None, space: ConfigSpace = RL_SPACE) -> Any:
     """Compose and validate the RLConfig of `rlkit train [ALGO] [...]`; not finalized (see `finalize`).
 
     Without a preset (`algo=None`) the run starts from verl's main_ppo defaults (rlkit's schema with
     `algorithm.adv_estimator: gae`). verl's keys are read as rlkit.config.verl_keys says; each mapped key's
-    line is appended to `notices` (logged as a warning when no list is given)."""
-    algo = algo or MAIN_PPO
-    if algo != MAIN_PPO and algo not in preset_names():
+    line is appended to `notices` (logged as a warning when no list is given). Another `space` (e.g. the SFT
+    schema) composes its own schema and base the same way; without presets `algo` is ignored."""
+    algo = (algo or MAIN_PPO) if space.presets else None
+    if algo is not None and algo != MAIN_PPO and algo not in preset_names():
         close = difflib.get_close_matches(algo, preset_names(), n=2)
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
         raise UserError(f"unknown algorithm preset '{algo}'. Known: {', '.join(preset_names())}.{hint}")
     if config_file and (config_path or config_name):
         raise UserError("pass either --config FILE or --config-path DIR --config-name NAME, not both")
-    if config_name and config_name.removesuffix(".yaml") in VERL_BASES:
+    if config_name and config_name.removesuffix(".yaml") in space.verl_bases:
         config_path, config_name = str(CONF_DIR), config_name.removesuffix(".yaml")
     elif bool(config_path) != bool(config_name):
         raise UserError("--config-path and --config-name go together (a folder and the name of a YAML file in it)")
-    known = set(schema_keys())
-    verl = _Verl(known)
+    known = set(schema_keys(space.schema))
+    verl = _Verl(known, space)
     parsed = _translate_overrides(_parse_overrides(list(overrides or [])), verl)
-    layers: list[tuple[str, dict]] = [(f"preset {algo}.yaml", _user_yaml(CONF_DIR / "algorithm" / f"{algo}.yaml"))]
+    layers: list[tuple[str, dict]] = []
+    if algo is not None:
+        layers.append((f"preset {algo}.yaml", _user_yaml(CONF_DIR / "algorithm" / f"{algo}.yaml")))
     file_layer, config_dir, base_listed = None, CONF_DIR, False
     if config_file:
         file_layer = _config_file(config_file)
         _check_known(verl.layer({k: v for k, v in file_layer.items() if k not in ("defaults", "hydra")},
-                                config_file), config_file, known)
+                                config_file), config_file, known, removed=space.removed)
         layers.append((config_file, file_layer))
     if config_path and config_name:
         config_dir = Path(config_path).expanduser().resolve()
@@ -356,16 +384,16 @@ def compose_config(algo: str | None = "grpo", overrides: list[str] | None = None
         if not primary_file.is_file():
             raise UserError(f"--config-name {config_name}: {primary_file} does not exist")
         user = _user_yaml(primary_file)
-        base_listed = _lists_base(user.get("defaults"))
+        base_listed = _lists_base(user.get("defaults"), space)
         _check_known(verl.layer({k: v for k, v in user.items() if k not in ("defaults", "hydra")}, str(primary_file)),
-                     str(primary_file), known)
+                     str(primary_file), known, removed=space.removed)
         layers.append((f"the config tree {config_dir}", user))
         config_name = primary_file.stem
     layers.append((CLI, _cli_layer(parsed)))
-    primary = _store_nodes(file_layer, config_name, base_listed)
-    composed = _compose(primary, config_dir, _hydra_overrides(algo, parsed, known))
+    primary = _store_nodes(file_layer, config_name, base_listed, space)
+    composed = _compose(primary, config_dir, _hydra_overrides(algo, parsed, known, space))
     data = OmegaConf.to_container(composed)
-    cfg = validate(verl.layer(data, "the composed config"), layers, known)
+    cfg = validate(verl.layer(data, "the composed config"), layers, known, space.schema, space.removed)
     _announce(verl.notices, notices)
     return cfg
 
@@ -393,12 +421,13 @@ def _source_of(dotted: str, layers: list[tuple[str, dict]]) -> str:
     return next((s for s, _ in reversed(layers) if s.startswith("the config tree")), "config")
 
 
-def validate(data: dict, layers: list[tuple[str, dict]], known: set[str] | None = None) -> RLConfig:
-    """The composed dict as a typed RLConfig: unknown keys and bad values name the key and their source."""
-    known = known or set(schema_keys())
-    _check_known(data, lambda key: _source_of(key, layers), known)
+def validate(data: dict, layers: list[tuple[str, dict]], known: set[str] | None = None, schema: type = RLConfig,
+             removed: Mapping[str, str] = REMOVED_KEYS) -> Any:
+    """The composed dict as a typed `schema` (RLConfig): unknown keys and bad values name the key and their source."""
+    known = known or set(schema_keys(schema))
+    _check_known(data, lambda key: _source_of(key, layers), known, removed=removed)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(RLConfig), data)
+        merged = OmegaConf.merge(OmegaConf.structured(schema), data)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", "") or "?"
         detail = str(exc).splitlines()[0]
@@ -410,9 +439,9 @@ def validate(data: dict, layers: list[tuple[str, dict]], known: set[str] | None 
         raise UserError(f"config: '{key}': {str(exc).splitlines()[0]}") from None
 
 
-def to_yaml(cfg: RLConfig) -> str:
+def to_yaml(cfg: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
-def to_dict(cfg: RLConfig) -> dict:
+def to_dict(cfg: Any) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg))  # type: ignore[return-value]

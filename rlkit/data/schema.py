@@ -8,6 +8,9 @@ Rows look like this (the layout other RL toolkits use too, so their files load a
     reward_model: {style, ground_truth}
     extra_info: {split, index, ...}  free fields per dataset
 
+An SFT file (`rlkit data gsm8k --format sft`, `rlkit data messages`) adds `messages: list[{role, content}]`, the
+whole conversation (rlkit train sft reads it); a file of conversations alone is valid for SFT.
+
 The validator reports every problem with its row and column, so a user fixes a file
 in one pass instead of meeting the errors one at a time at training start-up.
 """
@@ -25,6 +28,7 @@ import pyarrow.parquet as pq
 from rlkit.errors import UserError
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
+MESSAGES = "messages"  # the SFT conversations (optional; alone, the file is for `rlkit train sft` only)
 ROLES = ("system", "user", "assistant", "tool")
 #: written by pandas when a frame has a non-default index; never data
 PANDAS_INDEX_PREFIX = "__index_level_"
@@ -33,6 +37,11 @@ MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
 PROMPT_TYPE = pa.list_(MESSAGE_TYPE)
 REWARD_MODEL_TYPE = pa.struct([("style", pa.string()), ("ground_truth", pa.string())])
 BASE_EXTRA_INFO_FIELDS = (pa.field("split", pa.string()), pa.field("index", pa.int64()))
+
+
+def with_messages(schema: pa.Schema) -> pa.Schema:
+    """`schema` plus the SFT `messages` column (the prompt and the reference answer as the assistant turn)."""
+    return schema.append(pa.field(MESSAGES, PROMPT_TYPE))
 
 
 def arrow_schema(extra_info_fields: Sequence[pa.Field] = ()) -> pa.Schema:
@@ -207,6 +216,15 @@ def _reward_model_values(col: str, values: list[Any]) -> list[Problem]:
     return out
 
 
+def _messages_values(col: str, values: list[Any]) -> list[Problem]:
+    """A conversation's messages, as a prompt's, and at least one assistant turn to train on."""
+    out = _prompt_values(col, values)
+    for i, messages in enumerate(values):
+        if messages and not any(m is not None and m.get("role") == "assistant" for m in messages):
+            out.append(Problem(i, col, "has no assistant turn; SFT trains on the assistant's messages"))
+    return out
+
+
 VALUE_CHECKS: dict[str, Callable[[str, list[Any]], list[Problem]]] = {
     "data_source": _nonempty_strings,
     "prompt": _prompt_values,
@@ -222,18 +240,26 @@ def validate_table(table: pa.Table, prompt_key: str = "prompt", strict: bool = F
     columns = data_columns(table)
     named = {c: prompt_key if c == "prompt" else c for c in REQUIRED_COLUMNS}
     required = list(named.values())
+    sft_only = MESSAGES in columns and prompt_key not in columns
+    if MESSAGES in columns:
+        problems.extend(_check_prompt(MESSAGES, table.schema.field(MESSAGES).type) or
+                        _messages_values(MESSAGES, table.column(MESSAGES).to_pylist()))
+    if sft_only:
+        named = {}
+        problems.append(Problem(None, None, "conversations only (no RL columns): a file for `rlkit train sft`",
+                                "warning"))
     for canonical, col in named.items():
         if col not in columns:
             problems.append(Problem(None, col, f"column is missing; every row needs '{col}' ({_HINTS[canonical]})"))
     extra_severity = "error" if strict else "warning"
     for col in columns:
-        if col not in required:
+        if col not in required and col != MESSAGES:
             problems.append(Problem(None, col, "extra column (passed to the trainer as-is)", extra_severity))
     if table.num_rows == 0:
         problems.append(Problem(None, None, "file has no rows; regenerate it or drop it from the file list"))
     for canonical, check in TYPE_CHECKS.items():
-        col = named[canonical]
-        if col not in columns:
+        col = named.get(canonical)
+        if col is None or col not in columns:
             continue
         type_problems = check(col, table.schema.field(col).type)
         problems.extend(type_problems)

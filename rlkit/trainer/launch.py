@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +99,8 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
         **worker_env(),
         "RLKIT_DIST_TIMEOUT_S": str(int(settings.dist_timeout_s(1800))),  # read with int() in the workers
     }
-    runtime_env = merge_runtime_env({"env_vars": env_vars}, debug_runtime_env(opts.debug, cfg.trainer.debug.break_at))
+    break_at = cfg.trainer.debug.break_at if hasattr(cfg.trainer, "debug") else []  # SFT: no worker phases to break at
+    runtime_env = merge_runtime_env({"env_vars": env_vars}, debug_runtime_env(opts.debug, break_at))
     kwargs: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": True}
     target = choose_cluster(opts.address)  # --address, $RAY_ADDRESS, `rlkit cluster up`'s, else a private one
     if target.loopback:
@@ -130,20 +132,43 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
     Pre-flight checks run first (before Ray starts). Ctrl-C stops the workers and raises
     TrainingInterrupted (step reached, last complete checkpoint) instead of a traceback.
     """
-    import ray
-
     from rlkit.debug.runtime import get_mode
-    from rlkit.trainer.interrupt import InterruptWatch, TrainingInterrupted
     from rlkit.trainer.key_checks import check_batch_keys
-    from rlkit.trainer.preflight import log_dir_of, preflight
+    from rlkit.trainer.preflight import preflight
     from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.utils.checkpoint_io import find_latest_checkpoint
-    from rlkit.utils.tracking import Tracking
 
     console = console or Console()
     console.print(resource_plan(cfg))
     console.print(f"rollout backend: [bold]{cfg.actor_rollout_ref.rollout.name}[/bold]")
     console.print("pre-flight ok: " + "; ".join(preflight(cfg).notes), soft_wrap=True, markup=False)
+
+    def start() -> Any:
+        trainer = RLTrainer(cfg)
+        if get_mode(opts.debug).enabled:
+            check_batch_keys(trainer.workers)  # a role's wrong output names the role and key (rlkit/batch_keys.py)
+        return trainer
+
+    def describe(trainer: Any, summary: Any) -> None:
+        summary.memory = {**(actor_memory(trainer.workers.actor) or {}), **moe_params(trainer.model_path)}
+        summary.precision = precision_line(cfg)
+        meter = trainer.mfu_meter
+        summary.mfu_peak = meter.source if meter is not None else None
+
+    return run_fit(cfg, opts, console, start, describe)
+
+
+def run_fit(cfg: Any, opts: LaunchOptions, console: Console, start: Callable[[], Any],
+            describe: Callable[[Any, Any], None]) -> Any:
+    """Any trainer's run (RL, SFT, ...): Ray up, `start()` builds the trainer, its `fit()` under the trackers, the
+    summary (`describe` adds the trainer's own lines) printed; Ctrl-C / SIGTERM stop the workers and raise
+    TrainingInterrupted."""
+    import ray
+
+    from rlkit.trainer.interrupt import InterruptWatch, TrainingInterrupted
+    from rlkit.trainer.preflight import log_dir_of
+    from rlkit.utils.checkpoint_io import find_latest_checkpoint
+    from rlkit.utils.tracking import Tracking
+
     started = time.perf_counter()
     owns_ray = not ray.is_initialized()
     log_dir = log_dir_of(cfg)
@@ -154,19 +179,14 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
                 init_ray(cfg, opts, console)
                 watch.rearm()  # ray.init put a C++ SIGTERM handler (stack dumps, no shutdown) over ours
             with console.status("starting workers (model load, FSDP, rollout engine)..."):
-                trainer = RLTrainer(cfg)
-            if get_mode(opts.debug).enabled:
-                check_batch_keys(trainer.workers)  # a role's wrong output names the role and key (rlkit/batch_keys.py)
+                trainer = start()
             with Tracking(cfg.trainer.logger, cfg.trainer.project_name, cfg.trainer.experiment_name, log_dir,
                           trainer.total_steps, cfg) as tracker:
                 trainer.tracker = tracker
                 summary = trainer.fit()
             summary.log_dir = log_dir
-            summary.memory = {**(actor_memory(trainer.workers.actor) or {}), **moe_params(trainer.model_path)}
+            describe(trainer, summary)
             summary.wall_s = time.perf_counter() - started  # type: ignore[attr-defined]
-            summary.precision = precision_line(cfg)  # type: ignore[attr-defined]
-            meter = getattr(trainer, "mfu_meter", None)
-            summary.mfu_peak = meter.source if meter is not None else None  # type: ignore[attr-defined]
             console.print(summary_table(summary))
             return summary
         except BaseException as exc:

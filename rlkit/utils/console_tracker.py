@@ -20,9 +20,12 @@ CONSOLE_KEYS = [
     "critic/score/mean", "critic/reward_baseline/mean", "critic/rewards/mean", "critic/advantages/mean",
     "critic/vf_loss",
     "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/lr",
+    "train/loss", "train/grad_norm", "train/lr",  # rlkit train sft
+    "rewards/accuracies", "rewards/margins",  # rlkit train dpo (TRL's names)
     "response_length/mean", "response_length/clip_ratio", "prompt_length/mean",
     "timing_s/step", "timing_s/gen", "timing_s/update_actor", "timing_s/ref", "timing_s/update_critic",
-    "perf/throughput", "perf/mfu", "memory/*/rss_peak_gb", "memory/*/cuda_peak_allocated_gb", "val/*",
+    "perf/throughput", "perf/tokens_per_s", "perf/mfu", "memory/*/rss_peak_gb", "memory/*/cuda_peak_allocated_gb",
+    "val/*",
 ]
 CONSOLE_FALLBACK_ROWS = 16  # when none of CONSOLE_KEYS is present, the first keys alphabetically
 # Console row labels by key prefix (default: the key's first part). The field's names put the reward and

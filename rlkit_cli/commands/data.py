@@ -17,13 +17,14 @@ console = Console()
 
 @friendly_errors
 def inspect(
-    file: Annotated[Path, typer.Argument(help="A parquet file in the common RL schema.")],
+    file: Annotated[Path, typer.Argument(help="A parquet file in the common RL schema, or preference pairs.")],
     rows: Annotated[int, typer.Option("-n", "--rows", min=0, help="How many rows to print.")] = 3,
     prompt_key: Annotated[str, typer.Option("--prompt-key", help="Column holding the chat messages.")] = "prompt",
     strict: Annotated[bool, typer.Option("--strict", help="Treat extra columns as errors, not warnings.")] = False,
     limit: Annotated[int, typer.Option("--max-problems", min=1, help="Problems listed per severity.")] = 20,
 ) -> None:
-    """Validate a parquet file against the RL schema and print its first rows.
+    """Validate a parquet file against the RL schema (or, with chosen/rejected columns, as preference pairs for
+    `rlkit train dpo`) and print its first rows.
 
     Exit 0 when valid, 1 with the list of problems (row + column) otherwise.
     Example: [bold]rlkit data inspect ~/data/gsm8k/train.parquet -n 5[/bold]

@@ -15,10 +15,18 @@ from rlkit_cli.errors import friendly_errors
 DEBUG_MODES = {"on": "on", "post-mortem": "post-mortem", "postmortem": "post-mortem"}
 
 
+def trainer_names() -> str:
+    """The non-RL trainers with their one-line help, read from the registry (rlkit.trainer.trainers is light)."""
+    from rlkit.trainer.trainers import TRAINERS
+
+    return "; ".join(f"{name}, {TRAINERS.get(name).help}" for name in TRAINERS.names())
+
+
 def train(
     algo: str = typer.Argument(
-        None, help=f"Algorithm preset: {' | '.join(preset_names())}. Optional: without it the run starts from "
-        "verl's main_ppo defaults and algorithm.adv_estimator (default gae) picks the algorithm.", show_default=False,
+        None, help=f"Algorithm preset: {' | '.join(preset_names())}, or a trainer of its own: {trainer_names()}. "
+        "Optional: without it the run starts from verl's main_ppo defaults and "
+        "algorithm.adv_estimator (default gae) picks the algorithm.", show_default=False,
     ),
     overrides: list[str] = typer.Argument(
         None, help="Config overrides in Hydra's grammar: key=v, +key=v (add), ++key=v (add or set), ~key (back to "
@@ -47,6 +55,9 @@ def train(
       rlkit train ppo --config-path ./conf --config-name my_run +reward_model.scorer_kwargs.gsm8k.method=flexible
       rlkit train algorithm.adv_estimator=grpo data.train_files=... (a verl script: `python3 -m
       verl.trainer.main_ppo` replaced by `rlkit train`; docs/verl.md)
+      rlkit train sft data.train_files=~/data/gsm8k_sft/train.parquet model.path=./tiny (verl's `torchrun ... -m
+      verl.trainer.fsdp_sft_trainer` / `verl.trainer.sft_trainer` replaced by `rlkit train sft`; docs/sft.md)
+      rlkit train dpo data.train_files=~/data/pairs/train.parquet model.path=./sft_model dpo.beta=0.1 (docs/dpo.md)
 
     verl's config keys are accepted: each is implemented, mapped to rlkit's equivalent (one line at start-up
     says what to what), or refused with one line saying why and what to use instead (docs/verl.md).
@@ -66,6 +77,13 @@ def train(
     from rlkit.trainer.run_config import load_config
 
     overrides = list(overrides or [])
+    from rlkit.trainer.trainers import TRAINERS
+
+    if algo in TRAINERS:  # sft, dpo: a trainer of its own, not an RL preset
+        if debug:
+            raise UserError(f"--debug is for the RL trainer's worker phases; run `rlkit train {algo}` without it")
+        _train_other(algo, overrides, config, config_path, config_name, dry_run, address, num_cpus)
+        return
     if algo is not None and ("=" in algo or algo.startswith(("+", "~")) or (debug and algo in DEBUG_MODES)):
         overrides, algo = [algo, *overrides], None  # no preset: the first word is an override (verl's main_ppo)
     mode = None
@@ -90,11 +108,39 @@ def train(
         notes = preflight(cfg, allow_download=False).notes  # a problem exits 1, as the real run would
         console.print("pre-flight ok: " + "; ".join(notes), soft_wrap=True, markup=False)
         return
+    _run_reporting(lambda: run_training(cfg, LaunchOptions(address=address, debug=mode, num_cpus=num_cpus), console))
+
+
+def _train_other(name: str, overrides: list[str], config: Path | None, config_path: Path | None,
+                 config_name: str | None, dry_run: bool, address: str | None, num_cpus: int | None) -> None:
+    """`rlkit train sft|dpo ...`: the entry's config, notices, dry run and run, with `rlkit train grpo`'s exits."""
+    from rlkit.config.load import to_yaml
+    from rlkit.trainer.launch import LaunchOptions
+    from rlkit.trainer.trainers import TRAINERS
+
+    entry = TRAINERS.get(name)
+    notices: list[str] = []
+    cfg = entry.load(overrides, str(config) if config else None, str(config_path) if config_path else None,
+                     config_name, notices=notices)
+    err = Console(stderr=True, soft_wrap=True)
+    for line in notices:
+        err.print(line, markup=False, highlight=False, style="yellow")
+    console = Console()
+    if dry_run:
+        console.print(to_yaml(cfg))
+        console.print(entry.plan(cfg))
+        console.print("pre-flight ok: " + "; ".join(entry.check(cfg)), soft_wrap=True, markup=False)
+        return
+    _run_reporting(lambda: entry.run(cfg, LaunchOptions(address=address, num_cpus=num_cpus), console))
+
+
+def _run_reporting(run) -> None:
+    """Run; Ctrl-C / SIGTERM -> the resume line and exit 130 / 143, a worker failure -> its traceback and exit 1."""
     from rlkit.controller import WorkerError
     from rlkit.trainer.interrupt import TrainingInterrupted
 
     try:
-        run_training(cfg, LaunchOptions(address=address, debug=mode, num_cpus=num_cpus), console)
+        run()
     except TrainingInterrupted as stop:
         Console(stderr=True, soft_wrap=True).print(stop.line(sys.argv), markup=False, highlight=False)
         raise typer.Exit(stop.exit_code) from None

@@ -1,0 +1,133 @@
+"""The DPO trainer: a preference loss (rlkit.algo.preference_loss) on (prompt, chosen, rejected) pairs, on the SFT
+trainer's FSDP2 workers, with the frozen reference held beside the policy in each worker (rlkit.workers.dpo_worker).
+
+Read `run_step` top to bottom. Everything else is the SFT trainer's (the loop of `TrainerBase`, checkpoints under
+`actor/`, resume, export): a DPO checkpoint is read by `rlkit export`, `rlkit eval` and a GRPO run unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+
+from rlkit.algo.preference_loss import PREFERENCE_LOSSES, preference_loss
+from rlkit.config.dpo_schema import DPOConfig
+from rlkit.controller import ClassWithInitArgs
+from rlkit.data.preference import split_sides
+from rlkit.protocol import Batch
+from rlkit.trainer.sft_trainer import SFTTrainer, SFTWorkers, build_sft_workers
+from rlkit.trainer.step_metrics import reduce_worker_metrics
+from rlkit.workers.micro_batch import MicroBatching, balance_across_ranks
+
+
+def dpo_role(cfg: DPOConfig, model_path: str, ref_path: str, total_steps: int) -> ClassWithInitArgs:
+    """The DPO worker's constructor arguments: the SFT role's, the dpo section and the reference's folder."""
+    from rlkit.workers.dpo_worker import DPOWorker
+
+    d = cfg.data
+    micro = MicroBatching(d.micro_batch_size_per_gpu, d.use_dynamic_bsz, d.max_token_len_per_gpu)
+    return ClassWithInitArgs(DPOWorker, dataclasses.replace(cfg.model, path=model_path), cfg.engine, cfg.optim,
+                             cfg.dpo, ref_path=ref_path, total_steps=total_steps, seed=cfg.trainer.seed, micro=micro,
+                             packed=d.pad_mode == "no_padding")
+
+
+class DPOTrainer(SFTTrainer):
+    """Owns the preference pairs and the DPO workers; `fit()` runs the shared loop."""
+
+    cfg: DPOConfig
+
+    def __init__(self, cfg: DPOConfig, workers: Any = None, tracker: Any = None) -> None:
+        PREFERENCE_LOSSES.get(cfg.dpo.loss_type)  # a misspelt dpo.loss_type fails before the workers start
+        super().__init__(cfg, workers, tracker)
+
+    def load_data(self) -> tuple[Any, Any]:
+        from rlkit.data.preference import PreferenceDataset
+
+        d, p = self.cfg.data, self.cfg.dpo
+
+        def pairs(files: Any, limit: int | None) -> PreferenceDataset:
+            return PreferenceDataset(files, self.tokenizer, max_prompt_length=p.max_prompt_length,
+                                     max_length=d.max_length, truncation=d.truncation, max_samples=limit)
+
+        return pairs(d.train_files, d.train_max_samples), (pairs(d.val_files, d.val_max_samples) if d.val_files
+                                                           else None)
+
+    def build_workers(self) -> SFTWorkers:
+        from rlkit.models.resolve import resolve_model_path
+
+        ref = self.cfg.dpo.ref.model_path
+        ref_path = str(resolve_model_path(ref)) if ref else self.model_path
+        role = dpo_role(self.cfg, self.model_path, ref_path, self.total_steps)
+        return build_sft_workers(self.cfg, self.model_path, self.total_steps, role=role)
+
+    # ------------------------------------------------------------------ step
+    def run_step(self) -> dict[str, float]:
+        w = self.workers
+        w.set_step(self.global_step)
+        # 1. the next train_batch_size pairs (one row each: chosen ++ rejected), epoch after epoch, resumable
+        batch = next(self.stream)
+        # 2. equal token counts per worker
+        if self.cfg.trainer.balance_batch:
+            batch.reorder(balance_across_ranks(batch, w.world_size))
+        # 3. the frozen reference's log-probs of both completions
+        start = time.perf_counter()
+        batch = batch.union(w.model.compute_ref_log_prob(batch))
+        ref_s = time.perf_counter() - start
+        # 4. one optimizer step on the preference loss (+ rpo_alpha x NLL), the shared update loop
+        start = time.perf_counter()
+        out = w.model.train_batch(batch)
+        update_s = time.perf_counter() - start
+        # 5. the row: loss, TRL's rewards/* and logps/* (means over every rank's micro-batches), lr, throughput
+        metrics = reduce_worker_metrics(out.meta.get("metrics", {}))
+        tokens = float(batch["attention_mask"].sum())
+        metrics.update({"train/tokens": tokens, "perf/tokens_per_s": tokens / max(ref_s + update_s, 1e-9),
+                        "timing_s/ref": ref_s, "timing_s/update": update_s,
+                        "training/epoch": self.train_loader.epoch, **w.memory_peaks()})
+        return metrics
+
+    # ----------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        """The preference loss and TRL's metrics over every validation pair: val/loss, val/rewards/accuracies, ..."""
+        assert self.val_set is not None
+        start = time.perf_counter()
+        total, step = len(self.val_set), self.cfg.data.train_batch_size  # a multiple of the workers
+        parts: list[Batch] = []
+        for lo in range(0, total, step):
+            rows = list(range(lo, min(lo + step, total)))
+            n = len(rows)
+            rows += [rows[-1]] * ((-n) % self.workers.world_size)  # equal shards; the repeats are dropped below
+            batch = self.val_set.get_batch(rows)
+            ref = self.workers.model.compute_ref_log_prob(batch)["ref_log_prob"]
+            policy = self.workers.model.compute_log_prob(batch)["log_probs"]
+            parts.append(Batch({"mask": batch["response_mask"][:n], "ref": ref[:n], "policy": policy[:n]}))
+            self._progress("validation pairs", lo + n, total)
+        metrics = self.pair_metrics(parts)
+        return {**{f"val/{k}": v for k, v in metrics.items()}, "timing_s/validate": time.perf_counter() - start}
+
+    def pair_metrics(self, parts: list[Batch]) -> dict[str, float]:
+        """The loss and TRL's metrics over the chunks' pairs (each chunk weighs its pairs), and `logps/accuracies`: how
+        often the policy itself finds the chosen completion likelier (~chance before training, unlike
+        rewards/accuracies, which is 0 while the policy is the reference)."""
+        d = self.cfg.dpo
+        sums: dict[str, float] = {}
+        count = 0
+        for part in parts:
+            masks = split_sides(part["mask"])
+            out = preference_loss(*split_sides(part["policy"]), *split_sides(part["ref"]), *masks,
+                                  loss_type=d.loss_type, beta=d.beta, label_smoothing=d.label_smoothing,
+                                  rpo_alpha=d.rpo_alpha)
+            out["logps/accuracies"] = policy_prefers_chosen(part["policy"], part["mask"]).float().mean()
+            for key, value in out.items():
+                sums[key] = sums.get(key, 0.0) + float(value) * len(part)
+            count += len(part)
+        return {key: value / max(count, 1) for key, value in sums.items()}
+
+
+def policy_prefers_chosen(log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per pair: whether the policy's own log-likelihood of the chosen completion beats the rejected one's."""
+    chosen, rejected = split_sides(log_probs)
+    c_mask, r_mask = split_sides(mask.to(log_probs.dtype))
+    return (chosen * c_mask).sum(-1) > (rejected * r_mask).sum(-1)
