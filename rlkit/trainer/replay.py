@@ -1,0 +1,202 @@
+"""`rlkit debug replay RUN_OR_CKPT --step N`: run step N's update again in this process, without Ray.
+
+The run recorded the batch step N's updates received (rlkit/trainer/step_record.py). Here the role's worker
+class is built as the Ray worker builds it (`local_host`: the same `_WorkerHost`, rank 0 of a single-process
+group), the checkpoint before step N is loaded into it, and the recorded batches of the steps after that
+checkpoint up to N go through the same registered method the driver called (`update_actor`, `update_critic`,
+`compute_ref_log_prob`). Nothing runs in another process, so `breakpoint()`, pdb, print and an IDE's plain
+"run this file" stop and show where they would in the run; `--break-at PHASE` pauses at a phase as
+`trainer.debug.break_at` does in a run.
+
+On CPU in float32 a replay of a one-worker run equals the run bit for bit (loss, gradient norm, weights): the
+same code on the same values with the same thread count. A run with several workers split the batch over
+them and summed their gradients; its replay runs the whole batch on one worker, the same update up to the
+order of floating-point sums. On GPU, kernels that pick their reduction order at run time (cuBLAS split-K,
+atomics) may differ in the last bits unless the run and the replay both use `trainer.deterministic=true`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlkit.errors import UserError
+from rlkit.registry import Registry
+from rlkit.trainer.step_record import StepRecord, find_record, load_record
+
+
+@dataclass(frozen=True)
+class RoleReplay:
+    """How a role's part of a step is replayed: the method the driver called, whether it trains (then the steps
+    since the checkpoint are replayed in order), and the metrics it returns from the method's output."""
+
+    method: str
+    trains: bool
+    metrics: Callable[[Any, StepRecord], dict[str, float]]
+
+
+def _worker_metrics(out: Any, record: StepRecord) -> dict[str, float]:
+    from rlkit.trainer.step_metrics import reduce_worker_metrics
+
+    return reduce_worker_metrics(out.meta.get("metrics", {}))
+
+
+def _ref_gap(out: Any, record: StepRecord) -> dict[str, float]:
+    """The recomputed reference log-probs against the recorded ones (0.0: equal)."""
+    if "ref_log_prob" not in record.batch:
+        raise UserError(f"step {record.step}'s batch has no ref_log_prob: that run used no reference; replay "
+                        "--role actor or critic")
+    mask = record.batch["response_mask"].bool()
+    gap = (out["ref_log_prob"] - record.batch["ref_log_prob"]).abs()[mask]
+    return {"ref/log_prob_max_abs_diff": float(gap.max()) if gap.numel() else 0.0}
+
+
+REPLAY_ROLES: Registry[RoleReplay] = Registry("replay role")
+REPLAY_ROLES.add("actor", RoleReplay("update_actor", True, _worker_metrics))
+REPLAY_ROLES.add("critic", RoleReplay("update_critic", True, _worker_metrics))
+REPLAY_ROLES.add("ref", RoleReplay("compute_ref_log_prob", False, _ref_gap))
+
+
+@dataclass
+class ReplayResult:
+    step: int
+    role: str
+    metrics: dict[str, float]  # what the replayed call returned, reduced as the run's row is
+    logged: dict[str, float]  # the run's metrics.jsonl row of the step ({} when it has none)
+    checkpoint: Path | None  # where it started (None: the initial weights)
+    steps: list[int] = field(default_factory=list)  # the steps replayed, the last one N
+    host: Any = None  # the in-process worker host (its role holds the replayed model)
+
+    def compared(self) -> list[tuple[str, float, float | None]]:
+        """(metric, replayed, logged) for every replayed metric but timings and the LR."""
+        return [(k, v, self.logged.get(k)) for k, v in sorted(self.metrics.items())
+                if not k.startswith(("timing_s/", "memory/")) and not k.endswith("/lr")]
+
+
+def replay_step(target: str | Path, step: int, role: str = "actor", break_at: str | None = None,
+                say: Callable[[str], None] = print) -> ReplayResult:
+    """Replay step `step` of the run at `target` (log dir, checkpoint root or folder, or a record file)."""
+    from rlkit.controller.worker_group import local_host
+
+    spec = REPLAY_ROLES.get(role)
+    target = Path(target).expanduser()
+    record = load_record(find_record(target, step))
+    cfg = record.cfg
+    name = _host_role(cfg, role)
+    checkpoint = _checkpoint_before(target, record) if spec.trains else None
+    start = 0 if checkpoint is None else _step_of(checkpoint)
+    chain = [_record_of(record, s) for s in range(start + 1, step)] + [record] if spec.trains else [record]
+    if role == "actor":
+        chain = [r for r in chain if r.step > cfg.trainer.critic_warmup]
+        if not chain:
+            raise UserError(f"the actor does not update at step {step} (trainer.critic_warmup="
+                            f"{cfg.trainer.critic_warmup}); replay --role critic")
+    _prepare_process(cfg, break_at)
+    host = local_host({name: _role_spec(cfg, record, name)})
+    say(f"replaying step {step} ({role}.{spec.method}) in this process (pid {os.getpid()}), from "
+        f"{checkpoint or 'the initial weights'}" + (f", through steps {[r.step for r in chain]}" if len(chain) > 1
+                                                   else ""))
+    host.call(name, "init_model", None)
+    if checkpoint is not None:
+        host.call(name, "load_checkpoint", None, str(checkpoint / name))
+    out = None
+    for rec in chain:
+        if rec.worker_rng:
+            from rlkit.utils.checkpoint_io import load_rng_state
+
+            load_rng_state(rec.worker_rng[0])
+        out = host.call(name, spec.method, rec.step, rec.batch)
+    metrics = spec.metrics(out, record)
+    return ReplayResult(step, role, metrics, _logged_row(record), checkpoint, [r.step for r in chain], host)
+
+
+def _host_role(cfg: Any, role: str) -> str:
+    """The worker role that does `role`'s work: a LoRA actor is its own reference."""
+    from rlkit.algo.run_needs import critic_enabled, ref_needed
+    from rlkit.models.lora import lora_enabled
+
+    if role == "critic" and not critic_enabled(cfg):
+        raise UserError("this run has no critic; replay --role actor")
+    if role == "ref" and not ref_needed(cfg):
+        raise UserError("this run has no reference policy; replay --role actor")
+    if role == "ref" and lora_enabled(cfg.actor_rollout_ref.model):
+        return "actor"
+    return role
+
+
+def _role_spec(cfg: Any, record: StepRecord, name: str) -> Any:
+    from rlkit.trainer.roles import actor_role, critic_role, ref_role
+
+    build = {
+        "actor": lambda: actor_role(cfg, record.model_path, record.total_steps),
+        "critic": lambda: critic_role(cfg, record.model_path, record.total_steps),
+        "ref": lambda: ref_role(cfg, record.model_path),
+    }
+    return build[name]()
+
+
+def _prepare_process(cfg: Any, break_at: str | None) -> None:
+    """This process as the run's worker was: its torch threads (CPU), determinism, the phase to pause at."""
+    from rlkit.debug.breakpoints import BREAK_AT_ENV, break_at_list
+    from rlkit.utils.determinism import deterministic_env
+
+    if not torch.cuda.is_available():
+        torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_worker)))  # a Ray worker runs that many
+    os.environ.update(deterministic_env(cfg.trainer.deterministic))
+    if break_at:
+        os.environ[BREAK_AT_ENV] = ",".join(break_at_list(break_at))
+
+
+def _step_of(path: Path) -> int:
+    from rlkit.utils.checkpoint_io import step_of
+
+    step = step_of(path)
+    assert step is not None
+    return step
+
+
+def _checkpoint_before(target: Path, record: StepRecord) -> Path | None:
+    """The checkpoint to start from: `target` itself when it is a checkpoint before the step, else the run's
+    newest complete one before it; None when the run had none (the replay starts from the initial weights)."""
+    from rlkit.utils.checkpoint_io import list_checkpoints, open_checkpoint, step_of
+
+    named = step_of(target)
+    if named is not None:
+        if named >= record.step:
+            raise UserError(f"{target} is the checkpoint after step {named}; step {record.step} replays from a "
+                            "checkpoint before it (pass the run's log dir or checkpoint root)")
+        return open_checkpoint(target, "rlkit debug replay")
+    before = [p for s, p in list_checkpoints(record.checkpoint_root) if s < record.step]
+    return before[-1] if before else None
+
+
+def _record_of(record: StepRecord, step: int) -> StepRecord:
+    """The record of an earlier step of the same run (replayed on the way from the checkpoint to step N)."""
+    from rlkit.trainer.step_record import record_path
+
+    path = record_path(record.log_dir, step)
+    if not path.is_file():
+        raise UserError(f"step {record.step} replays from the checkpoint before it, so the steps in between must be "
+                        f"recorded too; step {step} was not: rerun with trainer.debug.record_steps=[{step}, ..., "
+                        f"{record.step}] (or trainer.save_freq=1)")
+    return load_record(path)
+
+
+def _logged_row(record: StepRecord) -> dict[str, float]:
+    path = Path(record.log_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    for line in reversed(path.read_text().splitlines()):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if row.get("step") == record.step and any(k.startswith(("actor/", "critic/")) for k in row):
+            return row
+    return {}

@@ -1,0 +1,156 @@
+"""Step records: what `rlkit debug replay` needs to run a step's updates again, saved by the run.
+
+A record is the `Batch` the actor/critic updates of step N received (after rollout, reward, old/ref log-probs,
+values and advantages), the RNG states of the driver and of every trainer worker at that moment, and the run's
+config, in `<log_dir>/steps/step_N.pt`. The run saves one for every step in `trainer.debug.record_steps` (as soon
+as the batch is complete, so a step that dies in its update still has it) and one for a step that fails after
+its batch was made. Between steps the recorder holds only a reference to the last batch: no copy, no I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlkit.errors import UserError
+from rlkit.protocol import METRICS_KEY, Batch
+
+log = logging.getLogger("rlkit.trainer")
+
+RECORD_DIR = "steps"
+RECORD_FILE = re.compile(r"^step_(\d+)\.pt$")
+
+
+@dataclass
+class StepRecord:
+    """One step's update inputs, and where the run keeps its checkpoints."""
+
+    step: int
+    batch: Batch
+    cfg: Any  # the run's RLConfig
+    model_path: str  # the policy's resolved local folder
+    total_steps: int  # sizes the LR schedules, as in the run
+    checkpoint_root: str
+    log_dir: str
+    worker_rng: list[dict[str, Any]] = field(default_factory=list)  # per trainer-group rank
+    driver_rng: dict[str, Any] = field(default_factory=dict)
+    failure: str | None = None  # the error of a step that failed
+
+
+def record_path(log_dir: str | Path, step: int) -> Path:
+    return Path(log_dir) / RECORD_DIR / f"step_{step}.pt"
+
+
+def save_record(record: StepRecord) -> Path:
+    """Write the record atomically (a reader sees the whole file or none)."""
+    path = record_path(record.log_dir, record.step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(record, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_record(path: Path) -> StepRecord:
+    try:
+        record = torch.load(path, weights_only=False)
+    except Exception as exc:  # a torn or foreign file
+        raise UserError(f"{path}: not a step record ({type(exc).__name__}: {exc}); record the step again with "
+                        "trainer.debug.record_steps=[N]") from None
+    if not isinstance(record, StepRecord):
+        raise UserError(f"{path}: not a step record; record the step with trainer.debug.record_steps=[N]")
+    return record
+
+
+def recorded_steps(folder: Path) -> list[int]:
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := RECORD_FILE.match(p.name)))
+
+
+def record_folders(target: Path) -> list[Path]:
+    """Where a run's records may be, given what a user points at: a record file's folder, a log dir, a checkpoint
+    root (its default `logs/`), a `global_step_N` folder (its root's), or a folder with a run's config.json."""
+    target = target.expanduser()
+    candidates = [target / RECORD_DIR, target / "logs" / RECORD_DIR, target.parent / "logs" / RECORD_DIR]
+    config = target / "config.json"
+    if config.is_file():  # a checkpoint folder: its run's log_dir
+        import json
+
+        try:
+            log_dir = json.loads(config.read_text()).get("trainer", {}).get("log_dir")
+        except (ValueError, AttributeError):
+            log_dir = None
+        if log_dir:
+            candidates.insert(0, Path(log_dir) / RECORD_DIR)
+    return [c for c in dict.fromkeys(candidates) if c.is_dir()]
+
+
+def find_record(target: Path, step: int) -> Path:
+    """The record of `step` for a run or checkpoint path (see `record_folders`), or a record file itself."""
+    if target.is_file():
+        return target
+    if not target.exists():
+        raise UserError(f"{target}: no such run, checkpoint or record; pass the run's log dir or checkpoint root")
+    folders = record_folders(target)
+    for folder in folders:
+        path = folder / f"step_{step}.pt"
+        if path.is_file():
+            return path
+    have = sorted({s for folder in folders for s in recorded_steps(folder)})
+    if have:
+        raise UserError(f"{target}: step {step} was not recorded (recorded: {', '.join(map(str, have))}); rerun with "
+                        f"trainer.debug.record_steps=[{step}]")
+    raise UserError(f"{target}: no step records here; run with trainer.debug.record_steps=[{step}] (they go to "
+                    f"<trainer.log_dir>/{RECORD_DIR}/) and pass that run's log dir or checkpoint root")
+
+
+class StepRecorder:
+    """The run's side: `before_update` at the point the step's batch is complete, `failed` when a step raises."""
+
+    def __init__(self, cfg: Any, model_path: str, total_steps: int, log_dir: str,
+                 worker_rng: Callable[[], list[dict[str, Any]]]) -> None:
+        self.cfg, self.model_path, self.total_steps, self.log_dir = cfg, model_path, total_steps, log_dir
+        self.steps = {int(s) for s in cfg.trainer.debug.record_steps}
+        self.checkpoint_root = str(Path(cfg.trainer.default_local_dir).expanduser().resolve())
+        self._worker_rng = worker_rng
+        self._pending: StepRecord | None = None
+
+    def start(self, step: int) -> None:
+        """A new step begins: forget the last one's batch."""
+        self._pending = None
+
+    def before_update(self, step: int, batch: Batch) -> None:
+        """The batch the updates receive (a shallow copy: the updates only add keys); written now if asked."""
+        from rlkit.utils.checkpoint_io import save_rng_state
+
+        kept = Batch(dict(batch.tensors), dict(batch.non_tensors),
+                     {k: v for k, v in batch.meta.items() if k != METRICS_KEY})
+        asked = step in self.steps
+        self._pending = StepRecord(step, kept, self.cfg, self.model_path, self.total_steps, self.checkpoint_root,
+                                   self.log_dir, worker_rng=self._worker_rng() if asked else [],
+                                   driver_rng=save_rng_state())
+        if asked:
+            path = save_record(self._pending)
+            log.info("step %d recorded: %s (rlkit debug replay %s --step %d)", step, path, self.log_dir, step)
+
+    def failed(self, step: int, exc: BaseException) -> Path | None:
+        """Save the failed step's batch (when it got that far); returns the record's path."""
+        record = self._pending
+        if record is None or record.step != step:
+            return None
+        record.failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        try:
+            path = save_record(record)
+        except OSError as err:  # the run's own error matters more than its record
+            log.warning("could not record failed step %d: %s", step, err)
+            return None
+        log.warning("step %d failed; its batch is recorded: rlkit debug replay %s --step %d", step, self.log_dir, step)
+        return path
