@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PING_S = 10.0  # a live worker answers at once; one stuck in a collective with the dead one errs out first
+PING_S = 2.0  # a dead worker's ping fails at once; a live one answers, or is busy (alive) and is not waited for
 LOG_LINES = 5
 EXIT_TYPE = re.compile(r"Worker exit type: (\S+)")
 FATAL = re.compile(r"Fatal Python error: (.+)")
+NOISE = re.compile(r"it/s\]|s/it\]|\[repeated \d+x")  # progress-bar redraws and Ray's repeat counters
 
 
 @dataclass
@@ -44,17 +45,17 @@ def find_death(workers: Any, exc: BaseException) -> WorkerDeath | None:
 
     if not isinstance(exc, WorkerError | ray.exceptions.RayActorError):
         return None
-    for group in workers.groups:
-        for rank, actor in enumerate(group.actors):
-            try:
-                ray.get(actor.pid.remote(), timeout=PING_S)
-            except ray.exceptions.RayActorError as dead:
-                pid = group.pids[rank] if rank < len(group.pids) else None
-                lines = log_tail(pid)
-                return WorkerDeath(group.name_prefix, rank, [r or "worker" for r in group.roles], pid,
-                                   cause(str(dead), lines), [ln for ln in lines if ln][-LOG_LINES:])
-            except ray.exceptions.GetTimeoutError:
-                continue
+    pings = {actor.pid.remote(): (group, rank) for group in workers.groups for rank, actor in enumerate(group.actors)}
+    ready, _ = ray.wait(list(pings), num_returns=len(pings), timeout=PING_S)  # the busy ones are alive: not waited on
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as dead:
+            group, rank = pings[ref]
+            pid = group.pids[rank] if rank < len(group.pids) else None
+            lines = log_tail(pid)
+            return WorkerDeath(group.name_prefix, rank, [r or "worker" for r in group.roles], pid,
+                               cause(str(dead), lines), lines[-LOG_LINES:])
     return None
 
 
@@ -88,5 +89,5 @@ def log_tail(pid: int | None, lines: int = 40) -> list[str]:
             text = path.read_text(errors="replace").splitlines()
         except OSError:
             continue
-        out += [ln.strip() for ln in text if ln.strip() and not ln.startswith(":") and "[repeated" not in ln]
+        out += [ln.strip() for ln in text if ln.strip() and not ln.startswith(":") and not NOISE.search(ln)]
     return out[-lines:]

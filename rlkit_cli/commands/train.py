@@ -90,6 +90,8 @@ def train(
         notes = preflight(cfg, allow_download=False).notes  # a problem exits 1, as the real run would
         console.print("pre-flight ok: " + "; ".join(notes), soft_wrap=True, markup=False)
         return
+    from ray.exceptions import RayActorError
+
     from rlkit.controller import WorkerError
     from rlkit.trainer.interrupt import TrainingInterrupted
 
@@ -98,11 +100,20 @@ def train(
     except TrainingInterrupted as stop:
         Console(stderr=True, soft_wrap=True).print(stop.line(sys.argv), markup=False, highlight=False)
         raise typer.Exit(stop.exit_code) from None
-    except WorkerError as exc:
+    except (WorkerError, RayActorError) as exc:
         from rich.text import Text
 
+        from rlkit.trainer.interrupt import rerun_command
+        from rlkit.utils.checkpoint_io import find_latest_checkpoint
+
         # The worker's traceback is plain text with ANSI colours: not rich markup ("x[role]" must survive), no wrapping.
-        Console(stderr=True, soft_wrap=True).print("[bold red]worker failure:[/bold red]", Text.from_ansi(str(exc)))
+        err = Console(stderr=True, soft_wrap=True)
+        err.print("[bold red]worker failure:[/bold red]", Text.from_ansi(str(exc)))
+        checkpoint = find_latest_checkpoint(cfg.trainer.default_local_dir)
+        how = (f"no checkpoint saved yet; start again with: {rerun_command(sys.argv, resume=False)}"
+               if checkpoint is None else
+               f"last complete checkpoint: {checkpoint}; resume with: {rerun_command(sys.argv, resume=True)}")
+        err.print(how, markup=False, highlight=False)
         raise typer.Exit(1) from None
 
 
