@@ -8,10 +8,14 @@ A trainer (RL today; SFT, DPO, distillation next) subclasses `TrainerBase` and s
     extra_state() / load_extra_state(d) small values saved with the loop's (e.g. the adaptive KL coefficient)
     required_files()            what a complete checkpoint holds (checked before it is committed)
     on_resumed() / close()      after a resume; once when fit ends, however it ends
+    worker_death(exc) / restart_workers()   names a dead worker process behind a failed step; replaces them all
 
 The loop itself (`fit`) is the same for all: resume, validate first if asked, then per step run it, log the
 row, validate every `trainer.test_freq` steps and at the end, checkpoint every `trainer.save_freq` steps and
-at the end (atomically, rotated to `max_actor_ckpt_to_keep`; rlkit/utils/checkpoint_io.py).
+at the end (atomically, rotated to `max_actor_ckpt_to_keep`; rlkit/utils/checkpoint_io.py). When a step fails
+because a worker process died, the loop restarts the workers from this run's last complete checkpoint (or its
+start) and goes on, dropping the rows logged after it, at most `trainer.max_worker_restarts` times and never
+twice for the same step.
 """
 
 from __future__ import annotations

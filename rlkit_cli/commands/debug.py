@@ -147,7 +147,7 @@ def replay(
     """
     from rlkit.trainer.replay import replay_step
 
-    result = replay_step(run, step, role, break_at, say=lambda line: console.print(line, markup=False))
+    result = replay_step(run, step, role, break_at, say=lambda line: console.print(line, markup=False, soft_wrap=True))
     table = Table(title=f"step {step} replayed ({role}, steps {result.steps})", title_justify="left")
     for col in ("metric", "replayed", "run logged", "equal"):
         table.add_column(col)
@@ -155,3 +155,11 @@ def replay(
         same = "-" if logged is None else "yes" if logged == value else f"no ({value - logged:+.3g})"
         table.add_row(key, repr(value), "-" if logged is None else repr(logged), same)
     console.print(table)
+    rows = [(value, logged) for _, value, logged in result.compared() if logged is not None]
+    if not rows:
+        console.print("the run logged no row for this step (metrics.jsonl) to compare with")
+    else:
+        differ = sum(value != logged for value, logged in rows)
+        console.print(f"{len(rows) - differ} of {len(rows)} metrics equal the run's logged ones bit for bit"
+                      + ("" if not differ else f"; {differ} differ (docs/debugging.md#12-replay-a-step-in-one-process "
+                                               "says when a replay can)"))
