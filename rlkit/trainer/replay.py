@@ -27,40 +27,77 @@ from typing import Any
 import torch
 
 from rlkit.errors import UserError
+from rlkit.protocol import Batch
 from rlkit.registry import Registry
 from rlkit.trainer.step_record import StepRecord, find_record, load_record
+
+#: the update each trained role runs in a step (the driver's call), replayed for the steps since the checkpoint
+UPDATES = {"actor": "update_actor", "critic": "update_critic"}
 
 
 @dataclass(frozen=True)
 class RoleReplay:
-    """How a role's part of a step is replayed: the method the driver called, whether it trains (then the steps
-    since the checkpoint are replayed in order), and the metrics it returns from the method's output."""
+    """How one role's part of step N is replayed: the worker roles built in this process, the trained role whose
+    recorded updates bring it from the checkpoint to step N (None: nothing trained, no checkpoint), whether
+    step N's own update is replayed, and `run(host, record, role)`, which does the role's call of step N and
+    returns its metrics."""
 
-    method: str
-    trains: bool
-    metrics: Callable[[Any, StepRecord], dict[str, float]]
+    roles: tuple[str, ...]
+    history: str | None
+    updates_at_n: bool
+    run: Callable[[Any, StepRecord, str], dict[str, float]]
 
 
-def _worker_metrics(out: Any, record: StepRecord) -> dict[str, float]:
+def _update(host: Any, record: StepRecord, name: str) -> dict[str, float]:
     from rlkit.trainer.step_metrics import reduce_worker_metrics
 
+    out = host.call(name, UPDATES[name], record.step, record.batch)
     return reduce_worker_metrics(out.meta.get("metrics", {}))
 
 
-def _ref_gap(out: Any, record: StepRecord) -> dict[str, float]:
-    """The recomputed reference log-probs against the recorded ones (0.0: equal)."""
+def _reference(host: Any, record: StepRecord, name: str) -> dict[str, float]:
+    """The reference log-probs again, against the recorded ones (0.0: equal)."""
     if "ref_log_prob" not in record.batch:
         raise UserError(f"step {record.step}'s batch has no ref_log_prob: that run used no reference; replay "
                         "--role actor or critic")
+    out = host.call(name, "compute_ref_log_prob", record.step, record.batch)
     mask = record.batch["response_mask"].bool()
     gap = (out["ref_log_prob"] - record.batch["ref_log_prob"]).abs()[mask]
     return {"ref/log_prob_max_abs_diff": float(gap.max()) if gap.numel() else 0.0}
 
 
+def _regenerate(host: Any, record: StepRecord, name: str) -> dict[str, float]:
+    """Step N's generation again, with the policy of the step before it, in the run's row order and seeds: each
+    data-parallel rank's share with that rank's sampling seed. Returns how many rows' responses differ."""
+    from rlkit.rollout.lifecycle import call_seed
+
+    batch = record.batch
+    world = record.world_size // record.cfg.actor_rollout_ref.rollout.tensor_model_parallel_size  # its DP ranks
+    host.call(name, "sync_weights", record.step)  # the actor's weights (the checkpoint + the steps since) -> engine
+    order = torch.as_tensor(record.rollout_order) if record.rollout_order is not None else torch.arange(len(batch))
+    prompt_len = batch["prompts"].shape[1]
+    gen = batch.index(torch.argsort(order)).select(["input_ids", "attention_mask", "position_ids"])
+    gen = Batch({k: v[:, :prompt_len] for k, v in gen.tensors.items()})  # the prompts, as the engine got them
+    padded, pad = gen.pad_to_divisor(world)
+    worker = host._roles[name]
+    outs = []
+    for rank, chunk in enumerate(padded.chunk(world)):  # DP_COMPUTE's split: rank r samples with its own seed
+        worker.set_dispatch_info(rank, world, True)
+        outs.append(host.call(name, "generate_sequences", record.step, chunk, seed=call_seed(record.step)))
+    out = Batch.concat(outs).unpad(pad).index(order)
+    differ = (out["responses"] != batch["responses"]).any(-1)
+    metrics = {"rollout/replayed_rows": float(len(batch)), "rollout/rows_with_other_responses": float(differ.sum())}
+    if "rollout_log_probs" in out and "rollout_log_probs" in batch and not differ.any():
+        gap = (out["rollout_log_probs"] - batch["rollout_log_probs"]).abs()[batch["response_mask"].bool()]
+        metrics["rollout/log_prob_max_abs_diff"] = float(gap.max()) if gap.numel() else 0.0
+    return metrics
+
+
 REPLAY_ROLES: Registry[RoleReplay] = Registry("replay role")
-REPLAY_ROLES.add("actor", RoleReplay("update_actor", True, _worker_metrics))
-REPLAY_ROLES.add("critic", RoleReplay("update_critic", True, _worker_metrics))
-REPLAY_ROLES.add("ref", RoleReplay("compute_ref_log_prob", False, _ref_gap))
+REPLAY_ROLES.add("actor", RoleReplay(("actor",), "actor", True, _update))
+REPLAY_ROLES.add("critic", RoleReplay(("critic",), "critic", True, _update))
+REPLAY_ROLES.add("ref", RoleReplay(("ref",), None, False, _reference))
+REPLAY_ROLES.add("rollout", RoleReplay(("actor", "rollout"), "actor", False, _regenerate))
 
 
 @dataclass
@@ -70,73 +107,93 @@ class ReplayResult:
     metrics: dict[str, float]  # what the replayed call returned, reduced as the run's row is
     logged: dict[str, float]  # the run's metrics.jsonl row of the step ({} when it has none)
     checkpoint: Path | None  # where it started (None: the initial weights)
-    steps: list[int] = field(default_factory=list)  # the steps replayed, the last one N
-    host: Any = None  # the in-process worker host (its role holds the replayed model)
+    steps: list[int] = field(default_factory=list)  # the steps whose updates were replayed
+    host: Any = None  # the in-process worker host (its roles hold the replayed models)
 
     def compared(self) -> list[tuple[str, float, float | None]]:
         """(metric, replayed, logged) for every replayed metric but timings and the LR."""
         return [(k, v, self.logged.get(k)) for k, v in sorted(self.metrics.items())
-                if not k.startswith(("timing_s/", "memory/")) and not k.endswith("/lr")]
+                if not k.startswith(("timing_s/", "memory/", "perf/")) and not k.endswith("/lr")]
 
 
 def replay_step(target: str | Path, step: int, role: str = "actor", break_at: str | None = None,
                 say: Callable[[str], None] = print) -> ReplayResult:
-    """Replay step `step` of the run at `target` (log dir, checkpoint root or folder, or a record file)."""
+    """Replay `role`'s part of step `step` of the run at `target` (log dir, checkpoint root or folder, or a record
+    file): build the role in this process, load the checkpoint before the step, replay the recorded updates
+    since, then the step's own call."""
     from rlkit.controller.worker_group import local_host
+    from rlkit.utils.checkpoint_io import load_rng_state
 
     spec = REPLAY_ROLES.get(role)
     target = Path(target).expanduser()
     record = load_record(find_record(target, step))
     cfg = record.cfg
-    name = _host_role(cfg, role)
-    checkpoint = _checkpoint_before(target, record) if spec.trains else None
+    _check_replayable(cfg, role)
+    roles = tuple(_host_role(cfg, r) for r in spec.roles)
+    checkpoint = _checkpoint_before(target, record) if spec.history else None
     start = 0 if checkpoint is None else _step_of(checkpoint)
-    chain = [_record_of(record, s) for s in range(start + 1, step)] + [record] if spec.trains else [record]
-    if role == "actor":
-        chain = [r for r in chain if r.step > cfg.trainer.critic_warmup]
-        if not chain:
+    history = [_record_of(record, s) for s in range(start + 1, step)] if spec.history else []
+    if spec.history == "actor":  # the actor does not update in the critic's warm-up steps
+        history = [r for r in history if r.step > cfg.trainer.critic_warmup]
+        if spec.updates_at_n and step <= cfg.trainer.critic_warmup:
             raise UserError(f"the actor does not update at step {step} (trainer.critic_warmup="
                             f"{cfg.trainer.critic_warmup}); replay --role critic")
     _prepare_process(cfg, break_at)
-    host = local_host({name: _role_spec(cfg, record, name)})
-    say(f"replaying step {step} ({role}.{spec.method}) in this process (pid {os.getpid()}), from "
-        f"{checkpoint or 'the initial weights'}" + (f", through steps {[r.step for r in chain]}" if len(chain) > 1
-                                                   else ""))
-    host.call(name, "init_model", None)
+    host = local_host({name: _role_spec(cfg, record, name) for name in roles})
+    replayed = [r.step for r in history] + ([step] if spec.updates_at_n else [])
+    say(f"replaying step {step} ({role}) in this process (pid {os.getpid()}) from "
+        f"{checkpoint or 'the initial weights'}" + (f"; updates of steps {replayed}" if replayed else ""))
+    for name in roles:
+        host.call(name, "init_model", None)
     if checkpoint is not None:
-        host.call(name, "load_checkpoint", None, str(checkpoint / name))
-    out = None
-    for rec in chain:
+        host.call(spec.history, "load_checkpoint", None, str(checkpoint / spec.history))
+    for rec in history:
         if rec.worker_rng:
-            from rlkit.utils.checkpoint_io import load_rng_state
-
             load_rng_state(rec.worker_rng[0])
-        out = host.call(name, spec.method, rec.step, rec.batch)
-    metrics = spec.metrics(out, record)
-    return ReplayResult(step, role, metrics, _logged_row(record), checkpoint, [r.step for r in chain], host)
+        _update(host, rec, spec.history)
+    if record.worker_rng:
+        load_rng_state(record.worker_rng[0])
+    metrics = spec.run(host, record, roles[-1])
+    return ReplayResult(step, role, metrics, _logged_row(record), checkpoint, replayed, host)
 
 
-def _host_role(cfg: Any, role: str) -> str:
-    """The worker role that does `role`'s work: a LoRA actor is its own reference."""
+def _check_replayable(cfg: Any, role: str) -> None:
+    """Refuse, in one line, a role this run has not, or a rollout the replay cannot make again."""
     from rlkit.algo.run_needs import critic_enabled, ref_needed
-    from rlkit.models.lora import lora_enabled
 
     if role == "critic" and not critic_enabled(cfg):
         raise UserError("this run has no critic; replay --role actor")
     if role == "ref" and not ref_needed(cfg):
         raise UserError("this run has no reference policy; replay --role actor")
-    if role == "ref" and lora_enabled(cfg.actor_rollout_ref.model):
-        return "actor"
-    return role
+    if role != "rollout":
+        return
+    rollout = cfg.actor_rollout_ref.rollout
+    why = ("the batch was generated during the step before, by a separate rollout group (one-step-off / fully "
+           "async)" if cfg.trainer.separate_rollout else
+           "the batch is a selection from several generations (algorithm.filter_groups)"
+           if cfg.algorithm.filter_groups.enable else
+           "the agent loop's turns are not recorded" if rollout.multi_turn.enable else
+           "its sampling was not seeded (rollout.seed=null)" if rollout.seed is None else "")
+    if why:
+        raise UserError(f"--role rollout cannot regenerate this run's batch: {why}; replay --role actor")
+
+
+def _host_role(cfg: Any, role: str) -> str:
+    """The worker role that does `role`'s work: a LoRA actor is its own reference."""
+    from rlkit.models.lora import lora_enabled
+
+    return "actor" if role == "ref" and lora_enabled(cfg.actor_rollout_ref.model) else role
 
 
 def _role_spec(cfg: Any, record: StepRecord, name: str) -> Any:
     from rlkit.trainer.roles import actor_role, critic_role, ref_role
+    from rlkit.trainer.workers_setup import rollout_role
 
     build = {
         "actor": lambda: actor_role(cfg, record.model_path, record.total_steps),
         "critic": lambda: critic_role(cfg, record.model_path, record.total_steps),
         "ref": lambda: ref_role(cfg, record.model_path),
+        "rollout": lambda: rollout_role(cfg, record.model_path, colocated=True),  # loads the actor built before it
     }
     return build[name]()
 

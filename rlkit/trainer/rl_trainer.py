@@ -86,7 +86,7 @@ class RLTrainer(TrainerBase):
         self.validations = 0  # validation passes so far (seeds data.validation_shuffle's order)
         self.tracker = tracker
         self.ckpt_root = Path(cfg.trainer.default_local_dir).expanduser()
-        self.recorder = StepRecorder(cfg, self.model_path, self.total_steps, log_dir_of(cfg),
+        self.recorder = StepRecorder(cfg, self.model_path, self.total_steps, log_dir_of(cfg), self.workers.world_size,
                                      lambda: self.workers.groups[0].rng_states())  # trainer.debug.record_steps
 
     def _attach(self, workers: WorkerHandles) -> None:
@@ -124,7 +124,9 @@ class RLTrainer(TrainerBase):
         with timer("gen"):
             batch, gen_metrics = self.source.next_batch(timer)
         if cfg.trainer.balance_batch:
-            batch.reorder(balance_across_ranks(batch, w.world_size))
+            order = balance_across_ranks(batch, w.world_size)
+            batch.reorder(order)
+            self.recorder.reordered(order)
         # 2. old log-probs: the policy before this step's update (unneeded for a single on-policy pass)
         if self._needs_old_log_probs():
             with timer("old_log_prob"):

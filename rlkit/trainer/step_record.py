@@ -39,7 +39,9 @@ class StepRecord:
     total_steps: int  # sizes the LR schedules, as in the run
     checkpoint_root: str
     log_dir: str
-    worker_rng: list[dict[str, Any]] = field(default_factory=list)  # per trainer-group rank
+    world_size: int = 1  # the trainer group's data-parallel workers
+    rollout_order: list[int] | None = None  # trainer.balance_batch's reordering: row i was generated as row order[i]
+    worker_rng: list[dict[str, Any]] = field(default_factory=list)  # per trainer-group rank (recorded steps)
     driver_rng: dict[str, Any] = field(default_factory=dict)
     failure: str | None = None  # the error of a step that failed
 
@@ -115,17 +117,23 @@ def find_record(target: Path, step: int) -> Path:
 class StepRecorder:
     """The run's side: `before_update` at the point the step's batch is complete, `failed` when a step raises."""
 
-    def __init__(self, cfg: Any, model_path: str, total_steps: int, log_dir: str,
+    def __init__(self, cfg: Any, model_path: str, total_steps: int, log_dir: str, world_size: int,
                  worker_rng: Callable[[], list[dict[str, Any]]]) -> None:
         self.cfg, self.model_path, self.total_steps, self.log_dir = cfg, model_path, total_steps, log_dir
+        self.world_size = world_size
         self.steps = {int(s) for s in cfg.trainer.debug.record_steps}
         self.checkpoint_root = str(Path(cfg.trainer.default_local_dir).expanduser().resolve())
         self._worker_rng = worker_rng
         self._pending: StepRecord | None = None
+        self._order: list[int] | None = None
 
     def start(self, step: int) -> None:
         """A new step begins: forget the last one's batch."""
-        self._pending = None
+        self._pending, self._order = None, None
+
+    def reordered(self, order: torch.Tensor) -> None:
+        """The step's rows were put in this order after generation (`rlkit debug replay --role rollout`)."""
+        self._order = order.tolist()
 
     def before_update(self, step: int, batch: Batch) -> None:
         """The batch the updates receive (a shallow copy: the updates only add keys); written now if asked."""
@@ -135,8 +143,8 @@ class StepRecorder:
                      {k: v for k, v in batch.meta.items() if k != METRICS_KEY})
         asked = step in self.steps
         self._pending = StepRecord(step, kept, self.cfg, self.model_path, self.total_steps, self.checkpoint_root,
-                                   self.log_dir, worker_rng=self._worker_rng() if asked else [],
-                                   driver_rng=save_rng_state())
+                                   self.log_dir, self.world_size, self._order,
+                                   worker_rng=self._worker_rng() if asked else [], driver_rng=save_rng_state())
         if asked:
             path = save_record(self._pending)
             log.info("step %d recorded: %s (rlkit debug replay %s --step %d)", step, path, self.log_dir, step)

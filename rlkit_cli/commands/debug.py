@@ -136,7 +136,8 @@ def replay(
                               "step, or a step record file."),
     step: int = typer.Option(..., "--step", help="The step to replay (recorded with trainer.debug.record_steps, "
                              "or automatically when it failed)."),
-    role: str = typer.Option("actor", "--role", help="actor | critic | ref: whose part of the step to run."),
+    role: str = typer.Option("actor", "--role", help="actor | critic | ref | rollout: whose part of the step to run "
+                             "(rollout: generate the step's responses again and count the rows that differ)."),
     break_at: str = typer.Option(None, "--break-at", help="Pause in pdb at a phase, e.g. actor.update_policy."),
 ) -> None:
     """Re-run step N's update from the checkpoint before it, in this process without Ray: breakpoint(), pdb,
@@ -148,7 +149,7 @@ def replay(
     from rlkit.trainer.replay import replay_step
 
     result = replay_step(run, step, role, break_at, say=lambda line: console.print(line, markup=False, soft_wrap=True))
-    table = Table(title=f"step {step} replayed ({role}, steps {result.steps})", title_justify="left")
+    table = Table(title=f"step {step} replayed ({role}; updates of steps {result.steps})", title_justify="left")
     for col in ("metric", "replayed", "run logged", "equal"):
         table.add_column(col)
     for key, value, logged in result.compared():
@@ -157,7 +158,7 @@ def replay(
     console.print(table)
     rows = [(value, logged) for _, value, logged in result.compared() if logged is not None]
     if not rows:
-        console.print("the run logged no row for this step (metrics.jsonl) to compare with")
+        console.print("compared with the recorded batch (the run's metrics.jsonl has none of these)")
     else:
         differ = sum(value != logged for value, logged in rows)
         console.print(f"{len(rows) - differ} of {len(rows)} metrics equal the run's logged ones bit for bit"

@@ -120,6 +120,11 @@ def test_grpo_replay_equals_the_run_bit_for_bit(grpo, replay_process):
     print(f"[GRPO replay of steps 3-4 in-process: {seconds:.1f}s; pg_loss, grad_norm and "
           f"{len(replayed)} weight tensors equal]")
 
+    # the rollout of step 4: the step-2 checkpoint, step 3's update, then step 4's generation with its seed
+    rollout = replay_step(out / "logs", KILL_IN, role="rollout", say=lambda line: None)
+    assert rollout.steps == [3]
+    assert rollout.metrics["rollout/replayed_rows"] == 128 and rollout.metrics["rollout/rows_with_other_responses"] == 0
+
 
 def test_a_killed_actor_worker_restarts_from_the_last_checkpoint_and_the_run_repeats_exactly(grpo, toy_data,
                                                                                             tiny_model, tmp_path):
