@@ -226,8 +226,8 @@ class DebugConfig:
         "on in --debug mode"
     )
     record_steps: list = f(factory=list, help="steps whose update inputs (the batch the actor/critic update receives, "
-                           "the RNG states) are saved to <log_dir>/steps/ for `rlkit debug replay`; a failed step is "
-                           "saved too")
+                           "the RNG states) are saved to <default_local_dir>/steps/ for `rlkit debug replay`; a "
+                           "failed step is saved too")
 
 
 @dataclass

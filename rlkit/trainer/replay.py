@@ -118,9 +118,9 @@ class ReplayResult:
 
 def replay_step(target: str | Path, step: int, role: str = "actor", break_at: str | None = None,
                 say: Callable[[str], None] = print) -> ReplayResult:
-    """Replay `role`'s part of step `step` of the run at `target` (log dir, checkpoint root or folder, or a record
-    file): build the role in this process, load the checkpoint before the step, replay the recorded updates
-    since, then the step's own call."""
+    """Replay `role`'s part of step `step` of the run at `target` (its checkpoint root, a checkpoint in it, its
+    default log dir, or a record file): build the role in this process, load the checkpoint before the step,
+    replay the recorded updates since, then the step's own call."""
     from rlkit.controller.worker_group import local_host
     from rlkit.utils.checkpoint_io import load_rng_state
 
@@ -227,7 +227,7 @@ def _checkpoint_before(target: Path, record: StepRecord) -> Path | None:
     if named is not None:
         if named >= record.step:
             raise UserError(f"{target} is the checkpoint after step {named}; step {record.step} replays from a "
-                            "checkpoint before it (pass the run's log dir or checkpoint root)")
+                            "checkpoint before it (pass the run's checkpoint root)")
         return open_checkpoint(target, "rlkit debug replay")
     before = [p for s, p in list_checkpoints(record.checkpoint_root) if s < record.step]
     return before[-1] if before else None
@@ -237,7 +237,7 @@ def _record_of(record: StepRecord, step: int) -> StepRecord:
     """The record of an earlier step of the same run (replayed on the way from the checkpoint to step N)."""
     from rlkit.trainer.step_record import record_path
 
-    path = record_path(record.log_dir, step)
+    path = record_path(record.checkpoint_root, step)
     if not path.is_file():
         raise UserError(f"step {record.step} replays from the checkpoint before it, so the steps in between must be "
                         f"recorded too; step {step} was not: rerun with trainer.debug.record_steps=[{step}, ..., "

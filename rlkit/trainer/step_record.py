@@ -2,9 +2,11 @@
 
 A record is the `Batch` the actor/critic updates of step N received (after rollout, reward, old/ref log-probs,
 values and advantages), the RNG states of the driver and of every trainer worker at that moment, and the run's
-config, in `<log_dir>/steps/step_N.pt`. The run saves one for every step in `trainer.debug.record_steps` (as soon
+config. The run saves one for every step in `trainer.debug.record_steps` (as soon
 as the batch is complete, so a step that dies in its update still has it) and one for a step that fails after
-its batch was made. Between steps the recorder holds only a reference to the last batch: no copy, no I/O.
+its batch was made. Records live next to the checkpoints they start from, in
+`<trainer.default_local_dir>/steps/step_N.pt`, so the run's checkpoint root names both. Between steps the
+recorder holds only a reference to the last batch: no copy, no I/O.
 """
 
 from __future__ import annotations
@@ -46,13 +48,13 @@ class StepRecord:
     failure: str | None = None  # the error of a step that failed
 
 
-def record_path(log_dir: str | Path, step: int) -> Path:
-    return Path(log_dir) / RECORD_DIR / f"step_{step}.pt"
+def record_path(checkpoint_root: str | Path, step: int) -> Path:
+    return Path(checkpoint_root) / RECORD_DIR / f"step_{step}.pt"
 
 
 def save_record(record: StepRecord) -> Path:
     """Write the record atomically (a reader sees the whole file or none)."""
-    path = record_path(record.log_dir, record.step)
+    path = record_path(record.checkpoint_root, record.step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     torch.save(record, tmp)
@@ -78,21 +80,10 @@ def recorded_steps(folder: Path) -> list[int]:
 
 
 def record_folders(target: Path) -> list[Path]:
-    """Where a run's records may be, given what a user points at: a record file's folder, a log dir, a checkpoint
-    root (its default `logs/`), a `global_step_N` folder (its root's), or a folder with a run's config.json."""
+    """Where a run's records may be, given what a user points at: the checkpoint root, a `global_step_N` folder
+    in it, or the default log dir in it (`<root>/logs`)."""
     target = target.expanduser()
-    candidates = [target / RECORD_DIR, target / "logs" / RECORD_DIR, target.parent / "logs" / RECORD_DIR]
-    config = target / "config.json"
-    if config.is_file():  # a checkpoint folder: its run's log_dir
-        import json
-
-        try:
-            log_dir = json.loads(config.read_text()).get("trainer", {}).get("log_dir")
-        except (ValueError, AttributeError):
-            log_dir = None
-        if log_dir:
-            candidates.insert(0, Path(log_dir) / RECORD_DIR)
-    return [c for c in dict.fromkeys(candidates) if c.is_dir()]
+    return [c for c in dict.fromkeys([target / RECORD_DIR, target.parent / RECORD_DIR]) if c.is_dir()]
 
 
 def find_record(target: Path, step: int) -> Path:
@@ -100,7 +91,8 @@ def find_record(target: Path, step: int) -> Path:
     if target.is_file():
         return target
     if not target.exists():
-        raise UserError(f"{target}: no such run, checkpoint or record; pass the run's log dir or checkpoint root")
+        raise UserError(f"{target}: no such run, checkpoint or record; pass the run's checkpoint root "
+                        "(trainer.default_local_dir)")
     folders = record_folders(target)
     for folder in folders:
         path = folder / f"step_{step}.pt"
@@ -111,7 +103,7 @@ def find_record(target: Path, step: int) -> Path:
         raise UserError(f"{target}: step {step} was not recorded (recorded: {', '.join(map(str, have))}); rerun with "
                         f"trainer.debug.record_steps=[{step}]")
     raise UserError(f"{target}: no step records here; run with trainer.debug.record_steps=[{step}] (they go to "
-                    f"<trainer.log_dir>/{RECORD_DIR}/) and pass that run's log dir or checkpoint root")
+                    f"<trainer.default_local_dir>/{RECORD_DIR}/) and pass that run's checkpoint root")
 
 
 class StepRecorder:
@@ -147,7 +139,7 @@ class StepRecorder:
                                    worker_rng=self._worker_rng() if asked else [], driver_rng=save_rng_state())
         if asked:
             path = save_record(self._pending)
-            log.info("step %d recorded: %s (rlkit debug replay %s --step %d)", step, path, self.log_dir, step)
+            log.info("step %d recorded: %s (rlkit debug replay %s --step %d)", step, path, self.checkpoint_root, step)
 
     def failed(self, step: int, exc: BaseException) -> Path | None:
         """Save the failed step's batch (when it got that far); returns the record's path."""
@@ -160,5 +152,6 @@ class StepRecorder:
         except OSError as err:  # the run's own error matters more than its record
             log.warning("could not record failed step %d: %s", step, err)
             return None
-        log.warning("step %d failed; its batch is recorded: rlkit debug replay %s --step %d", step, self.log_dir, step)
+        log.warning("step %d failed; its batch is recorded: rlkit debug replay %s --step %d", step,
+                    self.checkpoint_root, step)
         return path

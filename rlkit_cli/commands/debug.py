@@ -132,8 +132,8 @@ def _wait_for_worker(dashboard: str | None, selector: str | None, wait: float) -
 
 @friendly_errors
 def replay(
-    run: str = typer.Argument(..., help="The run's log dir or checkpoint root, a global_step_N folder before the "
-                              "step, or a step record file."),
+    run: str = typer.Argument(..., help="The run's checkpoint root (trainer.default_local_dir), a global_step_N "
+                              "folder before the step, or a step record file."),
     step: int = typer.Option(..., "--step", help="The step to replay (recorded with trainer.debug.record_steps, "
                              "or automatically when it failed)."),
     role: str = typer.Option("actor", "--role", help="actor | critic | ref | rollout: whose part of the step to run "

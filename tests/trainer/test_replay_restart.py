@@ -2,8 +2,9 @@
 
 One uninterrupted GRPO run (module fixture; `trainer.deterministic=true`, 6 steps, a checkpoint every 2, steps 3
 and 4 recorded) serves three tests:
-- replay: `replay_step(run, 4)` in this process, from the step-2 checkpoint through the records of steps 3 and 4,
-  returns the loss and gradient norm the run logged and the weights of its step-4 checkpoint, bit for bit;
+- replay: `replay_step(checkpoint root, 4)` in this process, from the step-2 checkpoint through the records of
+  steps 3 and 4, returns the loss and gradient norm the run logged and the weights of its step-4 checkpoint, bit
+  for bit; `--role rollout` generates step 4's responses again, all equal;
 - restart + determinism: the same config again, its actor worker SIGKILLed in step 4: the run restarts the workers
   from the step-2 checkpoint, finishes all 6 steps, logs each step once, and every row (timings aside) and the
   final weights equal the first run's;
@@ -111,17 +112,17 @@ def test_grpo_replay_equals_the_run_bit_for_bit(grpo, replay_process):
 
     out = grpo["out"]
     started = time.perf_counter()
-    result = replay_step(out / "logs", KILL_IN, say=lambda line: None)
+    result = replay_step(out / "ckpt", KILL_IN, say=lambda line: None)
     seconds = time.perf_counter() - started
     assert result.checkpoint == out / "ckpt" / "global_step_2" and result.steps == [3, 4]
     _assert_replay_equals_run(result, ("actor/pg_loss", "actor/grad_norm"))
     replayed = result.host._roles["actor"].model.full_state_dict()
-    _assert_same_weights(replayed, _checkpoint_weights(out / "ckpt" / "global_step_4", out / "logs" / "steps", "actor"))
+    _assert_same_weights(replayed, _checkpoint_weights(out / "ckpt" / "global_step_4", out / "ckpt" / "steps", "actor"))
     print(f"[GRPO replay of steps 3-4 in-process: {seconds:.1f}s; pg_loss, grad_norm and "
           f"{len(replayed)} weight tensors equal]")
 
     # the rollout of step 4: the step-2 checkpoint, step 3's update, then step 4's generation with its seed
-    rollout = replay_step(out / "logs", KILL_IN, role="rollout", say=lambda line: None)
+    rollout = replay_step(out / "ckpt", KILL_IN, role="rollout", say=lambda line: None)
     assert rollout.steps == [3]
     assert rollout.metrics["rollout/replayed_rows"] == 128 and rollout.metrics["rollout/rows_with_other_responses"] == 0
 
@@ -163,7 +164,7 @@ def test_breakpoint_in_the_replayed_update_stops_in_this_process(grpo):
     env.pop("PYTHONBREAKPOINT", None)
     # the hook's breakpoint() stops in the hook: two frames up is update_actor; --break-at stops in update_actor
     commands = "up\nup\np ('rank', self.rank, 'rows', len(batch))\nc\np ('again', len(batch))\nc\n"
-    res = subprocess.run(rlkit_cmd("debug", "replay", str(grpo["out"] / "logs"), "--step", "3",
+    res = subprocess.run(rlkit_cmd("debug", "replay", str(grpo["out"] / "ckpt"), "--step", "3",
                                    "--break-at", "actor.update_policy"),
                          input=commands, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -193,4 +194,4 @@ def test_ppo_replay_equals_the_run_bit_for_bit(ppo, role, replay_process):
     _assert_replay_equals_run(result, (f"{role}/pg_loss" if role == "actor" else "critic/vf_loss",
                                        f"{role}/grad_norm"))
     replayed = result.host._roles[role].model.full_state_dict()
-    _assert_same_weights(replayed, _checkpoint_weights(out / "ckpt" / "global_step_3", out / "logs" / "steps", role))
+    _assert_same_weights(replayed, _checkpoint_weights(out / "ckpt" / "global_step_3", out / "ckpt" / "steps", role))
