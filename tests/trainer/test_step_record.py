@@ -70,3 +70,16 @@ def test_errors_name_the_recorded_steps_and_the_fix(tmp_path):
     junk.write_bytes(b"not a pickle")
     with pytest.raises(UserError, match="junk.pt: not a step record"):
         load_record(find_record(junk, 5))
+
+
+def test_the_config_keys_are_checked_at_start_up():
+    from rlkit.trainer.run_config import load_config
+
+    cfg = load_config("grpo", ["trainer.debug.record_steps=[4,3,4]", "trainer.deterministic=true"])
+    assert cfg.trainer.debug.record_steps == [3, 4] and cfg.trainer.max_worker_restarts == 3
+    with pytest.raises(UserError, match=r"trainer.debug.record_steps: expected step numbers >= 1, got \[0\]"):
+        load_config("grpo", ["trainer.debug.record_steps=[0]"])
+    with pytest.raises(UserError, match="trainer.max_worker_restarts=-1 must be >= 0"):
+        load_config("grpo", ["trainer.max_worker_restarts=-1"])
+    # verl's per-role switch turns on the run-wide one
+    assert load_config("grpo", ["actor_rollout_ref.actor.fsdp_config.full_determinism=true"]).trainer.deterministic
