@@ -156,6 +156,7 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
             with console.status("starting workers (model load, FSDP, rollout engine)..."):
                 trainer = RLTrainer(cfg)
             if get_mode(opts.debug).enabled:
+                trainer.check_keys = True  # workers restarted after a death are checked too
                 check_batch_keys(trainer.workers)  # a role's wrong output names the role and key (rlkit/batch_keys.py)
             with Tracking(cfg.trainer.logger, cfg.trainer.project_name, cfg.trainer.experiment_name, log_dir,
                           trainer.total_steps, cfg) as tracker:

@@ -48,6 +48,8 @@ log = logging.getLogger("rlkit.trainer")
 class RLTrainer(TrainerBase):
     """Owns the data, the reward stage, the worker groups and the rollout source; `fit()` runs the loop."""
 
+    check_keys = False  # --debug: check every worker call's output (rlkit/batch_keys.py), restarted workers' too
+
     def __init__(self, cfg: RLConfig, workers: WorkerHandles | None = None, tracker: Any = None) -> None:
         from rlkit.data import RLDataLoader, RLDataset
         from rlkit.models.loading import load_tokenizer
@@ -93,7 +95,7 @@ class RLTrainer(TrainerBase):
         """What stands on the worker groups: the reward stage and the rollout source (built again on a restart)."""
         cfg = self.cfg
         self.workers = workers
-        if cfg.trainer.debug.check_batch_keys:
+        if cfg.trainer.debug.check_batch_keys or self.check_keys:
             check_batch_keys(workers)
         # the reward stage (rlkit.reward.mix): the reward manager, mixed with the model reward when enabled
         self.reward_fn = build_reward_fn(cfg, self.tokenizer, {"reward_model": workers.reward_model},
