@@ -28,6 +28,8 @@ import torch
 
 from tests.trainer.conftest import REPO, cli_env, ensure_ray, read_metrics, rlkit_cmd, toy_overrides
 
+pytestmark = pytest.mark.slow  # real runs (~20-60 s each on 2 shared cores), as tests/trainer/test_cli_resume.py's
+
 STEPS, SAVE_EVERY, KILL_IN = 6, 2, 4
 VARYING = ("timing_s/", "perf/", "memory/", "time")  # wall-clock values: the only ones two runs may differ in
 
