@@ -87,6 +87,7 @@ BOUNDS: dict[str, Bound] = {
     "trainer.cpus_per_worker": POSITIVE,
     "trainer.total_epochs": AT_LEAST_1,
     "trainer.critic_warmup": NON_NEGATIVE,
+    "trainer.max_worker_restarts": NON_NEGATIVE,
     "trainer.total_training_steps": AT_LEAST_1_OR_NULL,
     "trainer.max_actor_ckpt_to_keep": AT_LEAST_1_OR_NULL,
     "trainer.staleness_threshold": NON_NEGATIVE,

@@ -123,9 +123,20 @@ def check_lora(cfg: RLConfig) -> None:
                         "actor_rollout_ref.model.lora_rank: set it to the adapter's rank (lora_adapter_path)")
 
 
+def check_record_steps(cfg: RLConfig) -> None:
+    """trainer.debug.record_steps: step numbers (>= 1), kept sorted, each once."""
+    debug = cfg.trainer.debug
+    steps = list(debug.record_steps)
+    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in steps):
+        raise UserError(f"trainer.debug.record_steps: expected step numbers >= 1, got {steps}; e.g. "
+                        "trainer.debug.record_steps=[3,4]")
+    debug.record_steps = sorted(set(steps))
+
+
 def finalize(cfg: RLConfig, hooks: Sequence[ConfigHook]) -> RLConfig:
     """Fill derived values, run the hooks, check that the sizes fit together; UserError saying what to change."""
     check_bounds(cfg)  # single values first: their messages name the key the user wrote
+    check_record_steps(cfg)
     derive(cfg)
     apply_modes(cfg)
     cfg.actor_rollout_ref.rollout.validate()

@@ -229,6 +229,9 @@ class DebugConfig:
         False, "check every worker call's output against rlkit/batch_keys.py (shape, dtype, required keys); "
         "on in --debug mode"
     )
+    record_steps: list = f(factory=list, help="steps whose update inputs (the batch the actor/critic update receives, "
+                           "the RNG states) are saved to <default_local_dir>/steps/ for `rlkit debug replay`; a "
+                           "failed step is saved too")
 
 
 @dataclass
@@ -261,6 +264,12 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: int | None = f(2, "keep the last K loadable checkpoints (null = all); "
                                                  "broken ones get no slot")
     seed: int = f(42, "global seed")
+    deterministic: bool = f(False, "same seed, config and machine -> identical metrics and weights: torch's "
+                                   "deterministic algorithms (+ CUBLAS_WORKSPACE_CONFIG), vLLM's batch-invariant "
+                                   "mode where it has one (docs/debugging.md says what still varies)")
+    max_worker_restarts: int = f(3, "a worker process that dies (SIGKILL, OOM kill, segfault) restarts the worker "
+                                    "groups from the last complete checkpoint, at most this many times a run; "
+                                    "0 = stop at the first death")
     critic_warmup: int = f(0, "train only the critic for the first k steps: the actor's update and the weight sync "
                            "start at step k + 1 (verl documents k warm-up steps; its code updates the actor from "
                            "step k, one step early)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlkit.config.verl_rules import VerlKey, alias, mapped, only, refused
+from rlkit.config.verl_rules import VerlKey, alias, falsy, mapped, only, refused
 from rlkit.errors import UserError
 
 ARR = "actor_rollout_ref"
@@ -63,6 +63,17 @@ def offload_policy(prefix: str) -> Any:
     return derive
 
 
+DETERMINISM_OFF = "nothing to set: trainer.deterministic (one switch for the whole run) stays as set"
+
+
+def full_determinism(value: Any, key: str) -> tuple[dict, str]:
+    """verl's per-role `full_determinism`: rlkit's one run-wide switch, `trainer.deterministic`."""
+    if falsy(value):
+        return {}, DETERMINISM_OFF
+    return {"trainer.deterministic": True}, "trainer.deterministic=true (every worker: torch's deterministic " \
+        "algorithms, vLLM's batch-invariant mode)"
+
+
 def router_replay(target: str) -> Any:
     """verl's routing-replay modes: R2 replays the trainer's own routes, R3 the rollout engine's (rlkit's)."""
     def derive(value: Any, key: str) -> tuple[dict, str]:
@@ -113,7 +124,7 @@ def fsdp_rules(prefix: str, role: str) -> list[VerlKey]:
                 "is the compute dtype); remove it", inert=only("fp32", "float32")),
         refused(f"{prefix}.reshard_after_forward", "rlkit's FSDP2 units always reshard after forward; remove it",
                 inert=only(True)),
-        refused(f"{prefix}.full_determinism", "rlkit does not switch on torch's deterministic algorithms; remove it"),
+        mapped(f"{prefix}.full_determinism", DETERMINISM_OFF, derive=full_determinism),
         refused(f"{prefix}.pad_to_length", "rlkit packs sequences (model.use_remove_padding) or trims padding; "
                 "remove it"),
         refused(f"{prefix}.qat.**", "quantisation-aware training is not in rlkit; remove qat.*", switch="enable"),

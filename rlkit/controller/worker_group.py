@@ -31,6 +31,7 @@ from rlkit.controller.resource_pool import ResourcePool
 from rlkit.controller.worker import free_port, node_ip
 from rlkit.debug.breakpoints import set_step
 from rlkit.registry import extension_modules, import_plugins
+from rlkit.utils.determinism import apply_deterministic
 from rlkit.utils.memory_peak import PhasePeaks
 from rlkit.utils.profiling import ProfilePlan, StepProfiler
 
@@ -63,6 +64,7 @@ class _WorkerHost:
 
     def __init__(self, env: dict[str, str], roles: dict[str, ClassWithInitArgs], plugins: tuple[str, ...] = ()) -> None:
         os.environ.update(env)
+        apply_deterministic()  # trainer.deterministic: before any model is built
         import_plugins(plugins, strict=False)
         self._roles = {}
         self._peaks = PhasePeaks()  # each call's peak memory, popped by the driver once per step
@@ -95,6 +97,12 @@ class _WorkerHost:
         """Peak memory per called method since the last pop (rlkit.utils.memory_peak)."""
         return self._peaks.pop()
 
+    def rng_state(self) -> dict[str, Any]:
+        """This process's RNG states (a step record's, for `rlkit debug replay`)."""
+        from rlkit.utils.checkpoint_io import save_rng_state
+
+        return save_rng_state()
+
     def master_address(self) -> tuple[str, int]:
         return node_ip(), free_port()
 
@@ -103,6 +111,14 @@ class _WorkerHost:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+def local_host(roles: Mapping[str, ClassWithInitArgs]) -> _WorkerHost:
+    """The host a Ray worker runs, built in this process as rank 0 of a world of one (its own single-process
+    gloo/nccl group): `rlkit debug replay` runs the same role code where pdb and print work."""
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "RLKIT_WORKER_NAME": "replay:0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    return _WorkerHost(env, dict(roles), tuple(extension_modules()))
 
 
 class RayWorkerGroup:
@@ -130,6 +146,7 @@ class RayWorkerGroup:
         self.name_prefix = name_prefix or f"{'_'.join(r or 'worker' for r in self.roles)}_{uuid.uuid4().hex[:6]}"
         self.get_timeout_s = get_timeout_s
         self.world_size = pool.world_size
+        self.pids: list[int] = []
         self.actors = self._spawn(runtime_env, max_restarts)
         self._views: dict[str, WorkerGroupView] = {}
 
@@ -162,6 +179,7 @@ class RayWorkerGroup:
                 rank += 1
         addr, port = ray.get(actors[0].master_address.remote())
         ray.get([a.set_env.remote({"MASTER_ADDR": addr, "MASTER_PORT": str(port)}) for a in actors])
+        self.pids = ray.get([a.pid.remote() for a in actors])  # to name a worker that dies (its logs, its pid)
         return actors
 
     def role(self, name: str) -> WorkerGroupView:
@@ -180,6 +198,10 @@ class RayWorkerGroup:
     def pop_memory_peaks(self) -> list[dict[str, dict[str, float]]]:
         """Each worker's peak memory per called method since the last pop (one dict per rank)."""
         return ray.get([a.pop_memory_peaks.remote() for a in self.actors], timeout=self.get_timeout_s)
+
+    def rng_states(self) -> list[dict[str, Any]]:
+        """Each worker's RNG states (one dict per rank)."""
+        return ray.get([a.rng_state.remote() for a in self.actors], timeout=self.get_timeout_s)
 
     def shutdown(self) -> None:
         for a in self.actors:

@@ -145,6 +145,7 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
     def start() -> Any:
         trainer = RLTrainer(cfg)
         if get_mode(opts.debug).enabled:
+            trainer.check_keys = True  # workers restarted after a death are checked too
             check_batch_keys(trainer.workers)  # a role's wrong output names the role and key (rlkit/batch_keys.py)
         return trainer
 

@@ -19,11 +19,13 @@ from rlkit.algo.kl import make_kl_controller
 from rlkit.algo.metrics import compute_data_metrics
 from rlkit.config.schema import RLConfig
 from rlkit.protocol import Batch
+from rlkit.reward.mix import build_reward_fn
 from rlkit.trainer.advantage_stage import compute_advantages, shape_rewards
 from rlkit.trainer.fully_async import FullyAsyncRollout
 from rlkit.trainer.generations import dump, generations, pick
 from rlkit.trainer.key_checks import check_batch_keys
 from rlkit.trainer.one_step_off import OneStepOffRollout
+from rlkit.trainer.preflight import log_dir_of
 from rlkit.trainer.rollout_source import (
     ROLLOUT_SOURCES,
     PromptStream,
@@ -33,8 +35,10 @@ from rlkit.trainer.rollout_source import (
     source_name,
 )
 from rlkit.trainer.step_metrics import reduce_worker_metrics, validation_metrics
+from rlkit.trainer.step_record import StepRecorder
 from rlkit.trainer.step_result import StepResult, Timer
 from rlkit.trainer.trainer_base import FitSummary, TrainerBase
+from rlkit.trainer.worker_death import find_death
 from rlkit.trainer.workers_setup import WorkerHandles, build_workers
 from rlkit.workers.micro_batch import balance_across_ranks
 
@@ -44,11 +48,12 @@ log = logging.getLogger("rlkit.trainer")
 class RLTrainer(TrainerBase):
     """Owns the data, the reward stage, the worker groups and the rollout source; `fit()` runs the loop."""
 
+    check_keys = False  # --debug: check every worker call's output (rlkit/batch_keys.py), restarted workers' too
+
     def __init__(self, cfg: RLConfig, workers: WorkerHandles | None = None, tracker: Any = None) -> None:
         from rlkit.data import RLDataLoader, RLDataset
         from rlkit.models.loading import load_tokenizer
         from rlkit.models.resolve import resolve_model_path
-        from rlkit.reward.mix import build_reward_fn
         from rlkit.reward.registry import build_reward_manager
         from rlkit.reward.scorer_key import missing_key_message
 
@@ -76,25 +81,38 @@ class RLTrainer(TrainerBase):
         manager = build_reward_manager(cfg, self.tokenizer)  # reward_model.reward_manager, before workers start
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
-        self.workers = workers or self._build_workers()
-        if cfg.trainer.debug.check_batch_keys:
-            check_batch_keys(self.workers)
-        # the reward stage (rlkit.reward.mix): the reward manager, mixed with the model reward when enabled
-        self.reward_fn = build_reward_fn(cfg, self.tokenizer, {"reward_model": self.workers.reward_model},
-                                         manager=manager)
+        self.reward_manager = manager
+        self._attach(workers or self._build_workers())
         self.mfu_meter = _mfu_meter(cfg, self.model_path)
         self.global_step = 0
         self.validations = 0  # validation passes so far (seeds data.validation_shuffle's order)
         self.tracker = tracker
         self.ckpt_root = Path(cfg.trainer.default_local_dir).expanduser()
-        self.rollout_ctx = RolloutContext(cfg, self.workers, self.reward_fn, PromptStream(self.train_loader),
+        self.recorder = StepRecorder(cfg, self.model_path, self.total_steps, log_dir_of(cfg), self.workers.world_size,
+                                     lambda: self.workers.groups[0].rng_states())  # trainer.debug.record_steps
+
+    def _attach(self, workers: WorkerHandles) -> None:
+        """What stands on the worker groups: the reward stage and the rollout source (built again on a restart)."""
+        cfg = self.cfg
+        self.workers = workers
+        if cfg.trainer.debug.check_batch_keys or self.check_keys:
+            check_batch_keys(workers)
+        # the reward stage (rlkit.reward.mix): the reward manager, mixed with the model reward when enabled
+        self.reward_fn = build_reward_fn(cfg, self.tokenizer, {"reward_model": workers.reward_model},
+                                         manager=self.reward_manager)
+        self.rollout_ctx = RolloutContext(cfg, workers, self.reward_fn, PromptStream(self.train_loader),
                                           lambda: self.global_step, self.total_steps, self.model_path, self.tokenizer)
         self.source = ROLLOUT_SOURCES.get(source_name(cfg))(self.rollout_ctx)  # sync, one-step-off, fully async
 
     # ------------------------------------------------------------------ step
     def run_step(self) -> StepResult:
         self.workers.set_step(self.global_step)  # every later worker call carries it (break_at `step=`)
-        return self.train_step()
+        self.recorder.start(self.global_step)
+        try:
+            return self.train_step()
+        except Exception as exc:
+            self.recorder.failed(self.global_step, exc)  # its batch, for `rlkit debug replay`
+            raise
 
     def finish_row(self, result: StepResult, step_s: float) -> dict[str, float]:
         row = result.log_row(step_s, self.mfu_meter)
@@ -108,7 +126,9 @@ class RLTrainer(TrainerBase):
         with timer("gen"):
             batch, gen_metrics = self.source.next_batch(timer)
         if cfg.trainer.balance_batch:
-            batch.reorder(balance_across_ranks(batch, w.world_size))
+            order = balance_across_ranks(batch, w.world_size)
+            batch.reorder(order)
+            self.recorder.reordered(order)
         # 2. old log-probs: the policy before this step's update (unneeded for a single on-policy pass)
         if self._needs_old_log_probs():
             with timer("old_log_prob"):
@@ -125,6 +145,7 @@ class RLTrainer(TrainerBase):
         with timer("adv"):
             gen_metrics.update(shape_rewards(batch, cfg, self.kl_ctrl))
             compute_advantages(batch, cfg)
+        self.recorder.before_update(self.global_step, batch)  # trainer.debug.record_steps; a failed step's too
         # 6. critic update, 7. actor update (not in the critic's first `critic_warmup` steps)
         if w.critic is not None:
             with timer("update_critic"):
@@ -161,6 +182,19 @@ class RLTrainer(TrainerBase):
 
     def close(self) -> None:
         self.source.close()
+
+    # ------------------------------------------------------- worker restarts
+    def worker_death(self, exc: BaseException) -> str | None:
+        death = find_death(self.workers, exc)
+        return None if death is None else death.line(self.global_step)
+
+    def restart_workers(self) -> None:
+        try:
+            self.source.close()  # a source with calls in flight on the dead group
+        except Exception as exc:
+            log.warning("closing the rollout source after a worker death: %s", exc)
+        self.workers.shutdown()
+        self._attach(self._build_workers())
 
     # ----------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:

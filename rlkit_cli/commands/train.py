@@ -108,7 +108,8 @@ def train(
         notes = preflight(cfg, allow_download=False).notes  # a problem exits 1, as the real run would
         console.print("pre-flight ok: " + "; ".join(notes), soft_wrap=True, markup=False)
         return
-    _run_reporting(lambda: run_training(cfg, LaunchOptions(address=address, debug=mode, num_cpus=num_cpus), console))
+    _run_reporting(lambda: run_training(cfg, LaunchOptions(address=address, debug=mode, num_cpus=num_cpus), console),
+                   cfg.trainer.default_local_dir)
 
 
 def _train_other(name: str, overrides: list[str], config: Path | None, config_path: Path | None,
@@ -131,11 +132,15 @@ def _train_other(name: str, overrides: list[str], config: Path | None, config_pa
         console.print(entry.plan(cfg))
         console.print("pre-flight ok: " + "; ".join(entry.check(cfg)), soft_wrap=True, markup=False)
         return
-    _run_reporting(lambda: entry.run(cfg, LaunchOptions(address=address, num_cpus=num_cpus), console))
+    _run_reporting(lambda: entry.run(cfg, LaunchOptions(address=address, num_cpus=num_cpus), console),
+                   cfg.trainer.default_local_dir)
 
 
-def _run_reporting(run) -> None:
-    """Run; Ctrl-C / SIGTERM -> the resume line and exit 130 / 143, a worker failure -> its traceback and exit 1."""
+def _run_reporting(run, checkpoints: str) -> None:
+    """Run; Ctrl-C / SIGTERM -> the resume line and exit 130 / 143, a worker failure -> its traceback, the last
+    checkpoint in `checkpoints` and the resume command, and exit 1."""
+    from ray.exceptions import RayActorError
+
     from rlkit.controller import WorkerError
     from rlkit.trainer.interrupt import TrainingInterrupted
 
@@ -144,11 +149,20 @@ def _run_reporting(run) -> None:
     except TrainingInterrupted as stop:
         Console(stderr=True, soft_wrap=True).print(stop.line(sys.argv), markup=False, highlight=False)
         raise typer.Exit(stop.exit_code) from None
-    except WorkerError as exc:
+    except (WorkerError, RayActorError) as exc:
         from rich.text import Text
 
+        from rlkit.trainer.interrupt import rerun_command
+        from rlkit.utils.checkpoint_io import find_latest_checkpoint
+
         # The worker's traceback is plain text with ANSI colours: not rich markup ("x[role]" must survive), no wrapping.
-        Console(stderr=True, soft_wrap=True).print("[bold red]worker failure:[/bold red]", Text.from_ansi(str(exc)))
+        err = Console(stderr=True, soft_wrap=True)
+        err.print("[bold red]worker failure:[/bold red]", Text.from_ansi(str(exc)))
+        checkpoint = find_latest_checkpoint(checkpoints)
+        how = (f"no checkpoint saved yet; start again with: {rerun_command(sys.argv, resume=False)}"
+               if checkpoint is None else
+               f"last complete checkpoint: {checkpoint}; resume with: {rerun_command(sys.argv, resume=True)}")
+        err.print(how, markup=False, highlight=False)
         raise typer.Exit(1) from None
 
 
