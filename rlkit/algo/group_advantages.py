@@ -28,17 +28,17 @@ def _group_sum(values: torch.Tensor, gid: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def grpo_passk(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k (as verl's grpo_passk): only the best sample of a group learns, with r_max - r_second (divided by
-    the group's std unless Dr.GRPO); a pass@k reward credits the group for its best answer alone."""
+    the group's std unless Dr.GRPO); a pass@k reward credits the group for its best answer alone. A group of
+    one gets 0 (verl raises)."""
     mask = inputs.response_mask
     scores = outcome_scores(inputs.token_level_rewards, mask)
     gid = group_ids(inputs.index, scores.shape[0], "grpo_passk")
-    count, _mean, std = group_stats(scores, gid)
-    if bool((count < 2).any()):
-        raise UserError("advantage estimator 'grpo_passk' compares the two best samples of a prompt: "
-                        "set actor_rollout_ref.rollout.n >= 2")
+    _count, _mean, std = group_stats(scores, gid)
     adv = torch.zeros_like(scores)
     for g in range(int(gid.max()) + 1):
         rows = torch.nonzero(gid == g).flatten()
+        if len(rows) < 2:  # no second sample to compare with: no signal, as grpo's group of one
+            continue
         top = torch.topk(scores[rows], 2)
         gap = top.values[0] - top.values[1]
         if inputs.norm_adv_by_std:
@@ -100,7 +100,7 @@ def gdpo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     weights = list(inputs.reward_weights) if inputs.reward_weights else [1.0] * len(comps)
     mask = inputs.response_mask
     gid = group_ids(inputs.index, mask.shape[0], "gdpo")
-    total = mask.new_zeros(mask.shape[0])
+    total = torch.zeros(mask.shape[0], dtype=torch.float32, device=mask.device)
     for weight, values in zip(weights, comps.values(), strict=True):
         values = values.to(total)
         count, mean, std = group_stats(values, gid)
