@@ -1,10 +1,10 @@
 """Every objective of issue 34 trains the toy copy task end to end: one short real run per entry.
 
-    .venv/bin/python bench/objectives.py                      # 120 steps each -> bench/results/objectives.json
+    .venv/bin/python bench/objectives.py                      # 60 steps each -> bench/results/objectives.json
     .venv/bin/python bench/objectives.py --steps 60 --entries cispo,gdpo
 
 Task: `rlkit data toy --length 1` ("copy the digits : 7" -> "7"), a random tiny Llama with tied embeddings,
-the `hf` rollout, 16 prompts x n=8 per step, lr 5e-3, micro-batches of 32 rows (4 per mini-batch, so the
+the `hf` rollout, 32 prompts x n=8 per step, lr 5e-3, micro-batches of 64 rows (4 per mini-batch, so the
 loss scales must add up), a checkpoint every `--save-freq` steps and greedy validation on the 128 test
 prompts before and after. Each entry is one `RLTrainer.fit` on a local Ray (the whole loop: rollout, reward,
 advantages, micro-batched update, weight sync, checkpoint), from the same initial weights and prompts.
@@ -28,6 +28,7 @@ A = "actor_rollout_ref.actor"
 
 #: entry -> (preset, overrides): each new estimator / policy loss / aggregation mode with the settings it needs
 ENTRIES: dict[str, tuple[str, dict]] = {
+    "grpo (baseline)": ("grpo", {}),
     "cispo": ("cispo", {}),
     "sapo": ("sapo", {}),
     "geo_mean": ("gmpo", {}),
@@ -40,7 +41,7 @@ ENTRIES: dict[str, tuple[str, dict]] = {
     "grpo_passk": ("grpo", {"algorithm.adv_estimator": "grpo_passk"}),
     "opo": ("grpo", {"algorithm.adv_estimator": "opo"}),
     "gdpo": ("grpo", {"algorithm.adv_estimator": "gdpo", "algorithm.gdpo_reward_keys": "[exact]"}),
-    "token-sum": ("grpo", {f"{A}.loss_agg_mode": "token-sum", f"{A}.optim.lr": 5e-4}),
+    "token-sum": ("grpo", {f"{A}.loss_agg_mode": "token-sum"}),
     "trl:luspo": ("grpo", {f"{A}.loss_type": "luspo"}),
 }
 
@@ -48,9 +49,9 @@ ENTRIES: dict[str, tuple[str, dict]] = {
 def toy_overrides(data: Path, model: Path, out: Path, steps: int, save_freq: int, extra: dict) -> list[str]:
     values = {
         "data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
-        "data.max_prompt_length": 32, "data.max_response_length": 3, "data.train_batch_size": 16,
+        "data.max_prompt_length": 32, "data.max_response_length": 3, "data.train_batch_size": 32,
         "actor_rollout_ref.model.path": model, "actor_rollout_ref.rollout.name": "hf",
-        "actor_rollout_ref.rollout.n": 8, f"{A}.ppo_mini_batch_size": 16, f"{A}.ppo_micro_batch_size_per_gpu": 32,
+        "actor_rollout_ref.rollout.n": 8, f"{A}.ppo_mini_batch_size": 32, f"{A}.ppo_micro_batch_size_per_gpu": 64,
         f"{A}.optim.lr": 5e-3, "trainer.default_local_dir": out / "ckpt", "trainer.log_dir": out / "logs",
         "trainer.resume_mode": "disable", "trainer.logger": "[file]", "trainer.n_gpus_per_node": 1,
         "trainer.cpus_per_worker": 1, "trainer.val_before_train": True, "trainer.save_freq": save_freq,
@@ -95,8 +96,8 @@ def run(preset: str, overrides: list[str], log_dir: Path) -> tuple[list[dict], d
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--save-freq", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--save-freq", type=int, default=30)
     ap.add_argument("--entries", default=",".join(ENTRIES), help=f"comma-separated, of {', '.join(ENTRIES)}")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "objectives.json"))
     args = ap.parse_args()
@@ -107,13 +108,13 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result: dict = {"steps": args.steps, "save_freq": args.save_freq, "runs": []}
-    print(f"{'entry':12s} {'preset':7s} {'first10':>8s} {'last20':>8s} {'val0':>6s} {'val1':>6s} {'ckpts':>5s} "
+    print(f"{'entry':16s} {'preset':7s} {'first10':>8s} {'last20':>8s} {'val0':>6s} {'val1':>6s} {'ckpts':>5s} "
           f"{'wall':>6s}", flush=True)
     with tempfile.TemporaryDirectory(prefix="rlkit-objectives-") as tmp:
         data, model = make_task(Path(tmp))
         for name in names:
             preset, extra = ENTRIES[name]
-            run_dir = Path(tmp) / name.replace(":", "_")
+            run_dir = Path(tmp) / "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
             start = time.perf_counter()
             rows, first_val, last_val = run(
                 preset, toy_overrides(data, model, run_dir, args.steps, args.save_freq, extra), run_dir / "logs")
@@ -128,7 +129,7 @@ def main() -> None:
             }
             result["runs"].append(row)
             out.write_text(json.dumps(result, indent=1))
-            print(f"{name:12s} {preset:7s} {row['first10']:8.3f} {row['last20']:8.3f} {row['val_before']:6.3f} "
+            print(f"{name:16s} {preset:7s} {row['first10']:8.3f} {row['last20']:8.3f} {row['val_before']:6.3f} "
                   f"{row['val_after']:6.3f} {len(ckpts):5d} {row['wall_s']:5.0f}s", flush=True)
     learned = sum(r["learned"] for r in result["runs"])
     print(f"{learned}/{len(result['runs'])} entries learned; {out}")

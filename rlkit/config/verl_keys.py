@@ -49,7 +49,7 @@ def _rules() -> list[VerlKey]:
     rules += [
         alias(f"{ACTOR}.policy_loss.loss_mode", f"{ACTOR}.policy_loss"),
         alias(f"{ACTOR}.policy_loss.{{clip_cov_ratio,clip_cov_lb,clip_cov_ub,kl_cov_ratio,ppo_kl_coef,dro_beta}}",
-              f"{ACTOR}.{{1}}"),
+              f"{ACTOR}.{{1}}", why=f"= {ACTOR}.<the same name> (rlkit's policy_loss is the loss's name)"),
         mapped(f"{ACTOR}.loss_type", "TRL's GRPOConfig.loss_type", derive=trl_loss_type),
         alias(f"{ACTOR}.use_torch_compile", f"{MODEL}.use_torch_compile"),
         alias(f"{ACTOR}.use_fused_kernels", f"{MODEL}.fused_lm_head"),

@@ -21,7 +21,7 @@ LOW, HIGH, C, TAU_POS, TAU_NEG, BETA = 0.2, 0.28, 3.0, 1.0, 1.05, 0.1
 PARAMS = dict(clip_ratio_low=LOW, clip_ratio_high=HIGH, clip_ratio_c=C, tau_pos=TAU_POS, tau_neg=TAU_NEG,
               dro_beta=BETA, clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0, kl_cov_ratio=0.0002,
               ppo_kl_coef=0.1)
-EXAMPLES = settings(max_examples=25, deadline=None)
+EXAMPLES = settings(max_examples=20, deadline=None)
 
 
 @st.composite
@@ -64,7 +64,7 @@ def _compare(name, case, reference, mode="token-mean", **extra):
     lp_a, lp_b = lp.clone().requires_grad_(True), lp.clone().requires_grad_(True)
     out = POLICY_LOSSES.get(name)(old, lp_a, adv, mask, **{**PARAMS, **extra}, loss_agg_mode=mode)
     ref = reference(old, lp_b, adv, mask)
-    assert float(out["pg_loss"]) == pytest.approx(float(ref), rel=1e-9, abs=1e-12)
+    assert float(out["pg_loss"].detach()) == pytest.approx(float(ref.detach()), rel=1e-9, abs=1e-12)
     out["pg_loss"].backward()
     ref.backward()
     torch.testing.assert_close(lp_a.grad, lp_b.grad, rtol=1e-9, atol=1e-12)
