@@ -123,7 +123,7 @@ def _dppo_ref(keep_fn):
     def ref(old, lp, adv, mask):
         terms = {}
         for c in _cells(mask):
-            p, q = math.exp(float(lp[c])), math.exp(float(old[c]))
+            p, q = math.exp(float(lp[c].detach())), math.exp(float(old[c]))
             w = min(p / q, C) if keep_fn(p, q, float(adv[c])) else 0.0
             terms[c] = -w * adv[c] * lp[c]
         return _token_mean(terms, mask)
@@ -325,6 +325,13 @@ def test_gpg_estimator(case):
         mean = sum(scores[i] for i in idx) / len(idx)
         for i in idx:
             assert rows[i] == pytest.approx(alpha * (scores[i] - mean) if len(idx) > 1 else 0.0, abs=1e-5)
+
+
+def test_gpg_rescales_by_the_groups_that_carry_signal():
+    """Group a is all equal (no gradient), group b differs: alpha = 4 rows / 2 informative = 2."""
+    rewards, mask = torch.tensor([[1.0], [1.0], [0.0], [1.0]]), torch.ones(4, 1)
+    adv, _ = ADV_ESTIMATORS.get("gpg")(AdvantageInputs(rewards, mask, index=["a", "a", "b", "b"]))
+    assert adv.flatten().tolist() == pytest.approx([0.0, 0.0, -1.0, 1.0])
 
 
 @EXAMPLES
