@@ -1,8 +1,9 @@
 """The issue-34 objectives through the real loop (RLTrainer on Ray, the tiny model, the toy copy task).
 
 A run per entry costs 15-30 s here, so the suite trains ONE run that combines new entries: the `cispo` preset
-(policy loss `cispo`, its clip keys) with the `opo` estimator, micro-batches of 64 rows (4 per mini-batch: the
-loss scales must add up) and a checkpoint; its reward must rise. bench/objectives.py trains every entry on
+(policy loss `cispo`, its clip keys) with the `opo` estimator, two mini-batches per step (the second update
+sees ratios != 1, where cispo's truncated weight differs from PPO's gradient), micro-batches of 32 rows (4 per
+mini-batch: the loss scales must add up) and a checkpoint; its reward must rise. bench/objectives.py trains every entry on
 its own (table + JSON in bench/results/objectives.json; docs/algorithms.md has the numbers). GDPO's reward
 components and the TRL aliases are checked without Ray below (the advantage stage, the config).
 """
@@ -25,7 +26,8 @@ STEPS = 60
 def test_cispo_with_opo_learns_through_the_loop(toy_data, tiny_model, tmp_path):
     overrides = learning_overrides(
         toy_data, tiny_model, tmp_path, STEPS, algorithm__adv_estimator="opo", trainer__save_freq=STEPS // 2,
-        actor_rollout_ref__rollout__n=8, actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=64,
+        actor_rollout_ref__rollout__n=8, actor_rollout_ref__actor__ppo_mini_batch_size=16,
+        actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=32,
     )
     summary, rows, _ = fit("cispo", overrides, tmp_path / "logs")
     steps = train_rows(rows)
@@ -35,6 +37,7 @@ def test_cispo_with_opo_learns_through_the_loop(toy_data, tiny_model, tmp_path):
     assert summary.steps == STEPS
     assert last > first + 0.05
     assert all(0 <= r["actor/pg_clipfrac"] <= 1 for r in steps)  # cispo's truncation share, reported per step
+    assert max(r["actor/pg_clipfrac"] for r in steps) > 0  # off-policy updates truncated some weights
     assert summary.checkpoint is not None and summary.checkpoint.endswith(f"global_step_{STEPS}")
     assert (tmp_path / "ckpt" / f"global_step_{STEPS // 2}").is_dir()
 
