@@ -3,9 +3,9 @@
 A run per entry costs 15-30 s here, so the suite trains ONE run that combines new entries: the `cispo` preset
 (policy loss `cispo`, its clip keys) with the `opo` estimator, two mini-batches per step (the second update
 sees ratios != 1, where cispo's truncated weight differs from PPO's gradient), micro-batches of 32 rows (4 per
-mini-batch: the loss scales must add up) and a checkpoint; its reward must rise. bench/objectives.py trains every entry on
-its own (table + JSON in bench/results/objectives.json; docs/algorithms.md has the numbers). GDPO's reward
-components and the TRL aliases are checked without Ray below (the advantage stage, the config).
+mini-batch: the loss scales must add up) and a checkpoint; its reward must rise. bench/objectives.py trains
+every entry on its own (table + JSON in bench/results/objectives.json; docs/algorithms.md has the numbers).
+GDPO's reward components and the TRL aliases are checked without Ray below (the advantage stage, the config).
 """
 
 from __future__ import annotations
