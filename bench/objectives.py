@@ -4,8 +4,10 @@
     .venv/bin/python bench/objectives.py --steps 60 --entries cispo,gdpo
 
 Task: `rlkit data toy --length 1` ("copy the digits : 7" -> "7"), a random tiny Llama with tied embeddings,
-the `hf` rollout, 32 prompts x n=8 per step, lr 5e-3, micro-batches of 64 rows (4 per mini-batch, so the
-loss scales must add up), a checkpoint every `--save-freq` steps and greedy validation on the 128 test
+the `hf` rollout, 32 prompts x n=8 per step in two mini-batches of 16 prompts (two optimizer steps per batch,
+so the second sees ratios r != 1 and each loss's clip / gate / truncation acts: on-policy with one update,
+r = 1 and cispo, sapo, gpg, dppo_* give vanilla's gradient), micro-batches of 32 rows (4 per mini-batch, so
+the loss scales must add up), a checkpoint every `--save-freq` steps and greedy validation on the 128 test
 prompts before and after. Each entry is one `RLTrainer.fit` on a local Ray (the whole loop: rollout, reward,
 advantages, micro-batched update, weight sync, checkpoint), from the same initial weights and prompts.
 An entry "learns" when its mean training reward over the last 20 steps exceeds that of its first 10.
@@ -51,7 +53,7 @@ def toy_overrides(data: Path, model: Path, out: Path, steps: int, save_freq: int
         "data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
         "data.max_prompt_length": 32, "data.max_response_length": 3, "data.train_batch_size": 32,
         "actor_rollout_ref.model.path": model, "actor_rollout_ref.rollout.name": "hf",
-        "actor_rollout_ref.rollout.n": 8, f"{A}.ppo_mini_batch_size": 32, f"{A}.ppo_micro_batch_size_per_gpu": 64,
+        "actor_rollout_ref.rollout.n": 8, f"{A}.ppo_mini_batch_size": 16, f"{A}.ppo_micro_batch_size_per_gpu": 32,
         f"{A}.optim.lr": 5e-3, "trainer.default_local_dir": out / "ckpt", "trainer.log_dir": out / "logs",
         "trainer.resume_mode": "disable", "trainer.logger": "[file]", "trainer.n_gpus_per_node": 1,
         "trainer.cpus_per_worker": 1, "trainer.val_before_train": True, "trainer.save_freq": save_freq,
