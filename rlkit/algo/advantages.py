@@ -49,6 +49,9 @@ class AdvantageInputs:
     epsilon: float = 1e-6  # grpo: added to the group's std
     reward_baselines: torch.Tensor | None = None  # (B,) the reward of the prompt's greedy response
     # (`@needs(greedy_baseline=True)`)
+    reward_components: dict[str, torch.Tensor] | None = None  # name -> (B,) float: the reward manager's
+    # `reward_extra/<name>` columns named by algorithm.gdpo_reward_keys (gdpo)
+    reward_weights: Sequence[float] | None = None  # gdpo: a weight per component (algorithm.gdpo_reward_weights)
 
 
 AdvEstimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
@@ -140,7 +143,7 @@ def gae(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return _whiten_valid(adv, mask), returns
 
 
-@ADV_ESTIMATORS.register("grpo")
+@ADV_ESTIMATORS.register("grpo", "grpo_vectorized")
 @needs(groups=True)
 @torch.no_grad()
 def grpo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,7 +161,7 @@ def grpo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ADV_ESTIMATORS.register("rloo")
+@ADV_ESTIMATORS.register("rloo", "rloo_vectorized")
 @needs(groups=True)
 @torch.no_grad()
 def rloo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlkit.algo.needs import needs, rows, sequences, tokens
+from rlkit.algo.needs import needs, rows, sequences, summed, tokens
 from rlkit.algo.utils import masked_mean, masked_sum
 from rlkit.registry import Registry
 
@@ -30,6 +30,13 @@ def _seq_mean(per_seq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def _token_mean(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Every valid token weighs the same: long answers dominate."""
     return masked_mean(loss_mat, mask)
+
+
+@LOSS_AGG.register("token-sum")
+@needs(unit=summed)
+def _token_sum(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """No normaliser: the loss scales with the batch's token count (pair with a small learning rate)."""
+    return masked_sum(loss_mat, mask)
 
 
 @LOSS_AGG.register("seq-mean-token-sum")

@@ -82,3 +82,8 @@ def sequences(mask: torch.Tensor) -> torch.Tensor:
 def rows(mask: torch.Tensor) -> torch.Tensor:
     """Every row, empty or not (a constant normaliser)."""
     return torch.tensor(mask.shape[0])
+
+
+def summed(mask: torch.Tensor) -> torch.Tensor:
+    """A plain sum (token-sum) has no normaliser: micro-batch losses add up as they are (`loss_scales`)."""
+    return mask.new_ones(())

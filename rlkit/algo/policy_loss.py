@@ -2,8 +2,8 @@
 
 Shared signature:
 
-    fn(old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low=0.2, clip_ratio_high=0.2,
-       clip_ratio_c=3.0, loss_agg_mode="token-mean", rollout_is_weights=None, ref_log_prob=None, **_)
+    fn(old_log_prob, log_prob, advantages, response_mask, *, <LOSS_PARAMS: clip_ratio_low, clip_ratio_high,
+       clip_ratio_c, loss_agg_mode, ...>, rollout_is_weights=None, ref_log_prob=None, **_)
     -> {"pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"}
 
 `pg_loss` carries the gradient; the other entries are detached scalars for logging.
@@ -29,6 +29,11 @@ PolicyLoss = Callable[..., dict[str, torch.Tensor]]
 
 #: name -> loss fn; see the module docstring for the shared signature.
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+
+#: the actor config fields (actor_rollout_ref.actor.*) every policy loss is called with, as keywords of the same
+#: name; a loss reads those it needs and ignores the rest (`**_`)
+LOSS_PARAMS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode", "tau_pos", "tau_neg",
+               "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
 
 #: bound on log-ratios before exp(), so a stale or diverged sample cannot produce inf.
 MAX_LOG_RATIO = 20.0
@@ -117,4 +122,82 @@ def gspo(
         "pg_clipfrac": masked_mean(clipped.float(), mask).detach(),
         "ppo_kl": masked_mean(-log_ratio, mask).detach(),
         "pg_clipfrac_lower": log_prob.new_zeros(()),
+    }
+
+
+def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(log_prob - old_log_prob, -MAX_LOG_RATIO, MAX_LOG_RATIO)
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    **_: Any,
+) -> dict[str, torch.Tensor]:
+    """SAPO (arXiv 2511.20347): a soft gate f(r) = 4/tau * sigmoid(tau (r - 1)) instead of the hard clip.
+
+    Loss per token -f(r) A with tau = tau_pos where A > 0, tau_neg elsewhere; f'(1) = 1, so on-policy it is
+    the plain policy gradient, and far from r = 1 the gradient fades smoothly instead of dropping to 0.
+    Nothing is clipped: `pg_clipfrac` reports the share of tokens whose gate gradient fell below 1/2.
+    """
+    mask = response_mask
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -(4.0 / tau) * gate * advantages
+    faded = 4.0 * gate * (1.0 - gate) < 0.5  # the gate's slope, f'(r) = 4 s (1 - s)
+    return {
+        "pg_loss": agg_loss(_weighted(loss, rollout_is_weights), mask, loss_agg_mode),
+        "pg_clipfrac": masked_mean(faded.float(), mask).detach(),
+        "ppo_kl": masked_mean(-log_ratio, mask).detach(),
+        "pg_clipfrac_lower": log_prob.new_zeros(()),
+    }
+
+
+@POLICY_LOSSES.register("geo_mean", "gmpo")
+def geo_mean(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_ratio_low: float = 0.4,
+    clip_ratio_high: float = 0.4,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    **_: Any,
+) -> dict[str, torch.Tensor]:
+    """GMPO (arXiv 2507.20673): maximise the geometric mean of the clipped token objectives of a response.
+
+    Token log-ratios are clipped in log space to [-clip_ratio_low, clip_ratio_high], pessimistically for
+    the sign of A; the sequence ratio is exp(mean_t clipped log r_t) and the sequence loss -A_i * ratio_i
+    (A_i the response's mean advantage). Every token of a response carries that sequence loss, so
+    `seq-mean-token-mean` (the preset's, and the paper's) gives the mean over responses.
+    """
+    mask = response_mask
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    sign = torch.sign(advantages)
+    clipped_lr = torch.clamp(log_ratio, -clip_ratio_low, clip_ratio_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped_lr)
+    seq_ratio = torch.exp(masked_mean(pessimistic, mask, dim=-1, keepdim=True))
+    seq_adv = masked_mean(advantages, mask, dim=-1, keepdim=True)
+    loss = (-seq_adv * seq_ratio).expand_as(log_prob)
+    if rollout_is_weights is not None:  # the sequence's geometric-mean weight, as its ratio
+        w = rollout_is_weights.detach().clamp_min(1e-10).log()
+        loss = loss * torch.exp(masked_mean(w, mask, dim=-1, keepdim=True))
+    clipped = (log_ratio != clipped_lr).float()
+    return {
+        "pg_loss": agg_loss(loss, mask, loss_agg_mode),
+        "pg_clipfrac": masked_mean(clipped * (advantages > 0), mask).detach(),
+        "ppo_kl": masked_mean(-log_ratio, mask).detach(),
+        "pg_clipfrac_lower": masked_mean(clipped * (advantages < 0), mask).detach(),
     }

@@ -103,7 +103,21 @@ class ActorConfig:
     clip_ratio: float = f(0.2, "PPO clip (used when clip_ratio_low/high are null)")
     clip_ratio_low: float | None = f(None, "lower clip; null = clip_ratio")
     clip_ratio_high: float | None = f(None, "upper clip (clip-higher); null = clip_ratio")
-    clip_ratio_c: float = f(3.0, "dual-clip constant for negative advantages")
+    clip_ratio_c: float = f(3.0, "dual-clip constant for negative advantages; dppo_tv/dppo_kl: the truncation of "
+                            "their importance weight")
+    tau_pos: float = f(1.0, "sapo: temperature of the soft gate where the advantage is positive")
+    tau_neg: float = f(1.05, "sapo: temperature of the soft gate where the advantage is not positive")
+    clip_cov_ratio: float = f(0.0002, "clip_cov: share of valid tokens whose gradient is dropped (verl: "
+                              "policy_loss.clip_cov_ratio)")
+    clip_cov_lb: float = f(1.0, "clip_cov: only tokens with covariance above this are drawn (verl: "
+                           "policy_loss.clip_cov_lb)")
+    clip_cov_ub: float = f(5.0, "clip_cov: only tokens with covariance below this are drawn (verl: "
+                           "policy_loss.clip_cov_ub)")
+    kl_cov_ratio: float = f(0.0002, "kl_cov: share of valid tokens (largest covariance) given the |log r| penalty "
+                            "(verl: policy_loss.kl_cov_ratio)")
+    ppo_kl_coef: float = f(0.1, "kl_cov: weight of that penalty (verl: policy_loss.ppo_kl_coef)")
+    dro_beta: float | None = f(None, "dro: weight of the quadratic pull toward the old policy; required by dro "
+                               "(verl: policy_loss.dro_beta)")
     loss_agg_mode: str = f("token-mean", "how per-token losses become one loss (rlkit.algo.LOSS_AGG)")
     entropy_coeff: float = f(0.0, "entropy bonus weight")
     use_kl_loss: bool = f(False, "add KL(actor || ref) as a loss term (needs the reference model)")
@@ -220,6 +234,9 @@ class AlgorithmConfig:
     rollout_rs_threshold: float | None = f(None, "upper rejection bound; null = rollout_is_threshold")
     rollout_rs_threshold_lower: float | None = f(None, "lower rejection bound; null = 1 / upper")
     filter_groups: FilterGroupsConfig = f(factory=FilterGroupsConfig, help="DAPO dynamic sampling")
+    gdpo_reward_keys: list = f(factory=list, help="gdpo: the reward components normalised separately, names of "
+                               "reward_extra/<name> columns (a scorer returning {'score', '<name>', ...})")
+    gdpo_reward_weights: list | None = f(None, "gdpo: a weight per gdpo_reward_keys entry; null = all 1.0")
 
 
 @dataclass

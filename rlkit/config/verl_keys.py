@@ -8,6 +8,7 @@ from this table (`python -m rlkit.config.verl_doc`).
 
 from __future__ import annotations
 
+from rlkit.config.trl_loss_types import trl_loss_type
 from rlkit.config.verl_role_keys import (
     ACTOR,
     ANY,
@@ -51,11 +52,9 @@ def _rules() -> list[VerlKey]:
     rules += optim_rules(f"{ACTOR}.optim", ACTOR) + role_common(ACTOR, ACTOR)
     rules += [
         alias(f"{ACTOR}.policy_loss.loss_mode", f"{ACTOR}.policy_loss"),
-        refused(f"{ACTOR}.policy_loss.{{clip_cov_ratio,clip_cov_lb,clip_cov_ub,kl_cov_ratio,ppo_kl_coef}}",
-                "read only by the clip_cov / kl_cov losses, which rlkit does not have yet (refused there)", inert=ANY),
-        refused(f"{ACTOR}.policy_loss.dro_beta", "read only by the dro loss, which rlkit does not have yet"),
-        refused(f"{ACTOR}.{{tau_pos,tau_neg}}", "read only by the SAPO loss, which rlkit does not have yet "
-                "(refused there)", inert=ANY),
+        alias(f"{ACTOR}.policy_loss.{{clip_cov_ratio,clip_cov_lb,clip_cov_ub,kl_cov_ratio,ppo_kl_coef,dro_beta}}",
+              f"{ACTOR}.{{1}}", why=f"= {ACTOR}.<the same name> (rlkit's policy_loss is the loss's name)"),
+        mapped(f"{ACTOR}.loss_type", "TRL's GRPOConfig.loss_type", derive=trl_loss_type),
         alias(f"{ACTOR}.use_torch_compile", f"{MODEL}.use_torch_compile"),
         alias(f"{ACTOR}.use_fused_kernels", f"{MODEL}.fused_lm_head"),
         alias(f"{ACTOR}.use_remove_padding", f"{MODEL}.use_remove_padding"),

@@ -5,9 +5,12 @@ Pure functions over a `Batch`, unit-testable without Ray.
 
 from __future__ import annotations
 
+import torch
+
 from rlkit.algo import ADV_ESTIMATORS, AdvantageInputs
 from rlkit.algo.kl import apply_kl_penalty
 from rlkit.config.schema import RLConfig
+from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.reward.overlong import OverlongBuffer
 from rlkit.reward.placement import on_last_token
@@ -36,6 +39,20 @@ def shape_rewards(batch: Batch, cfg: RLConfig, kl_ctrl) -> dict[str, float]:
     return metrics
 
 
+def reward_components(batch: Batch, names: list[str]) -> dict[str, torch.Tensor] | None:
+    """The reward manager's `reward_extra/<name>` columns named in `names`, as (B,) float tensors."""
+    if not names:
+        return None
+    out = {}
+    for name in names:
+        key = f"reward_extra/{name}"
+        if key not in batch:
+            raise UserError(f"algorithm.gdpo_reward_keys names '{name}' but the reward manager returned no {key}: "
+                            "return it from your scorer ({'score': ..., " + repr(name) + ": ...})")
+        out[name] = torch.tensor([float(v) for v in batch[key]], dtype=torch.float32)
+    return out
+
+
 def compute_advantages(batch: Batch, cfg: RLConfig) -> None:
     """Look the estimator up by name and write `advantages` and `returns` into the batch."""
     algo = cfg.algorithm
@@ -49,6 +66,8 @@ def compute_advantages(batch: Batch, cfg: RLConfig) -> None:
         lam=algo.lam,
         norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
         reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
+        reward_components=reward_components(batch, algo.gdpo_reward_keys),
+        reward_weights=algo.gdpo_reward_weights,
     ))
     batch["advantages"] = advantages.float()
     batch["returns"] = returns.float()

@@ -18,6 +18,7 @@ import torch
 
 from rlkit.algo import KL_ESTIMATORS, POLICY_LOSSES
 from rlkit.algo.loss_agg import agg_loss
+from rlkit.algo.policy_loss import LOSS_PARAMS
 from rlkit.algo.rollout_correction import RolloutCorrection
 from rlkit.algo.utils import masked_mean
 from rlkit.config.schema import ActorConfig, ModelConfig, RefConfig
@@ -159,6 +160,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
         a = self.actor
         pg_loss_fn = POLICY_LOSSES.get(a.policy_loss)
         kl_fn = KL_ESTIMATORS.get(a.kl_loss_type) if a.use_kl_loss else None
+        params = {name: getattr(a, name) for name in LOSS_PARAMS}
 
         def loss_fn(mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
             metrics: dict[str, float] = {}
@@ -178,8 +180,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
                 metrics.update(corr.metrics)
             pg = pg_loss_fn(
                 old, lp, mb["advantages"].to(self.device), mask,
-                clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
-                clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode, rollout_is_weights=is_weights,
+                **params, rollout_is_weights=is_weights,
                 ref_log_prob=mb["ref_log_prob"].to(self.device) if "ref_log_prob" in mb else None,  # @needs(ref)
             )
             loss = pg["pg_loss"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from rlkit.algo.needs import summed
 from rlkit.algo.run_needs import agg_unit
 from rlkit.protocol import Batch
 
@@ -106,10 +107,11 @@ def loss_scales(micro_masks: list[torch.Tensor], loss_agg_mode: str) -> list[flo
     rank must call this once per mini-batch (one all_reduce).
     """
     unit = agg_unit(loss_agg_mode)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if unit is summed:  # a sum over the global mini-batch: each micro-batch's sum counts once (x ranks: FSDP averages)
+        return [float(world)] * len(micro_masks)
     counts = torch.tensor([float(unit(m)) for m in micro_masks], dtype=torch.float64)
     total = counts.sum().reshape(1)
-    world = 1
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        world = dist.get_world_size()
+    if world > 1:
         dist.all_reduce(total)
     return (counts * world / total.clamp(min=1.0)).tolist()

@@ -42,11 +42,17 @@ REWARDS, MASK = outcome_batch([1.0, 0.0, 0.0, 1.0, 1.0, 5.0], [3, 1, 2, 2, 3, 1]
 def test_registry_names_and_shared_signature():
     assert ADV_ESTIMATORS.names() == [
         "gae",
+        "gdpo",
+        "gpg",
         "grpo",
+        "grpo_passk",
+        "grpo_vectorized",
+        "opo",
         "reinforce_plus_plus",
         "reinforce_plus_plus_baseline",
         "remax",
         "rloo",
+        "rloo_vectorized",
     ]
     inputs = AdvantageInputs(
         REWARDS,
@@ -58,6 +64,7 @@ def test_registry_names_and_shared_signature():
         norm_adv_by_std=True,
         epsilon=1e-6,
         reward_baselines=torch.zeros(6),
+        reward_components={"acc": torch.arange(6.0), "fmt": torch.ones(6)},
     )
     for name in ADV_ESTIMATORS:
         fn = ADV_ESTIMATORS.get(name)

@@ -15,7 +15,8 @@ UIDS = np.array(["a", "a", "b", "b"], dtype=object)
 
 @pytest.mark.parametrize("dtype", [torch.long, torch.bool])
 def test_estimators_agree_across_mask_dtypes(dtype):
-    kw = dict(index=UIDS, values=VALUES, gamma=0.9, lam=0.95, reward_baselines=torch.zeros(4))
+    kw = dict(index=UIDS, values=VALUES, gamma=0.9, lam=0.95, reward_baselines=torch.zeros(4),
+              reward_components={"acc": torch.tensor([1.0, 0.0, 1.0, 1.0])})
     for name in ADV_ESTIMATORS:
         fn = ADV_ESTIMATORS.get(name)
         ref = fn(AdvantageInputs(REWARDS, MASK.float(), **kw))
@@ -30,8 +31,10 @@ def test_losses_agree_across_mask_dtypes(dtype):
     old, logp, adv = torch.randn(4, 4), torch.randn(4, 4), torch.randn(4, 4)
     for mode in LOSS_AGG:
         for name in POLICY_LOSSES:
-            ref = POLICY_LOSSES.get(name)(old, logp, adv, MASK.float(), loss_agg_mode=mode)
-            got = POLICY_LOSSES.get(name)(old, logp, adv, MASK.to(dtype), loss_agg_mode=mode)
+            torch.manual_seed(0)  # clip_cov draws its tokens at random
+            ref = POLICY_LOSSES.get(name)(old, logp, adv, MASK.float(), loss_agg_mode=mode, dro_beta=0.1)
+            torch.manual_seed(0)
+            got = POLICY_LOSSES.get(name)(old, logp, adv, MASK.to(dtype), loss_agg_mode=mode, dro_beta=0.1)
             for key in ref:
                 assert torch.allclose(ref[key], got[key], atol=1e-6), (name, mode, key)
         ref_v = compute_value_loss(logp, old, adv, MASK.float(), 0.2, mode)

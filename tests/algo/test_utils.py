@@ -55,7 +55,8 @@ def test_agg_modes_by_hand(mode, expected):
 
 
 def test_agg_registry_names_and_unknown():
-    assert LOSS_AGG.names() == ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean"]
+    assert LOSS_AGG.names() == ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean",
+                                "token-sum"]
     with pytest.raises(UserError, match="token-mean"):
         agg_loss(LOSS, MASK, "token_mean")
 
