@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlkit.config.distillation import DistillationConfig
 from rlkit.config.fsdp import FSDPConfig
 from rlkit.config.reward_model import RewardModelConfig
 from rlkit.config.rollout import RolloutConfig
@@ -299,6 +300,8 @@ class RLConfig:
     custom_reward_function: CustomRewardConfig = f(factory=CustomRewardConfig, help="your own reward")
     algorithm: AlgorithmConfig = f(factory=AlgorithmConfig, help="advantages, KL, DAPO")
     trainer: TrainerConfig = f(factory=TrainerConfig, help="loop, resources, checkpoints, logging")
+    distillation: DistillationConfig = f(factory=DistillationConfig, help="on-policy distillation from teachers "
+                                         "(docs/distillation.md)")
 
 
 #: keys that did nothing and were removed; naming one is an error that says what to do instead

@@ -82,6 +82,7 @@ class RLTrainer(TrainerBase):
         # the reward stage (rlkit.reward.mix): the reward manager, mixed with the model reward when enabled
         self.reward_fn = build_reward_fn(cfg, self.tokenizer, {"reward_model": self.workers.reward_model},
                                          manager=manager)
+        self.teacher = _teacher_stage(cfg, self.tokenizer, self.workers)
         self.mfu_meter = _mfu_meter(cfg, self.model_path)
         self.global_step = 0
         self.validations = 0  # validation passes so far (seeds data.validation_shuffle's order)
@@ -118,6 +119,12 @@ class RLTrainer(TrainerBase):
         if w.ref is not None:
             with timer("ref"):
                 batch.union(w.ref.compute_ref_log_prob(batch))
+        # 3b. distillation: every sampled token's log-prob under its row's teacher (rlkit/trainer/teacher_stage.py)
+        if self.teacher is not None:
+            with timer("teacher"):
+                scored, teacher_metrics = self.teacher(batch)
+                batch.union(scored)
+            gen_metrics.update(teacher_metrics)
         if w.critic is not None:
             with timer("values"):
                 batch.union(w.critic.compute_values(batch))
@@ -282,6 +289,15 @@ def raise_user(msg: str) -> None:
     from rlkit.errors import UserError
 
     raise UserError(msg)
+
+
+def _teacher_stage(cfg: RLConfig, tokenizer: Any, workers: WorkerHandles) -> Any:
+    """The distillation teachers' phase (None when distillation is off)."""
+    if not cfg.distillation.enabled:
+        return None
+    from rlkit.trainer.teacher_stage import TeacherStage, local_teacher_paths
+
+    return TeacherStage(cfg, tokenizer, workers.teacher, local_teacher_paths(cfg))
 
 
 def _mfu_meter(cfg: RLConfig, model_path: str):
