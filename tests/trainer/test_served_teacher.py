@@ -58,11 +58,14 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, json.dumps({"choices": [choice]}).encode())
 
     def _send(self, status: int, data: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up on a slow reply
+            pass
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +139,8 @@ def test_a_teacher_with_its_own_tokenizer_is_aligned_back(server, tmp_path):
     teacher.save_pretrained(tmp_path / "teacher_tok")
     stage = TeacherStage(_cfg(server, tokenizer_path=str(tmp_path / "teacher_tok")), student, None, {})
     assert stage.teachers[0].tokenizer is not None  # different vocabularies: re-tokenised
-    out, metrics = stage(_batch(student, ["ab"], ["abcdefg h"], width=6))
-    # teacher ids: prompt "ab" (1 token) + abc|def|g h at positions 1, 2, 3
+    out, metrics = stage(_batch(student, ["ab"], ["abcabcb a"], width=6))
+    # teacher ids: prompt "ab" (1 token) + abc|abc|b a at positions 1, 2, 3
     lp = [fixed_log_prob(i) for i in (1, 2, 3)]
     want = [(lp[0] + lp[1]) / 3] * 3 + [lp[2] / 2] * 2 + [0.0]
     assert out["teacher_log_probs"][0].tolist() == pytest.approx(want)
