@@ -15,6 +15,10 @@ accuracy 1.0); every variant starts from the same random student of the same sha
 
 Writes <out>.json (every variant's per-step KL, train score, greedy validation, step and teacher times, peak RSS
 of the teacher call and of the update) and <out>.md (the table).
+
+`--smollm2 STEPS` measures the teacher's cost at a real size instead: SmolLM2-135M-Instruct as the student and as
+its own teacher (the only model on the machine; the same model, so the KL starts at ~0), GSM8K prompts, 4 x 2
+samples of up to 64 tokens, against the same run without a teacher; writes <out>_smollm2.json / .md.
 """
 
 from __future__ import annotations
@@ -117,6 +121,48 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def smollm2(steps: int, out: str) -> None:
+    """The teacher's time and memory per step at 135M parameters (see the module docstring)."""
+    from typer.testing import CliRunner
+
+    from rlkit.models.resolve import resolve_model_path
+    from rlkit_cli.main import app
+
+    work = Path(tempfile.mkdtemp(prefix="distill_smollm2_"))
+    res = CliRunner().invoke(app, ["data", "gsm8k", "--out", str(work / "gsm8k")])
+    assert res.exit_code == 0, res.output
+    model = str(resolve_model_path("smollm2-135m-instruct"))
+    base = [f"data.train_files={work / 'gsm8k' / 'train.parquet'}", "data.val_files=null",
+            "data.max_prompt_length=256", "data.max_response_length=64", "data.train_batch_size=4",
+            f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.optim.lr=1e-6",
+            "trainer.resume_mode=disable", "trainer.logger=[file]", "trainer.n_gpus_per_node=1",
+            "trainer.cpus_per_worker=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
+            "trainer.save_freq=-1", f"trainer.total_training_steps={steps}"]
+    results = {}
+    for name, algo, extra in [("distill_self", "distill", [f"+distillation.teacher_models.teacher.model_path={model}"]),
+                              ("no_teacher", "grpo", [])]:
+        d = work / name
+        rows = run(algo, base + extra + [f"trainer.default_local_dir={d / 'ckpt'}", f"trainer.log_dir={d / 'logs'}"],
+                   d / "logs")
+        steps_rows = [r for r in rows if "critic/score/mean" in r]
+        results[name] = {k: statistics.median(r[k] for r in steps_rows) for k in steps_rows[-1]
+                         if k.startswith(("timing_s/", "memory/")) or k == "actor/distill_loss"}
+        print(name, json.dumps(results[name]), flush=True)
+    keys = ["timing_s/step", "timing_s/teacher", "timing_s/update_actor", "timing_s/gen",
+            "memory/compute_teacher_log_prob/rss_peak_gb", "memory/update_actor/rss_peak_gb"]
+    lines = ["| run | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 1)]
+    for name, r in results.items():
+        lines.append(f"| {name} | " + " | ".join(f"{r[k]:.3f}" if k in r else "-" for k in keys) + " |")
+    text = "\n".join(lines)
+    print(text)
+    Path(out + "_smollm2.json").write_text(json.dumps({"steps": steps, "medians": results}, indent=1))
+    Path(out + "_smollm2.md").write_text(f"# bench/distill_curve.py --smollm2 {steps} (medians over the steps)\n\n"
+                                         f"{text}\n")
+
+
 def main() -> None:
     import torch
     from typer.testing import CliRunner
@@ -128,8 +174,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "distill_curve"))
+    ap.add_argument("--smollm2", type=int, default=0, metavar="STEPS", help="measure SmolLM2-135M as its own teacher")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.smollm2:
+        smollm2(args.smollm2, args.out)
+        return
     work = Path(tempfile.mkdtemp(prefix="distill_curve_"))
     res = CliRunner().invoke(app, ["data", "toy", "--out", str(work / "toy"), "--length", "1"])
     assert res.exit_code == 0, res.output
