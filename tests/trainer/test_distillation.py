@@ -4,8 +4,9 @@ The teacher is a tiny model trained by plain supervised steps to copy the digit 
 accuracy 1.0); the student is the random tied-embedding model of the RL learning tests, of the same shape. With
 distillation alone (`rlkit train distill`, forward_kl_topk over the teacher's top 8, no task reward) the per-token
 KL to the teacher falls every few steps and greedy validation goes from 0 to the teacher's within 30 steps.
-GRPO on the task reward alone needs ~100 steps to reach 0.6 on the same task (test_learning.py);
-bench/distill_curve.py prints both curves over the same steps.
+GRPO on the task reward alone reaches 0.20 in the same 30 steps (bench/distill_curve.py prints both curves,
+docs/distillation.md) and ~0.6 in 100 (test_learning.py). Measured: KL per 5 steps 3.42 2.30 1.69 1.10 0.64 0.31,
+greedy validation 0.0 -> 1.0.
 """
 
 from __future__ import annotations
