@@ -133,7 +133,8 @@ def smollm2(steps: int, out: str) -> None:
     assert res.exit_code == 0, res.output
     model = str(resolve_model_path("smollm2-135m-instruct"))
     base = [f"data.train_files={work / 'gsm8k' / 'train.parquet'}", "data.val_files=null",
-            "data.max_prompt_length=256", "data.max_response_length=64", "data.train_batch_size=4",
+            "data.max_prompt_length=320", "data.truncation=left", "data.max_response_length=64",
+            "data.train_batch_size=4",
             f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=hf",
             "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
