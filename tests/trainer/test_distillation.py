@@ -71,23 +71,41 @@ def test_distillation_alone_teaches_the_student_the_teachers_task(toy_data, tiny
     assert "timing_s/teacher" in last and "memory/compute_teacher_log_prob/rss_peak_gb" in last
 
 
-def test_teachers_on_their_own_group_and_config_refusals(tmp_path):
+def _distill_cfg(**teachers):
+    from rlkit.config.schema import RLConfig
+
+    cfg = RLConfig()
+    cfg.distillation.enabled = True
+    cfg.distillation.teacher_models = teachers or {"t": {"model_path": "/m"}}
+    return cfg
+
+
+def test_teachers_on_their_own_group_and_config_refusals():
+    from rlkit.config.distillation import check_distillation
     from rlkit.trainer.run_config import load_config
     from rlkit.trainer.workers_setup import TEACHER_GROUP, plan_layout
 
-    base = ["data.train_files=x.parquet", "+distillation.teacher_models.t.model_path=/m"]
-    colocated = plan_layout(load_config("distill", base))
+    colocated = plan_layout(_distill_cfg())
     assert "teacher" in colocated.groups[0].roles and len(colocated.groups) == 1
-    own = plan_layout(load_config("distill", base + ["distillation.nnodes=1", "distillation.n_gpus_per_node=1"]))
-    assert [g.name for g in own.groups][-1] == TEACHER_GROUP and "teacher" not in own.groups[0].roles
-    served = base + ["+distillation.teacher_models.t.base_url=http://127.0.0.1:9/v1"]
-    assert not any("teacher" in g.roles for g in plan_layout(load_config("distill", served)).groups)
-    for extra, message in [
-        (["distillation.distillation_loss.loss_mode=forward_kl_topk"], "needs a local teacher"),
-        (["+distillation.teacher_models.u.model_path=/n"], "each needs its own `key`"),
-        (["distillation.distillation_loss.loss_mode=k9"], "k3"),
-        (["+distillation.teacher_models.t.num_replicas=2"], "set it to 0"),
-        (["+distillation.teacher_models.t.temperature=2"], "is not a teacher key"),
+    cfg = _distill_cfg()
+    cfg.distillation.nnodes, cfg.distillation.n_gpus_per_node = 1, 1
+    own = plan_layout(cfg)
+    assert own.groups[-1].name == TEACHER_GROUP and "teacher" not in own.groups[0].roles
+    served = {"t": {"model_path": "m", "base_url": "http://127.0.0.1:9/v1"}}
+    assert not any("teacher" in g.roles for g in plan_layout(_distill_cfg(**served)).groups)
+    topk = _distill_cfg(**served)
+    topk.distillation.distillation_loss.loss_mode = "forward_kl_topk"
+    for d, message in [
+        (topk.distillation, "needs a local teacher"),
+        (_distill_cfg(t={"model_path": "/m"}, u={"model_path": "/n"}).distillation, "each needs its own `key`"),
+        (_distill_cfg(t={"model_path": "/m", "num_replicas": 2}).distillation, "set it to 0"),
+        (_distill_cfg(t={"model_path": "/m", "temperature": 2}).distillation, "is not a teacher key"),
     ]:
         with pytest.raises(UserError, match=message):
-            load_config("distill", (served if "topk" in extra[0] else base) + extra)
+            check_distillation(d, sp_size=1)
+    # the preset, and a loss name checked against the registry
+    base = ["data.train_files=x.parquet", "+distillation.teacher_models.t.model_path=/m"]
+    preset = load_config("distill", base).distillation
+    assert preset.enabled and not preset.distillation_loss.use_task_rewards
+    with pytest.raises(UserError, match="k3"):
+        load_config("distill", base + ["distillation.distillation_loss.loss_mode=k9"])
