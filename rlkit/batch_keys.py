@@ -1,10 +1,10 @@
 """The tensors that travel between roles in a `Batch`: one declaration each (shape, dtype, producer, consumers).
 
 Shapes use named dimensions: `B` rows (one per sample), `P` the left-padded prompt, `R` the right-padded
-response, `S` = P + R, `L` the MoE layers and `K` the experts per token; a `*` dtype accepts any of the listed
-kind. `check_output` compares what a role returned from one call with this table: the trainer runs it after
-every worker call in `--debug` mode (or `trainer.debug.check_batch_keys=true`), so a wrong shape, dtype or a
-missing key names the role, the call and the key instead of failing three phases later.
+response, `S` = P + R, `L` the MoE layers and `K` the experts per token (or the teacher's top-k); a `*` dtype
+accepts any of the listed kind. `check_output` compares what a role returned from one call with this table: the
+trainer runs it after every worker call in `--debug` mode (or `trainer.debug.check_batch_keys=true`), so a wrong
+shape, dtype or a missing key names the role, the call and the key instead of failing three phases later.
 """
 
 from __future__ import annotations
@@ -62,6 +62,15 @@ BATCH_KEYS: dict[str, BatchKey] = {
     "entropys": _key("B,R", FLOAT32, "actor.compute_log_prob", "metrics", "per-token entropy of the policy"),
     "ref_log_prob": _key("B,R", FLOAT32, "ref.compute_ref_log_prob", "KL loss / KL in reward", "the reference's log p"),
     "values": _key("B,R", FLOAT32, "critic.compute_values", "GAE, value loss", "the critic's value per token"),
+    # distillation (rlkit/trainer/teacher_stage.py)
+    "teacher_log_probs": _key("B,R", FLOAT32, "teacher.compute_teacher_log_prob (aligned by the driver)",
+                              "distillation loss", "the teacher's log p of each sampled token"),
+    "teacher_mask": _key("B,R", FLOAT32, "driver (teacher stage)", "distillation loss",
+                         "1 where the teacher scored the token (0: failed request, no teacher, no aligned text)"),
+    "teacher_topk_ids": _key("B,R,K", INT, "teacher.compute_teacher_log_prob", "distillation loss (forward_kl_topk)",
+                             "the teacher's K most likely token ids per position"),
+    "teacher_topk_log_probs": _key("B,R,K", FLOAT32, "teacher.compute_teacher_log_prob",
+                                   "distillation loss (forward_kl_topk)", "their log-probs under the teacher"),
     # the driver's advantage stage
     "token_level_rewards": _key("B,R", FLOAT32, "driver (shape_rewards)", "advantage estimators",
                                 "scores minus the in-reward KL penalty"),
@@ -76,6 +85,7 @@ CALL_OUTPUTS: dict[str, tuple[str, ...]] = {
     "compute_ref_log_prob": ("ref_log_prob",),
     "compute_values": ("values",),
     "compute_rm_score": ("rm_scores",),
+    "compute_teacher_log_prob": ("teacher_log_probs",),
 }
 
 

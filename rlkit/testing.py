@@ -234,3 +234,42 @@ def save_upcycled_moe(path: str | Path, experts: int = 4, noise: float = 0.01, s
     moe.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return Path(path)
+
+
+def save_toy_copy_teacher(path: str | Path, steps: int = 200, seed: int = 1, lr: float = 3e-3) -> Path:
+    """A tiny model trained (plain supervised steps, in this process) to solve the toy copy task with one digit:
+    "copy the digits : 7" -> "7" then EOS, greedy. The teacher of the distillation tests; a few seconds on a core."""
+    import torch
+
+    path = Path(path)
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, seed=seed, tie_embeddings=True)
+    rows, prompt_lens = [], []
+    for d in DIGITS:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": f"copy the digits : {d}"}],
+                                               tokenize=False, add_generation_prompt=True)
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        rows.append(p + tokenizer(d, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+        prompt_lens.append(len(p))
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    labels = torch.full((len(rows), width), -100)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, p) in enumerate(zip(rows, prompt_lens)):
+        ids[i, :len(r)] = torch.tensor(r)
+        mask[i, :len(r)] = 1
+        labels[i, p:len(r)] = torch.tensor(r[p:])
+    torch.manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

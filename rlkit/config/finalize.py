@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from rlkit.config.bounds import check_bounds
 from rlkit.config.checks import check_config
+from rlkit.config.distillation import check_distillation
 from rlkit.config.micro_batch_sizes import settle_micro_batches
 from rlkit.config.rollout_correction import check_rollout_correction, settle_rollout_correction
 from rlkit.config.schema import RLConfig
@@ -144,5 +145,6 @@ def finalize(cfg: RLConfig, hooks: Sequence[ConfigHook]) -> RLConfig:
         hook(cfg)
     check_lora(cfg)
     check_rollout_correction(cfg)
+    check_distillation(cfg.distillation, cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
     check_config(cfg)
     return cfg

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlkit.config.distillation import DistillationConfig
 from rlkit.config.fsdp import FSDPConfig
 from rlkit.config.profiler import GlobalProfilerConfig, RoleProfilerConfig
 from rlkit.config.reward_model import RewardModelConfig
@@ -331,6 +332,8 @@ class RLConfig:
     trainer: TrainerConfig = f(factory=TrainerConfig, help="loop, resources, checkpoints, logging")
     global_profiler: GlobalProfilerConfig = f(factory=GlobalProfilerConfig, help="per-step torch profiler traces "
                                               "of the worker calls (docs/performance.md)")
+    distillation: DistillationConfig = f(factory=DistillationConfig, help="on-policy distillation from teachers "
+                                         "(docs/distillation.md)")
 
 
 #: keys that did nothing and were removed; naming one is an error that says what to do instead

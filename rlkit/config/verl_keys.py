@@ -223,8 +223,8 @@ def _rules() -> list[VerlKey]:
         refused("algorithm.pf_ppo.**", "read only with algorithm.use_pf_ppo=true, which rlkit refuses", inert=ANY),
     ]
     # --- distillation (the group exists in verl's PPO config)
-    rules += [refused("distillation.**", "on-policy distillation is not in rlkit yet; remove distillation.*",
-                      switch="enabled")]
+    rules += [mapped("distillation.{_target_}", "nothing to set: verl's dataclass target"),
+              mapped("distillation.distillation_loss._target_", "nothing to set: verl's dataclass target")]
     # --- trainer, Ray, profiler, verl's own switches
     rules += [
         mapped("trainer.resume_from_path", "nothing to set: no path given", derive=resume_path),

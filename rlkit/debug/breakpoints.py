@@ -13,8 +13,8 @@ shell wildcards (`actor.*`). The default rank is 0.
 
 Phases the workers announce (rlkit/workers): rollout.generate, rollout.validate,
 actor.compute_log_prob, actor.update_policy, ref.compute_log_prob, critic.compute_values,
-critic.update. The step is the trainer's global step: every worker call carries it from the driver
-(rlkit.controller.worker_group), so it is set in every role, in both worker layouts.
+critic.update, teacher.compute_log_prob. The step is the trainer's global step: every worker call carries it from
+the driver (rlkit.controller.worker_group), so it is set in every role, in both worker layouts.
 
 Test hooks (for the debug tests; comma separated phase patterns, every rank):
 `RLKIT_TEST_RAISE_IN=actor.update_policy` raises there (a worker-side failure),
@@ -40,6 +40,7 @@ BREAK_AT_KEY = "trainer.debug.break_at"
 PHASES = (
     "rollout.generate", "rollout.validate", "actor.compute_log_prob", "actor.update_policy",
     "ref.compute_log_prob", "critic.compute_values", "critic.update", "reward_model.compute_rm_score",
+    "teacher.compute_log_prob",
 )  # fmt: skip
 TEST_RAISE_ENV = "RLKIT_TEST_RAISE_IN"
 TEST_BREAKPOINT_ENV = "RLKIT_TEST_BREAKPOINT_IN"

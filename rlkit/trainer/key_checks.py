@@ -11,7 +11,7 @@ from typing import Any
 
 from rlkit.batch_keys import CALL_OUTPUTS, check_output
 
-ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
+ROLES = ("actor", "rollout", "ref", "critic", "reward_model", "teacher")
 
 
 class CheckedView:

@@ -63,6 +63,18 @@ def _trackers() -> Registry[Any]:
     return TRACKERS
 
 
+def _distill_losses() -> Registry[Any]:
+    from rlkit.algo.distill_loss import DISTILL_LOSSES
+
+    return DISTILL_LOSSES
+
+
+def _policy_losses() -> Registry[Any]:
+    from rlkit.algo.policy_loss import POLICY_LOSSES
+
+    return POLICY_LOSSES
+
+
 def registered_keys() -> dict[str, Callable[[], Registry[Any]]]:
     """Config key -> a loader of the registry its value (or each item of its list) must be in."""
     from rlkit.algo.run_needs import algorithm_registries
@@ -76,6 +88,8 @@ def registered_keys() -> dict[str, Callable[[], Registry[Any]]]:
         "trainer.logger": _trackers,
         "actor_rollout_ref.actor.optim.lr_scheduler_type": _lr_schedules,
         "critic.optim.lr_scheduler_type": _lr_schedules,
+        "distillation.distillation_loss.loss_mode": _distill_losses,
+        "distillation.distillation_loss.policy_loss_mode": _policy_losses,
     }
     for key, registry in algorithm_registries().items():
         keys[key] = lambda registry=registry: registry

@@ -100,6 +100,7 @@ class RLTrainer(TrainerBase):
         # the reward stage (rlkit.reward.mix): the reward manager, mixed with the model reward when enabled
         self.reward_fn = build_reward_fn(cfg, self.tokenizer, {"reward_model": workers.reward_model},
                                          manager=self.reward_manager)
+        self.teacher = _teacher_stage(cfg, self.tokenizer, workers)  # distillation: None when off
         self.rollout_ctx = RolloutContext(cfg, workers, self.reward_fn, PromptStream(self.train_loader),
                                           lambda: self.global_step, self.total_steps, self.model_path, self.tokenizer)
         self.source = ROLLOUT_SOURCES.get(source_name(cfg))(self.rollout_ctx)  # sync, one-step-off, fully async
@@ -138,6 +139,12 @@ class RLTrainer(TrainerBase):
         if w.ref is not None:
             with timer("ref"):
                 batch.union(w.ref.compute_ref_log_prob(batch))
+        # 3b. distillation: every sampled token's log-prob under its row's teacher (rlkit/trainer/teacher_stage.py)
+        if self.teacher is not None:
+            with timer("teacher"):
+                scored, teacher_metrics = self.teacher(batch)
+                batch.union(scored)
+            gen_metrics.update(teacher_metrics)
         if w.critic is not None:
             with timer("values"):
                 batch.union(w.critic.compute_values(batch))
@@ -316,6 +323,15 @@ def raise_user(msg: str) -> None:
     from rlkit.errors import UserError
 
     raise UserError(msg)
+
+
+def _teacher_stage(cfg: RLConfig, tokenizer: Any, workers: WorkerHandles) -> Any:
+    """The distillation teachers' phase (None when distillation is off)."""
+    if not cfg.distillation.enabled:
+        return None
+    from rlkit.trainer.teacher_stage import TeacherStage, local_teacher_paths
+
+    return TeacherStage(cfg, tokenizer, workers.teacher, local_teacher_paths(cfg))
 
 
 def _mfu_meter(cfg: RLConfig, model_path: str):

