@@ -234,3 +234,72 @@ def save_upcycled_moe(path: str | Path, experts: int = 4, noise: float = 0.01, s
     moe.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return Path(path)
+
+
+# ------------------------------------------------------------------ vision-language
+VLM_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|> ' + message['role'] + ' ' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ ' <|im_end|> ' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|> assistant ' }}{% endif %}"
+)
+VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+SHAPE_WORDS = "how many shapes red green blue yellow left right top bottom circle square triangle colour".split()
+
+
+def build_tiny_vlm_processor(min_pixels: int = 56 * 56, max_pixels: int = 112 * 112):
+    """The tiny VLM's tokenizer (word-level + the vision tokens and shape words) and a Qwen2-VL image processor
+    with small pixel limits, so a test image becomes a handful of vision tokens. Returned as a pair, not a
+    `Qwen2_5_VLProcessor`: that class needs torchvision (for its video processor), which rlkit does not."""
+    from transformers import Qwen2VLImageProcessor
+
+    tokenizer = build_tiny_tokenizer(words=WORDS + DIGITS + SHAPE_WORDS, chat_template=VLM_CHAT_TEMPLATE,
+                                     special_tokens=("<|im_start|>", "</s>") + VISION_TOKENS)
+    images = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=14,
+                                   temporal_patch_size=2, merge_size=2)
+    return tokenizer, images
+
+
+def build_tiny_vlm(seed: int = 0):
+    """A random Qwen2.5-VL (2 text layers, hidden 128, head_dim 64 as vLLM's CPU attention needs; 2 vision
+    blocks of width 64) over the tiny processor's vocabulary: about 0.5M parameters."""
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tok, images = build_tiny_vlm_processor()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    config = Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=1024, pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]},
+        ),
+        vision_config=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, fullatt_block_indexes=[1],
+                           window_size=56),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model.eval(), tok, images
+
+
+def save_tiny_vlm(path: str | Path, seed: int = 0) -> Path:
+    """Write a tiny random Qwen2.5-VL + its processor (tokenizer, image processor, chat template) as an HF
+    folder that transformers' Auto classes and vLLM load like a published one."""
+    model, tokenizer, images = build_tiny_vlm(seed=seed)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    images.save_pretrained(path)
+    return Path(path)
