@@ -250,7 +250,7 @@ VLM_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|> assistant ' }}{% endif %}"
 )
 VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
-SHAPE_WORDS = "how many shapes red green blue yellow left right top bottom circle square triangle colour".split()
+SHAPE_WORDS = "how many shapes shape red green blue yellow left right or circle square triangle colour".split()
 
 
 def build_tiny_vlm_processor(min_pixels: int = 56 * 56, max_pixels: int = 112 * 112):
