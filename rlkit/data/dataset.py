@@ -16,7 +16,14 @@ import numpy as np
 import pyarrow as pa
 
 from rlkit.data.collation import collate
-from rlkit.data.images import VisionTokens, decode_image, process_images, with_image_parts
+from rlkit.data.images import (
+    ENGINE_INPUTS,
+    MODEL_INPUTS,
+    VisionTokens,
+    decode_image,
+    process_images,
+    with_image_parts,
+)
 from rlkit.data.schema import data_columns, ensure_valid, read_table
 from rlkit.data.truncation import TRUNCATION
 from rlkit.errors import UserError
@@ -157,7 +164,7 @@ class RLDataset:
             assert self._vision is not None
             ids = [self._vision.expand(seq, x["image_grid_thw"], f"{path} row {r}") if x else seq
                    for r, (seq, x) in enumerate(zip(self._tokenize(rendered, path), inputs, strict=True))]
-            vision = {"multi_modal_data": [{"image": im} if im else {} for im in images], "multi_modal_inputs": inputs}
+            vision = {ENGINE_INPUTS: [{"image": im} if im else {} for im in images], MODEL_INPUTS: inputs}
         keep: list[int] = []
         dropped = 0
         for row, seq in enumerate(ids):

@@ -19,6 +19,8 @@ from typing import Any
 from rlkit.errors import UserError
 
 PLACEHOLDER = "<image>"
+MODEL_INPUTS = "multi_modal_inputs"  # per-row non-tensor: the processor's tensors, what the trained model reads
+ENGINE_INPUTS = "multi_modal_data"  # per-row non-tensor: {"image": [PIL images]}, what a rollout engine reads
 
 
 def decode_image(item: Any, where: str, base_dir: str | None = None):

@@ -25,8 +25,10 @@ from pathlib import Path
 import torch
 
 from rlkit.config.rollout import RolloutConfig
+from rlkit.data.images import MODEL_INPUTS
 from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids, torch_dtype
 from rlkit.models.moe_router import RouteRecorder
+from rlkit.models.vision import batch_images, causal_lm_class
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output, engine_dtype
 from rlkit.utils.memory_peak import rss_bytes
@@ -98,13 +100,15 @@ class HFRollout(RolloutBackend):
         tokenizer=None,
         device: str | torch.device | None = None,
     ) -> None:
-        from transformers import AutoModelForCausalLM, GenerationConfig
+        import transformers
+        from transformers import AutoConfig, GenerationConfig
 
         self.config = config
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.stop_ids, self.pad_id = special_token_ids(model_path, tokenizer)
         self.dtype = engine_dtype(config.dtype, on_gpu=self.device.type == "cuda")
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype(self.dtype))
+        auto = getattr(transformers, causal_lm_class(AutoConfig.from_pretrained(str(model_path))))
+        model = auto.from_pretrained(str(model_path), dtype=torch_dtype(self.dtype))
         # A clean generation config: checkpoint defaults (repetition penalty, top_k=50, ...) must not leak
         # into RL sampling; only what SamplingConfig says applies.
         model.generation_config = GenerationConfig(eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
@@ -125,6 +129,7 @@ class HFRollout(RolloutBackend):
         routes = self._empty_routes(prompts, length) if sampling.return_routed_experts else None
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
         step = self.config.max_num_seqs
+        images = prompts.non_tensors.get(MODEL_INPUTS)  # a vision-language batch: each row's processor output
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             torch.manual_seed(seed)
@@ -136,6 +141,7 @@ class HFRollout(RolloutBackend):
                     sampling,
                     stop_ids,
                     record_routes=routes is not None,
+                    images=batch_images(images[part] if images is not None else None),
                 )
                 keep = stop_mask(ids, stop_ids)
                 n = ids.shape[1]
@@ -167,9 +173,11 @@ class HFRollout(RolloutBackend):
         sampling: SamplingConfig,
         stop_ids: list[int],
         record_routes: bool = False,
+        images: dict[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         """Generate for one micro-batch; returns (new tokens (b, L<=R) on CPU, their log-probs or None, the
-        routes of each forward (`RouteRecorder.take`; empty unless `record_routes`))."""
+        routes of each forward (`RouteRecorder.take`; empty unless `record_routes`)). `images`: the rows'
+        pixel patches and grids joined in row order (rlkit/models/vision.py), for a vision-language model."""
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
         # drop leading columns that are padding for every row of this micro-batch
@@ -190,6 +198,9 @@ class HFRollout(RolloutBackend):
         if recorder is not None:
             processors.append(recorder)
         extra = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}  # sampling done by `processors`
+        if images:  # which tokens are image pads: the model places its 3-D rotary positions from them
+            extra.update({k: v.to(self.device) for k, v in images.items()})
+            extra["mm_token_type_ids"] = (input_ids == self.model.config.image_token_id).int()
         recording = self.route_recorder.recording() if record_routes else contextlib.nullcontext()
         with recording:
             out = self.model.generate(

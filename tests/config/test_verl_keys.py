@@ -117,7 +117,7 @@ def test_mapped_keys_set_rlkit_keys_and_say_so():
     ("actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=2", "list the steps there"),
     ("distillation.enabled=true", "remove distillation"),
     ("actor_rollout_ref.actor.fsdp_config.model_dtype=bf16", "float32 master weights"),
-    ("data.image_key=images", "vision-language"),
+    ("data.video_key=clips", "data.image_key"),
 ])
 def test_refused_keys_name_the_key_and_the_fix(override, fix):
     with pytest.raises(UserError) as err:
