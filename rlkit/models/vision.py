@@ -23,6 +23,13 @@ def is_vision_model(config: Any) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
+def placeholder_token_ids(config: Any) -> list[int]:
+    """The image/video pad tokens a VLM's forward replaces with vision features. They belong in prompts only: a
+    sampled one would leave the trainer's forward with more pads than images, so rollouts never sample them."""
+    ids = [getattr(config, name, None) for name in ("image_token_id", "video_token_id")]
+    return [int(i) for i in ids if i is not None] if is_vision_model(config) else []
+
+
 def causal_lm_class(config: Any) -> str:
     """The transformers Auto class that loads this config with its LM head: a VLM's is the image-text one."""
     return "AutoModelForImageTextToText" if is_vision_model(config) else "AutoModelForCausalLM"

@@ -8,7 +8,10 @@ Sampling is done by our own logits-processor chain (temperature -> top-k ->
 top-p, the order vLLM uses) so that `rollout_log_probs` are exactly
 `log_softmax` of the scores the token was drawn from: the temperature-scaled,
 top-k/top-p-truncated and renormalised distribution (greedy: the raw model
-distribution). The vLLM backend returns the same quantity.
+distribution). The vLLM backend returns the same quantity. A vision-language model's image/video pad tokens
+are never sampled (they stand for image features, in prompts only), so its `rollout_log_probs` are of the
+distribution without them: the trainer's full-vocabulary log-probs plus -log(1 - p(pads)), nil for a trained
+VLM, which gives them no mass.
 
 For MoE routing replay (`sampling.return_routed_experts`, set by `actor.router_replay`) it records the experts
 every router chose for each prompt and response token (`routed_experts` (B, P+R, layers, k) int16, aligned with
@@ -28,12 +31,23 @@ from rlkit.config.rollout import RolloutConfig
 from rlkit.data.images import MODEL_INPUTS
 from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids, torch_dtype
 from rlkit.models.moe_router import RouteRecorder
-from rlkit.models.vision import batch_images, causal_lm_class
+from rlkit.models.vision import batch_images, causal_lm_class, placeholder_token_ids
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output, engine_dtype
 from rlkit.utils.memory_peak import rss_bytes
 
 GREEDY_EPS = 1e-5  # temperatures below this decode greedily (as vLLM does)
+
+
+class _Suppress:
+    """First logits processor of a VLM: its image/video pad tokens cannot be sampled (rlkit/models/vision.py)."""
+
+    def __init__(self, token_ids: list[int]) -> None:
+        self.token_ids = token_ids
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores[:, self.token_ids] = -float("inf")
+        return scores
 
 
 class _LogProbRecorder:
@@ -114,6 +128,7 @@ class HFRollout(RolloutBackend):
         model.generation_config = GenerationConfig(eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.weight_names = WeightNames(self.model)
+        self.suppressed = placeholder_token_ids(self.model.config)
         self.route_recorder = RouteRecorder.attach(self.model)  # None for a dense model
         self._rng = torch.Generator().manual_seed(config.seed)
         self.last_update: dict[str, float] = {}
@@ -186,7 +201,7 @@ class HFRollout(RolloutBackend):
         input_ids = input_ids[:, first:].to(self.device)
         attention_mask = attention_mask[:, first:].to(self.device)
         greedy = sampling.greedy or sampling.temperature < GREEDY_EPS
-        processors = LogitsProcessorList()
+        processors = LogitsProcessorList([_Suppress(self.suppressed)] if self.suppressed else [])
         if not greedy:
             if sampling.temperature != 1.0:
                 processors.append(TemperatureLogitsWarper(sampling.temperature))
