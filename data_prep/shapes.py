@@ -72,14 +72,15 @@ def generate(split: str, size: int, kinds: list[str], seed: int) -> SplitRecords
     return out
 
 
-def make_row(record: dict[str, Any], split: str, index: int, image_size: int = 56) -> dict[str, Any]:
+def make_row(record: dict[str, Any], split: str, index: int, image_size: int = 56,
+             blank: bool = False) -> dict[str, Any]:
     return {
         "data_source": DATA_SOURCE,
         "prompt": [{"role": "user", "content": f"{PLACEHOLDER} {QUESTIONS[record['question']]}"}],
         "ability": "vision",
         "reward_model": {"style": "rule", "ground_truth": record["answer"]},
         "extra_info": {"split": split, "index": index},
-        "images": [{"bytes": draw(record["shapes"], image_size), "path": None}],
+        "images": [{"bytes": draw([] if blank else record["shapes"], image_size), "path": None}],
     }
 
 
@@ -91,6 +92,8 @@ def command(
     image_size: Annotated[int, typer.Option("--image-size", min=28, help="Image side in pixels.")] = 56,
     train_size: Annotated[int, typer.Option("--train-size", min=1, help="Rows in train.parquet.")] = 2048,
     test_size: Annotated[int, typer.Option("--test-size", min=1, help="Rows in test.parquet.")] = 128,
+    blank: Annotated[bool, typer.Option("--blank", help="Control: the same rows with empty (white) images, so "
+                                        "only a model that reads the image can beat chance.")] = False,
     limit: opt.Limit = None,
     seed: opt.Seed = 0,
     force: opt.Force = False,
@@ -104,6 +107,7 @@ def command(
     if unknown or not kinds:
         raise typer.BadParameter(f"unknown question kind(s) {unknown}; choose from {', '.join(QUESTIONS)}")
     splits = {s: generate(s, n, kinds, seed) for s, n in {"train": train_size, "test": test_size}.items()}
-    resolved = Resolved(splits, f"generated ({','.join(kinds)}, {image_size}px, seed={seed})")
-    run(dataset="shapes", resolved=resolved, make_row=lambda r, s, i: make_row(r, s, i, image_size), schema=SCHEMA,
+    resolved = Resolved(splits, f"generated ({','.join(kinds)}, {image_size}px, seed={seed}{', blank' * blank})")
+    run(dataset="shapes", resolved=resolved, make_row=lambda r, s, i: make_row(r, s, i, image_size, blank),
+        schema=SCHEMA,
         opts=opt.PrepOptions(out=out, limit=limit, seed=seed, force=force))
