@@ -92,3 +92,19 @@ def test_shapes_rows_load_and_the_scorer_needs_the_answer(tmp_path, processor):
     assert shapes_score("red <|im_end|>", "red") == 1.0
     assert shapes_score("blue red", "red") == 0.0
     assert shapes_score("", "red") == 0.0
+
+
+def test_geo3k_converts_a_local_copy_in_the_published_layout(tmp_path, processor):
+    from data_prep.geo3k import command
+
+    (tmp_path / "src" / "data").mkdir(parents=True)
+    shard = [{"images": [{"bytes": png(64, 48), "path": "f.png"}], "problem": "<image>Find x.", "answer": "3"}]
+    for split in ("train", "test"):
+        pq.write_table(pa.Table.from_pylist(shard), tmp_path / "src" / "data" / f"{split}-00000-of-00001.parquet")
+    command(source=tmp_path / "src", out=tmp_path / "out")
+    ds = load(tmp_path / "out" / "train.parquet", processor)
+    row = ds[0]
+    assert row["data_source"] == "hiyouga/geometry3k" and row["reward_model"]["ground_truth"] == "3"
+    assert row["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4]]  # 64x48 -> 56x56 (min_pixels)
+    with pytest.raises(UserError, match="--source"):
+        command(source=None, out=tmp_path / "none")
