@@ -41,7 +41,7 @@ def draw(shapes: list[dict[str, Any]], size: int) -> bytes:
 
     img = Image.new("RGB", (size, size), (255, 255, 255))
     pen = ImageDraw.Draw(img)
-    r = size // 6
+    r = size // 4 - 1  # each shape fills its quadrant: colour and place reach several patches
     for s in shapes:
         x, y, fill = int(s["x"] * size), int(s["y"] * size), COLOURS[s["colour"]]
         if s["kind"] == "circle":
