@@ -266,14 +266,9 @@ def build_tiny_vlm_processor(min_pixels: int = 56 * 56, max_pixels: int = 112 * 
     return tokenizer, images
 
 
-def build_tiny_vlm(seed: int = 0):
-    """A random Qwen2.5-VL (2 text layers, hidden 128, head_dim 64 as vLLM's CPU attention needs; 2 vision
-    blocks of width 64) over the tiny processor's vocabulary: about 0.5M parameters."""
-    import torch
+def _qwen2_5_vl(tok, ids: dict[str, int]):
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    tok, images = build_tiny_vlm_processor()
-    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
     config = Qwen2_5_VLConfig(
         text_config=dict(
             vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
@@ -288,17 +283,47 @@ def build_tiny_vlm(seed: int = 0):
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=False,
     )
+    return Qwen2_5_VLForConditionalGeneration(config)
+
+
+def _idefics3(tok, ids: dict[str, int]):
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+
+    config = Idefics3Config(
+        text_config=dict(model_type="llama", vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=512, pad_token_id=tok.pad_token_id),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=56, patch_size=14),
+        scale_factor=2, image_token_id=ids["<|image_pad|>"], pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
+    )
+    return Idefics3ForConditionalGeneration(config)
+
+
+VLM_FAMILIES = {"qwen2_5_vl": _qwen2_5_vl, "idefics3": _idefics3}
+
+
+def build_tiny_vlm(seed: int = 0, family: str = "qwen2_5_vl"):
+    """A random vision-language model over the tiny VLM vocabulary, with its tokenizer and the Qwen2-VL image
+    processor. `family`: qwen2_5_vl (2 text layers, hidden 128, head_dim 64 as vLLM's CPU attention needs; 2
+    vision blocks of width 64: about 0.57M parameters) | idefics3 (SmolVLM's architecture: a Llama text model,
+    a 2-layer SigLIP-style encoder, pixel-shuffle connector; about 0.14M; weight-name tests only, its prompt
+    expansion is not in rlkit yet)."""
+    import torch
+
+    tok, images = build_tiny_vlm_processor()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config)
+    model = VLM_FAMILIES[family](tok, ids)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     return model.eval(), tok, images
 
 
-def save_tiny_vlm(path: str | Path, seed: int = 0) -> Path:
-    """Write a tiny random Qwen2.5-VL + its processor (tokenizer, image processor, chat template) as an HF
+def save_tiny_vlm(path: str | Path, seed: int = 0, family: str = "qwen2_5_vl") -> Path:
+    """Write a tiny random VLM (`build_tiny_vlm`) + its tokenizer, image processor and chat template as an HF
     folder that transformers' Auto classes and vLLM load like a published one."""
-    model, tokenizer, images = build_tiny_vlm(seed=seed)
+    model, tokenizer, images = build_tiny_vlm(seed=seed, family=family)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     images.save_pretrained(path)

@@ -57,7 +57,10 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     out: list[torch.nn.Module] = []
     for attr in ("model", "transformer", "gpt_neox", "backbone"):
         inner = getattr(model, attr, None)
-        for part in (inner, getattr(inner, "language_model", None), vision_tower(model)):
+        tower = vision_tower(model)
+        parts = (inner, getattr(inner, "language_model", None), getattr(inner, "text_model", None), tower,
+                 getattr(tower, "encoder", None))
+        for part in parts:
             for name in ("layers", "h", "blocks"):
                 layers = getattr(part, name, None) if part is not None else None
                 if isinstance(layers, torch.nn.ModuleList):
