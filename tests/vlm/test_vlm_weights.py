@@ -15,7 +15,6 @@ from rlkit.models.model_info import WeightNames
 from rlkit.models.vision import freeze_vision_tower, vision_tower
 from rlkit.testing import build_tiny_vlm, save_tiny_vlm
 
-
 FAMILIES = {  # family -> (the vision tower's in-memory prefix, in-memory -> checkpoint renames)
     "qwen2_5_vl": ("model.visual.", {"model.language_model.": "model.", "model.visual.": "visual."}),
     "idefics3": ("model.vision_model.", {}),
