@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rlkit.data.images import describe_images
 from rlkit.data.preference_schema import PREFERENCE_COLUMNS, is_preference_table, validate_preference_table
 from rlkit.data.schema import Problem, read_table, validate_table
 
@@ -43,13 +44,29 @@ def schema_table(table: pa.Table, path: Path) -> Table:
     return out
 
 
-def row_table(row: dict[str, Any], number: int, message_columns: tuple[str, ...]) -> Table:
+def row_table(row: dict[str, Any], number: int, message_columns: tuple[str, ...], image_key: str = "images",
+              where: str = "", base_dir: str | None = None) -> Table:
     out = Table(title=f"row {number}", title_justify="left", show_header=False)
     out.add_column("field", style="cyan", no_wrap=True)
     out.add_column("value", overflow="fold")
     for key, value in row.items():
-        out.add_row(key, _render_prompt(value) if key in message_columns else escape(_short(value)))
+        if key in message_columns:
+            shown = _render_prompt(value)
+        elif key == image_key:
+            shown = escape(describe_images(value, f"{where} row {number}, column '{key}'", base_dir))
+        else:
+            shown = escape(_short(value))
+        out.add_row(key, shown)
     return out
+
+
+def image_totals(table: pa.Table, image_key: str) -> str | None:
+    """Rows with images and images in all, from the column's list lengths (nothing decoded)."""
+    if image_key not in table.column_names:
+        return None
+    counts = [len(c or []) for c in table.column(image_key).to_pylist()]
+    return (f"images: {sum(counts):,} in {sum(c > 0 for c in counts):,} of {len(counts):,} rows "
+            f"(at most {max(counts, default=0)} per row)")
 
 
 def problem_lines(problems: list[Problem], limit: int) -> list[str]:
@@ -64,7 +81,8 @@ def problem_lines(problems: list[Problem], limit: int) -> list[str]:
 
 
 def inspect_file(
-    path: Path, console: Console, rows: int = 3, prompt_key: str = "prompt", strict: bool = False, limit: int = 20
+    path: Path, console: Console, rows: int = 3, prompt_key: str = "prompt", strict: bool = False, limit: int = 20,
+    image_key: str = "images",
 ) -> bool:
     """Print the report; True when the file has no errors (warnings allowed). A file with `chosen` and `rejected`
     columns is checked as preference pairs (rlkit.data.preference_schema), any other in the RL schema."""
@@ -72,10 +90,13 @@ def inspect_file(
     if is_preference_table(table):
         problems, message_columns = validate_preference_table(table), PREFERENCE_COLUMNS
     else:
-        problems, message_columns = validate_table(table, prompt_key=prompt_key, strict=strict), (prompt_key,)
+        problems = validate_table(table, prompt_key=prompt_key, strict=strict, image_key=image_key)
+        message_columns = (prompt_key,)
     console.print(schema_table(table, path))
+    if (totals := image_totals(table, image_key)) is not None:
+        console.print(totals)
     for i, row in enumerate(table.slice(0, max(rows, 0)).to_pylist()):
-        console.print(row_table(row, i, message_columns))
+        console.print(row_table(row, i, message_columns, image_key, str(path), str(path.parent)))
     for line in problem_lines(problems, limit):
         console.print(line)
     errors = sum(p.is_error for p in problems)

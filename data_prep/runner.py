@@ -80,6 +80,11 @@ def _size(path: Path) -> str:
     return ""  # unreachable
 
 
+def _shown(value: object) -> str:
+    """How the sample shows what JSON cannot hold (an image's bytes)."""
+    return f"<{len(value)} bytes>" if isinstance(value, (bytes, bytearray)) else repr(value)
+
+
 def print_summary(dataset: str, source: str, results: list[SplitResult]) -> None:
     table = Table(title=f"rlkit data {dataset}", title_justify="left")
     for name, justify in (("split", "left"), ("rows", "right"), ("file", "left"), ("size", "right")):
@@ -90,4 +95,4 @@ def print_summary(dataset: str, source: str, results: list[SplitResult]) -> None
     console.print(f"[bold]source:[/bold] {source}")
     if results:
         console.print(f"[bold]sample ({results[0].split}[0]):[/bold]")
-        console.print_json(json.dumps(results[0].sample, ensure_ascii=False))
+        console.print_json(json.dumps(results[0].sample, ensure_ascii=False, default=_shown))

@@ -273,3 +273,97 @@ def save_toy_copy_teacher(path: str | Path, steps: int = 200, seed: int = 1, lr:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+# ------------------------------------------------------------------ vision-language
+VLM_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|> ' + message['role'] + ' ' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ ' <|im_end|> ' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|> assistant ' }}{% endif %}"
+)
+VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+SHAPE_WORDS = "how many shapes shape red green blue yellow left right or circle square triangle colour".split()
+
+
+def build_tiny_vlm_processor(min_pixels: int = 56 * 56, max_pixels: int = 112 * 112):
+    """The tiny VLM's tokenizer (word-level + the vision tokens and shape words) and a Qwen2-VL image processor
+    with small pixel limits, so a test image becomes a handful of vision tokens. Returned as a pair, not a
+    `Qwen2_5_VLProcessor`: that class needs torchvision (for its video processor), which rlkit does not."""
+    from transformers import Qwen2VLImageProcessor
+
+    tokenizer = build_tiny_tokenizer(words=WORDS + DIGITS + SHAPE_WORDS, chat_template=VLM_CHAT_TEMPLATE,
+                                     special_tokens=("<|im_start|>", "</s>") + VISION_TOKENS)
+    images = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=14,
+                                   temporal_patch_size=2, merge_size=2)
+    return tokenizer, images
+
+
+def _qwen2_5_vl(tok, ids: dict[str, int]):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    config = Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=1024, pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]},
+        ),
+        vision_config=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, fullatt_block_indexes=[1],
+                           window_size=56),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    return Qwen2_5_VLForConditionalGeneration(config)
+
+
+def _idefics3(tok, ids: dict[str, int]):
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+
+    config = Idefics3Config(
+        text_config=dict(model_type="llama", vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=512, pad_token_id=tok.pad_token_id),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=56, patch_size=14),
+        scale_factor=2, image_token_id=ids["<|image_pad|>"], pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
+    )
+    return Idefics3ForConditionalGeneration(config)
+
+
+VLM_FAMILIES = {"qwen2_5_vl": _qwen2_5_vl, "idefics3": _idefics3}
+
+
+def build_tiny_vlm(seed: int = 0, family: str = "qwen2_5_vl"):
+    """A random vision-language model over the tiny VLM vocabulary, with its tokenizer and the Qwen2-VL image
+    processor. `family`: qwen2_5_vl (2 text layers, hidden 128, head_dim 64 as vLLM's CPU attention needs; 2
+    vision blocks of width 64: about 0.57M parameters) | idefics3 (SmolVLM's architecture: a Llama text model,
+    a 2-layer SigLIP-style encoder, pixel-shuffle connector; about 0.14M; weight-name tests only, its prompt
+    expansion is not in rlkit yet)."""
+    import torch
+
+    tok, images = build_tiny_vlm_processor()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    torch.manual_seed(seed)
+    model = VLM_FAMILIES[family](tok, ids)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model.eval(), tok, images
+
+
+def save_tiny_vlm(path: str | Path, seed: int = 0, family: str = "qwen2_5_vl") -> Path:
+    """Write a tiny random VLM (`build_tiny_vlm`) + its tokenizer, image processor and chat template as an HF
+    folder that transformers' Auto classes and vLLM load like a published one."""
+    model, tokenizer, images = build_tiny_vlm(seed=seed, family=family)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    images.save_pretrained(path)
+    return Path(path)

@@ -29,6 +29,10 @@ class DataConfig:
     train_files: Any = f("~/data/gsm8k/train.parquet", "parquet file or list of files to train on")
     val_files: Any = f(None, "parquet file(s) for validation; null = no validation")
     prompt_key: str = f("prompt", "column holding the chat messages")
+    image_key: str = f("images", "column holding each row's images (a list of {bytes} or {path}; one <image> per "
+                       "image in the prompt), read with the model's image processor (docs/vlm.md)")
+    mm_processor_kwargs: dict = f(factory=dict, help="settings for the model's image processor over its folder's, "
+                                  "e.g. {min_pixels: 3136, max_pixels: 1003520} (the image resizing limits)")
     max_prompt_length: int = f(512, "prompts are left-padded to this many tokens")
     max_response_length: int = f(512, "max new tokens per response (sets rollout.response_length)")
     train_batch_size: int = f(64, "prompts per training step (before the n samples per prompt)")
@@ -134,6 +138,7 @@ class ActorConfig:
                                            "router_aux_loss_coef; 0 = log it only")
     router_replay: bool = f(False, "MoE: the trainer's forward uses the experts the rollout engine chose for each "
                             "token (routing replay; the engine returns routed_experts, docs/moe.md)")
+    freeze_vision_tower: bool = f(False, "vision-language model: the image encoder is not trained (docs/vlm.md)")
     optim: OptimConfig = f(factory=OptimConfig, help="optimizer")
     fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings")
     profiler: RoleProfilerConfig = f(factory=RoleProfilerConfig, help="trace this role at global_profiler.steps")

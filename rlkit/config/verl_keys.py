@@ -69,7 +69,6 @@ def _rules() -> list[VerlKey]:
         refused(f"{ACTOR}.{{calculate_sum_pi_squared,sum_pi_squared_checkpointing}}", "read only by the optimal "
                 "token baseline estimator, which rlkit does not have yet"),
         refused(f"{ACTOR}.use_prefix_grouper", "shared-prefix grouping is not in rlkit; remove it"),
-        refused(f"{ACTOR}.freeze_vision_tower", "vision-language models are not in rlkit yet"),
         mapped(f"{ACTOR}.router_replay.mode", REPLAY_OFF, derive=router_replay(f"{ACTOR}.router_replay")),
         refused(f"{ACTOR}.qat.**", "quantisation-aware training is not in rlkit; remove qat.*", switch="enable"),
     ]
@@ -153,10 +152,14 @@ def _rules() -> list[VerlKey]:
                "batched call at load time, and filters on those lengths"),
         mapped("data.trust_remote_code", "nothing to set: the tokenizer loads with "
                "actor_rollout_ref.model.trust_remote_code"),
-        refused("data.{image_key,video_key,audio_key}", "vision-language and audio data are not in rlkit yet; "
-                "train a text model (remove the key)", inert=lambda v: False),
-        refused("data.{image_patch_size,mm_processor_kwargs,return_multi_modal_inputs}", "read only for "
-                "multimodal data, which rlkit refuses (data.image_key)", inert=ANY),
+        refused("data.video_key", "videos are not in rlkit yet (images are: data.image_key); drop the videos "
+                "column and remove the key", inert=only("videos")),
+        refused("data.audio_key", "audio data is not in rlkit; train a text or vision-language model (remove the "
+                "key)", inert=lambda v: False),
+        refused("data.image_patch_size", "rlkit reads the patch size from the model folder's image processor "
+                "(preprocessor_config.json: patch_size); set it there", inert=ANY),
+        mapped("data.return_multi_modal_inputs", "nothing to set: rlkit always carries each row's processor "
+               "output (multi_modal_inputs) for the trainer's forward"),
         refused("data.{return_raw_input_ids,return_full_prompt}", "rlkit's batch carries the prompt ids and "
                 "(data.return_raw_chat) the messages; remove it"),
         refused("data.apply_chat_template_kwargs", "rlkit renders prompts with the chat template's defaults; "

@@ -16,6 +16,14 @@ import numpy as np
 import pyarrow as pa
 
 from rlkit.data.collation import collate
+from rlkit.data.images import (
+    ENGINE_INPUTS,
+    MODEL_INPUTS,
+    VisionTokens,
+    decode_image,
+    process_images,
+    with_image_parts,
+)
 from rlkit.data.schema import data_columns, ensure_valid, read_table
 from rlkit.data.truncation import TRUNCATION
 from rlkit.errors import UserError
@@ -60,6 +68,12 @@ class RLDataset:
     then sees none. `chat_template` overrides the tokenizer's; `chat_template_kwargs` go to
     `apply_chat_template` (e.g. {"enable_thinking": False}). `return_raw_chat=False` leaves the
     un-tokenized messages (`raw_prompt`) out of the rows.
+
+    Images (rlkit/data/images.py): a row's `image_key` column (verl's `images`) lists its images and its prompt
+    has one `<image>` per image; with an `image_processor` (the VLM's) each such row carries
+    `multi_modal_data` ({"image": [PIL images]}, what the rollout engine reads) and `multi_modal_inputs`
+    (the processor's `pixel_values`, `image_grid_thw`: what the trained model reads), and its ids hold each
+    image's pad token widened to its merged patches. Rows without images carry empty ones.
     """
 
     def __init__(
@@ -74,6 +88,8 @@ class RLDataset:
         max_samples: int | None = None,
         filter_overlong_prompts: bool = False,
         return_raw_chat: bool = True,
+        image_key: str = "images",
+        image_processor: Any = None,
     ) -> None:
         if max_prompt_length <= 0:
             raise UserError(f"max_prompt_length must be positive, got {max_prompt_length}")
@@ -96,6 +112,9 @@ class RLDataset:
                 "or pass a Jinja chat_template"
             )
         self.pad_token_id = pad_token_id(tokenizer)
+        self.image_key = image_key
+        self.image_processor = image_processor
+        self._vision = VisionTokens.of(tokenizer, image_processor) if image_processor is not None else None
 
         self._ids: list[np.ndarray] = []
         self._columns: dict[str, list[Any]] = {}
@@ -134,7 +153,18 @@ class RLDataset:
     def _load_table(self, table: pa.Table, path: Path, offset: int) -> None:
         names = data_columns(table)
         messages = [[_clean_message(m) for m in row] for row in table.column(self.prompt_key).to_pylist()]
-        ids = self._tokenize(messages, path)
+        images = self._images(table, path)
+        if images is None:
+            ids = self._tokenize(messages, path)
+            vision: dict[str, list[Any]] = {}
+        else:
+            rendered = [with_image_parts(m, len(im), f"{path} row {r}, column '{self.prompt_key}'")
+                        for r, (m, im) in enumerate(zip(messages, images, strict=True))]
+            inputs = [process_images(self.image_processor, im) for im in images]
+            assert self._vision is not None
+            ids = [self._vision.expand(seq, x["image_grid_thw"], f"{path} row {r}") if x else seq
+                   for r, (seq, x) in enumerate(zip(self._tokenize(rendered, path), inputs, strict=True))]
+            vision = {ENGINE_INPUTS: [{"image": im} if im else {} for im in images], MODEL_INPUTS: inputs}
         keep: list[int] = []
         dropped = 0
         for row, seq in enumerate(ids):
@@ -165,9 +195,10 @@ class RLDataset:
             "extra_info": extra_info,
             "ability": table.column("ability").to_pylist(),
             "index": [_row_index(e, offset + i) for i, e in enumerate(extra_info)],
+            **vision,
         }
         for name in names:  # other columns (e.g. tools_kwargs) pass through; built keys win on a clash
-            if name != self.prompt_key and name not in fields:
+            if name not in (self.prompt_key, self.image_key) and name not in fields:
                 fields[name] = table.column(name).to_pylist()
         # a column missing from some files is None on their rows
         before = len(self._ids) - len(keep)
@@ -175,6 +206,20 @@ class RLDataset:
             column = self._columns.setdefault(key, [None] * before)
             values = fields.get(key)
             column.extend([values[r] for r in keep] if values is not None else [None] * len(keep))
+
+    def _images(self, table: pa.Table, path: Path) -> list[list[Any]] | None:
+        """Each row's decoded images (None: the file has no `image_key` column)."""
+        if self.image_key not in table.column_names:
+            return None
+        if self.image_processor is None:
+            raise UserError(f"{path}: column '{self.image_key}' holds images but the model has no image processor; "
+                            "use a vision-language model (actor_rollout_ref.model.path) or drop the column")
+        base = str(path.parent)
+        rows = []
+        for r, cell in enumerate(table.column(self.image_key).to_pylist()):
+            where = f"{path} row {r}, column '{self.image_key}'"
+            rows.append([decode_image(item, f"{where} image {k}", base) for k, item in enumerate(cell or [])])
+        return rows
 
     def _tokenize(self, conversations: list[list[dict[str, Any]]], path: Path) -> list[list[int]]:
         texts = self._render(conversations, path)

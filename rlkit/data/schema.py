@@ -36,6 +36,7 @@ PANDAS_INDEX_PREFIX = "__index_level_"
 MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
 PROMPT_TYPE = pa.list_(MESSAGE_TYPE)
 REWARD_MODEL_TYPE = pa.struct([("style", pa.string()), ("ground_truth", pa.string())])
+IMAGES_TYPE = pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))  # verl's `images` column
 BASE_EXTRA_INFO_FIELDS = (pa.field("split", pa.string()), pa.field("index", pa.int64()))
 
 
@@ -44,8 +45,9 @@ def with_messages(schema: pa.Schema) -> pa.Schema:
     return schema.append(pa.field(MESSAGES, PROMPT_TYPE))
 
 
-def arrow_schema(extra_info_fields: Sequence[pa.Field] = ()) -> pa.Schema:
-    """The exact schema `rlkit data` writes; datasets add their own `extra_info` fields."""
+def arrow_schema(extra_info_fields: Sequence[pa.Field] = (), images: bool = False) -> pa.Schema:
+    """The exact schema `rlkit data` writes; datasets add their own `extra_info` fields, and an image dataset
+    the `images` column (a list of {bytes, path} per row, verl's layout; rlkit/data/images.py)."""
     extra = pa.struct([*BASE_EXTRA_INFO_FIELDS, *extra_info_fields])
     return pa.schema(
         [
@@ -54,6 +56,7 @@ def arrow_schema(extra_info_fields: Sequence[pa.Field] = ()) -> pa.Schema:
             ("ability", pa.string()),
             ("reward_model", REWARD_MODEL_TYPE),
             ("extra_info", extra),
+            *([("images", IMAGES_TYPE)] if images else []),
         ]
     )
 
@@ -234,8 +237,10 @@ VALUE_CHECKS: dict[str, Callable[[str, list[Any]], list[Problem]]] = {
 
 
 # ------------------------------------------------------------------ entry points
-def validate_table(table: pa.Table, prompt_key: str = "prompt", strict: bool = False) -> list[Problem]:
-    """Every problem in `table`, errors and warnings. `strict` makes extra columns errors."""
+def validate_table(table: pa.Table, prompt_key: str = "prompt", strict: bool = False,
+                   image_key: str = "images") -> list[Problem]:
+    """Every problem in `table`, errors and warnings. `strict` makes extra columns errors; the `image_key`
+    column (verl's images, rlkit/data/images.py) is a known one."""
     problems: list[Problem] = []
     columns = data_columns(table)
     named = {c: prompt_key if c == "prompt" else c for c in REQUIRED_COLUMNS}
@@ -253,7 +258,7 @@ def validate_table(table: pa.Table, prompt_key: str = "prompt", strict: bool = F
             problems.append(Problem(None, col, f"column is missing; every row needs '{col}' ({_HINTS[canonical]})"))
     extra_severity = "error" if strict else "warning"
     for col in columns:
-        if col not in required and col != MESSAGES:
+        if col not in required and col not in (MESSAGES, image_key):
             problems.append(Problem(None, col, "extra column (passed to the trainer as-is)", extra_severity))
     if table.num_rows == 0:
         problems.append(Problem(None, None, "file has no rows; regenerate it or drop it from the file list"))

@@ -275,6 +275,21 @@ def load_tokenizer(path: str | Path, padding_side: str = "left") -> Any:
     return tokenizer
 
 
+def load_image_processor(path: str | Path, settings: dict | None = None) -> Any:
+    """A vision-language model's image processor (`settings`, e.g. min_pixels/max_pixels, over its folder's), or
+    None for a text model."""
+    from transformers import AutoConfig, AutoImageProcessor
+
+    from rlkit.models.vision import is_vision_model
+
+    if not is_vision_model(AutoConfig.from_pretrained(str(path))):
+        if settings:
+            raise UserError(f"data.mm_processor_kwargs is set but {path} is a text model; remove it")
+        return None
+    processor = AutoImageProcessor.from_pretrained(str(path), **(settings or {}))
+    return processor
+
+
 def load_causal_lm(path: str | Path, dtype: Any = "float32", device: Any = "cpu") -> Any:
     """AutoModelForCausalLM from a local folder in `dtype` on `device` (float32 by default: CPU training)."""
     from transformers import AutoModelForCausalLM

@@ -92,11 +92,14 @@ class WeightNames:
     def from_folder(cls, model_path: str | Path, checkpoint: bool = True) -> WeightNames:
         """Names of the model in `model_path` (by default in its checkpoint layout, what an engine loads),
         built on the meta device (no weights read)."""
-        from transformers import AutoConfig, AutoModelForCausalLM
+        import transformers
+        from transformers import AutoConfig
+
+        from rlkit.models.vision import causal_lm_class
 
         config = AutoConfig.from_pretrained(str(model_path))
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+            model = getattr(transformers, causal_lm_class(config)).from_config(config)
         return cls(model, checkpoint=checkpoint)
 
     def stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightStream:

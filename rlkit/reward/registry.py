@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 Scorer = Callable[..., Any]
 SCORERS: Registry[Scorer] = Registry("reward scorer")
 
-_BUILTIN_MODULES = ("gsm8k", "math_equiv", "toy_copy", "code")
+_BUILTIN_MODULES = ("gsm8k", "math_equiv", "toy_copy", "code", "shapes")
 
 
 class RewardFn(Protocol):
@@ -55,6 +55,8 @@ DATA_SOURCES: dict[str, str] = {
     "DigitalLearningGmbH/MATH-lighteval": "math",
     "lighteval/MATH": "math",
     "rlkit/toy_copy": "toy_copy",
+    "rlkit/shapes": "shapes",
+    "hiyouga/geometry3k": "math",
     "rlkit/code": "code",
     "mbpp": "code",
     "google-research-datasets/mbpp": "code",

@@ -8,7 +8,10 @@ Sampling is done by our own logits-processor chain (temperature -> top-k ->
 top-p, the order vLLM uses) so that `rollout_log_probs` are exactly
 `log_softmax` of the scores the token was drawn from: the temperature-scaled,
 top-k/top-p-truncated and renormalised distribution (greedy: the raw model
-distribution). The vLLM backend returns the same quantity.
+distribution). The vLLM backend returns the same quantity. A vision-language model's image/video pad tokens
+are never sampled (they stand for image features, in prompts only), so its `rollout_log_probs` are of the
+distribution without them: the trainer's full-vocabulary log-probs plus -log(1 - p(pads)), nil for a trained
+VLM, which gives them no mass.
 
 For MoE routing replay (`sampling.return_routed_experts`, set by `actor.router_replay`) it records the experts
 every router chose for each prompt and response token (`routed_experts` (B, P+R, layers, k) int16, aligned with
@@ -25,13 +28,26 @@ from pathlib import Path
 import torch
 
 from rlkit.config.rollout import RolloutConfig
+from rlkit.data.images import MODEL_INPUTS
 from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids, torch_dtype
 from rlkit.models.moe_router import RouteRecorder
+from rlkit.models.vision import batch_images, causal_lm_class, placeholder_token_ids
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output, engine_dtype
 from rlkit.utils.memory_peak import rss_bytes
 
 GREEDY_EPS = 1e-5  # temperatures below this decode greedily (as vLLM does)
+
+
+class _Suppress:
+    """First logits processor of a VLM: its image/video pad tokens cannot be sampled (rlkit/models/vision.py)."""
+
+    def __init__(self, token_ids: list[int]) -> None:
+        self.token_ids = token_ids
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores[:, self.token_ids] = -float("inf")
+        return scores
 
 
 class _LogProbRecorder:
@@ -98,18 +114,21 @@ class HFRollout(RolloutBackend):
         tokenizer=None,
         device: str | torch.device | None = None,
     ) -> None:
-        from transformers import AutoModelForCausalLM, GenerationConfig
+        import transformers
+        from transformers import AutoConfig, GenerationConfig
 
         self.config = config
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.stop_ids, self.pad_id = special_token_ids(model_path, tokenizer)
         self.dtype = engine_dtype(config.dtype, on_gpu=self.device.type == "cuda")
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype(self.dtype))
+        auto = getattr(transformers, causal_lm_class(AutoConfig.from_pretrained(str(model_path))))
+        model = auto.from_pretrained(str(model_path), dtype=torch_dtype(self.dtype))
         # A clean generation config: checkpoint defaults (repetition penalty, top_k=50, ...) must not leak
         # into RL sampling; only what SamplingConfig says applies.
         model.generation_config = GenerationConfig(eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.weight_names = WeightNames(self.model)
+        self.suppressed = placeholder_token_ids(self.model.config)
         self.route_recorder = RouteRecorder.attach(self.model)  # None for a dense model
         self._rng = torch.Generator().manual_seed(config.seed)
         self.last_update: dict[str, float] = {}
@@ -125,6 +144,7 @@ class HFRollout(RolloutBackend):
         routes = self._empty_routes(prompts, length) if sampling.return_routed_experts else None
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
         step = self.config.max_num_seqs
+        images = prompts.non_tensors.get(MODEL_INPUTS)  # a vision-language batch: each row's processor output
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             torch.manual_seed(seed)
@@ -136,6 +156,7 @@ class HFRollout(RolloutBackend):
                     sampling,
                     stop_ids,
                     record_routes=routes is not None,
+                    images=batch_images(images[part] if images is not None else None),
                 )
                 keep = stop_mask(ids, stop_ids)
                 n = ids.shape[1]
@@ -167,9 +188,11 @@ class HFRollout(RolloutBackend):
         sampling: SamplingConfig,
         stop_ids: list[int],
         record_routes: bool = False,
+        images: dict[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         """Generate for one micro-batch; returns (new tokens (b, L<=R) on CPU, their log-probs or None, the
-        routes of each forward (`RouteRecorder.take`; empty unless `record_routes`))."""
+        routes of each forward (`RouteRecorder.take`; empty unless `record_routes`)). `images`: the rows'
+        pixel patches and grids joined in row order (rlkit/models/vision.py), for a vision-language model."""
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
         # drop leading columns that are padding for every row of this micro-batch
@@ -178,7 +201,7 @@ class HFRollout(RolloutBackend):
         input_ids = input_ids[:, first:].to(self.device)
         attention_mask = attention_mask[:, first:].to(self.device)
         greedy = sampling.greedy or sampling.temperature < GREEDY_EPS
-        processors = LogitsProcessorList()
+        processors = LogitsProcessorList([_Suppress(self.suppressed)] if self.suppressed else [])
         if not greedy:
             if sampling.temperature != 1.0:
                 processors.append(TemperatureLogitsWarper(sampling.temperature))
@@ -190,6 +213,9 @@ class HFRollout(RolloutBackend):
         if recorder is not None:
             processors.append(recorder)
         extra = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}  # sampling done by `processors`
+        if images:  # which tokens are image pads: the model places its 3-D rotary positions from them
+            extra.update({k: v.to(self.device) for k, v in images.items()})
+            extra["mm_token_type_ids"] = (input_ids == self.model.config.image_token_id).int()
         recording = self.route_recorder.recording() if record_routes else contextlib.nullcontext()
         with recording:
             out = self.model.generate(

@@ -52,7 +52,7 @@ class RLTrainer(TrainerBase):
 
     def __init__(self, cfg: RLConfig, workers: WorkerHandles | None = None, tracker: Any = None) -> None:
         from rlkit.data import RLDataLoader, RLDataset
-        from rlkit.models.loading import load_tokenizer
+        from rlkit.models.loading import load_image_processor, load_tokenizer
         from rlkit.models.resolve import resolve_model_path
         from rlkit.reward.registry import build_reward_manager
         from rlkit.reward.scorer_key import missing_key_message
@@ -61,7 +61,9 @@ class RLTrainer(TrainerBase):
         self.model_path = str(resolve_model_path(cfg.actor_rollout_ref.model.path))
         self.tokenizer = load_tokenizer(self.model_path)
         d = cfg.data
-        dataset_keys = dict(filter_overlong_prompts=d.filter_overlong_prompts, return_raw_chat=d.return_raw_chat)
+        dataset_keys = dict(filter_overlong_prompts=d.filter_overlong_prompts, return_raw_chat=d.return_raw_chat,
+                            image_key=d.image_key,
+                            image_processor=load_image_processor(self.model_path, d.mm_processor_kwargs))
         self.train_set = RLDataset(d.train_files, self.tokenizer, d.max_prompt_length, d.truncation, d.prompt_key,
                                    max_samples=d.train_max_samples, **dataset_keys)
         # a loader batch is one generation batch: train_batch_size prompts, or gen_batch_size with dynamic sampling

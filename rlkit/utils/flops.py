@@ -55,10 +55,13 @@ UNKNOWN_GPU_TFLOPS = 100.0
 
 # --------------------------------------------------------------- model FLOPs
 def _cfg(config: Any, *names: str, default: Any = None) -> Any:
-    for n in names:
-        value = getattr(config, n, None)
-        if value is not None:
-            return value
+    """The first of `names` set on `config`, or on its `text_config` (a vision-language model's language model:
+    its FLOPs are counted, the vision tower's are not)."""
+    for part in (config, getattr(config, "text_config", None)):
+        for n in names:
+            value = getattr(part, n, None) if part is not None else None
+            if value is not None:
+                return value
     return default
 
 

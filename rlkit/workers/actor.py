@@ -25,6 +25,7 @@ from rlkit.algo.utils import masked_mean
 from rlkit.config.distillation import DistillationLossConfig
 from rlkit.config.schema import ActorConfig, ModelConfig, RefConfig
 from rlkit.controller import Dispatch, Worker, register
+from rlkit.data.images import MODEL_INPUTS
 from rlkit.debug import maybe_break
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
@@ -49,6 +50,8 @@ class _PolicyScorer(Worker):
 
     def _forward(self, mb: Batch, response_length: int, with_entropy: bool) -> ForwardOut:
         inputs = ModelInputs.of(mb["input_ids"], mb["attention_mask"], mb["position_ids"], self._routes(mb))
+        if MODEL_INPUTS in mb.non_tensors:  # a vision-language batch: the rows' images (rlkit/data/images.py)
+            inputs = inputs.with_images(self.model.module, list(mb.non_tensors[MODEL_INPUTS]))
         return self.model.forward(
             inputs, response_length=response_length, temperature=self.temperature, with_entropy=with_entropy,
             remove_padding=self.model_cfg.use_remove_padding, chunk_size=self.logits_chunk_size,
@@ -71,6 +74,7 @@ class _PolicyScorer(Worker):
         self.model.module.eval()
         with torch.no_grad():
             keys = FORWARD_KEYS + (["routed_experts"] if self.router_replay and "routed_experts" in batch else [])
+            keys += [MODEL_INPUTS] if MODEL_INPUTS in batch.non_tensors else []
             micros, order = micro.split(batch.select(keys))
             for mb in micros:
                 out = self._forward(mb, response_length, with_entropy)
@@ -121,6 +125,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
             ulysses_sequence_parallel_size=self.actor.ulysses_sequence_parallel_size,
             compile_layers=self.model_cfg.use_torch_compile,
             fused_lm_head=self.model_cfg.fused_lm_head,
+            freeze_vision=self.actor.freeze_vision_tower,
         )
         self.model.setup_optimizer(self.actor.optim, self.total_steps)
         self.router_tap = self.model.router_tap  # None for a dense model

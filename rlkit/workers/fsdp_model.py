@@ -26,6 +26,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from rlkit.config.schema import FSDPConfig, OptimConfig
 from rlkit.models.lora import LoraModel, lora_enabled, merged_named_tensors, wrap_lora, write_lora_info
 from rlkit.models.moe_router import RouterTap
+from rlkit.models.vision import causal_lm_class, freeze_vision_tower, vision_tower
 from rlkit.utils.cpu_precision import auto_cpu_dtype
 from rlkit.utils.lr_schedule import lr_lambda
 from rlkit.workers import layer_compile, ulysses
@@ -51,14 +52,23 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated transformer blocks, each its own FSDP unit (so only one is gathered at a time)."""
+    """The repeated transformer blocks, each its own FSDP unit (so only one is gathered at a time); a
+    vision-language model's are its language model's and its vision tower's."""
+    out: list[torch.nn.Module] = []
     for attr in ("model", "transformer", "gpt_neox", "backbone"):
         inner = getattr(model, attr, None)
-        for name in ("layers", "h", "blocks"):
-            layers = getattr(inner, name, None) if inner is not None else None
-            if isinstance(layers, torch.nn.ModuleList):
-                return list(layers)
-    return []
+        tower = vision_tower(model)
+        parts = (inner, getattr(inner, "language_model", None), getattr(inner, "text_model", None), tower,
+                 getattr(tower, "encoder", None))
+        for part in parts:
+            for name in ("layers", "h", "blocks"):
+                layers = getattr(part, name, None) if part is not None else None
+                if isinstance(layers, torch.nn.ModuleList):
+                    out.extend(layers)
+                    break
+        if out:
+            return out
+    return out
 
 
 def hybrid_mesh(fsdp_size: int, world: int, device: torch.device) -> Any:
@@ -94,15 +104,17 @@ class FSDPModel:
         ulysses_sequence_parallel_size: int = 1,
         compile_layers: bool = False,
         fused_lm_head: bool = False,
+        freeze_vision: bool = False,
     ) -> None:
         """`auto_class`: a transformers Auto class name to load instead (the reward model's
         `AutoModelForSequenceClassification`); it gets the same wrapping, not `forward`'s heads.
         `ulysses_sequence_parallel_size` > 1: groups of that many consecutive ranks split each packed row
         along the sequence (rlkit/workers/ulysses.py); the caller gives the ranks of a group the same rows.
         `compile_layers`: torch.compile each decoder layer (rlkit/workers/layer_compile.py).
-        `fused_lm_head`: the policy's log-probs from the fused chunked LM head (rlkit/workers/heads.py)."""
+        `fused_lm_head`: the policy's log-probs from the fused chunked LM head (rlkit/workers/heads.py).
+        `freeze_vision`: a vision-language model's image encoder is not trained (verl's freeze_vision_tower)."""
         import transformers
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+        from transformers import AutoConfig, AutoModelForTokenClassification
 
         self.device = device
         self.value_head = value_head
@@ -124,7 +136,7 @@ class FSDPModel:
             config.classifier_dropout = 0.0
             model = AutoModelForTokenClassification.from_pretrained(model_path, config=config, **kwargs)
         else:
-            model = AutoModelForCausalLM.from_pretrained(model_path, config=config, **kwargs)
+            model = getattr(transformers, causal_lm_class(config)).from_pretrained(model_path, config=config, **kwargs)
         self.varlen_reason = enable_varlen(model)  # None: packed rows attend per sequence without a mask
         if self.varlen_reason is not None:
             log.info("remove-padding packs with a block-diagonal mask: %s", self.varlen_reason)
@@ -138,6 +150,8 @@ class FSDPModel:
                 self.sp.size,
                 "",
             )
+        if freeze_vision:
+            log.info("vision tower frozen: %d parameters", freeze_vision_tower(model))
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.config = model.config
@@ -266,14 +280,16 @@ class FSDPModel:
             return self._packed_forward(inputs, head, call)
         rows = inputs.trim_left_padding(response_length)
         kwargs = self._model_kwargs(
-            rows.extras, input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=rows.position_ids
+            rows.extras, input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=rows.position_ids,
+            **rows.images,
         )
         return head.padded(self.module, kwargs, rows, call)
 
     def _packed_forward(self, inputs: ModelInputs, head: Head, call: HeadCall) -> ForwardOut:
         """The packed row, or under SP this rank's slice of it; outputs gathered back to (b, R)."""
         packed = inputs.pack(self.sp)
-        kwargs = self._model_kwargs(packed.extras, input_ids=packed.input_ids, position_ids=packed.position_ids)
+        kwargs = self._model_kwargs(packed.extras, input_ids=packed.input_ids, position_ids=packed.position_ids,
+                                    **inputs.images)
         if self.varlen_reason is None:
             kwargs.update(packed_kwargs(packed.row.cu_seqlens, packed.row.max_len))
             if self.sp is not None:

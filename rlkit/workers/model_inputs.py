@@ -10,6 +10,11 @@ per-token input needs no edit there:
     ModelInputs ──SP: gather_rows (the group's rows)──▶ pack ──▶ PackedInputs (this rank's slice of the row)
                 └─padded: trim_left_padding (the columns some row uses)─────────▶ ModelInputs (trimmed)
 
+A vision-language model also reads its images (`images`: the micro-batch's pixel patches and grids, joined in
+row order, rlkit/models/vision.py); they are no per-token input, and trimming and packing, which keep every valid
+token and the rows' order, keep them as they are. Qwen2-VL's 3-D rotary positions are a `TokenInput` named
+`position_ids` (4, b, S) that stands in for the 1-D ones (`with_images`).
+
 An extra with `to_model` goes to the model's forward under its name; one without (the replayed routes) is handed
 to whoever consumes it (`FSDPModel` asks its `RouterTap` for the names it takes), as the model would see it:
 (rows, tokens, ...) after packing/slicing or trimming, rows-then-tokens in the model's token order.
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from rlkit.models.moe_router import RouterTap
+from rlkit.models.vision import batch_images, rope_positions, uses_rope_positions
 from rlkit.workers.packing import PackedRow, left_padding_start
 from rlkit.workers.ulysses import SequenceParallel
 
@@ -57,6 +63,7 @@ class ModelInputs:
     attention_mask: torch.Tensor  # (b, S)
     position_ids: torch.Tensor  # (b, S)
     extras: dict[str, TokenInput] = field(default_factory=dict)
+    images: dict[str, torch.Tensor] = field(default_factory=dict)  # model keywords: pixel_values, image_grid_thw
 
     @classmethod
     def of(
@@ -70,13 +77,24 @@ class ModelInputs:
         extras = {} if routed_experts is None else {RouterTap.INPUT: replayed_routes(routed_experts)}
         return cls(input_ids, attention_mask, position_ids, extras)
 
+    def with_images(self, module: torch.nn.Module, rows: list | None) -> ModelInputs:
+        """These inputs with the rows' images (`multi_modal_inputs`, one per row, {} for none) and, for a model
+        with 3-D rotary positions, those positions computed from the full rows (before any trimming/packing)."""
+        images = batch_images(rows)
+        extras = dict(self.extras)
+        if uses_rope_positions(module):
+            positions = rope_positions(module, self.input_ids, self.attention_mask, self.position_ids, images)
+            extras["position_ids"] = TokenInput(positions, row_dim=1, token_dim=2)
+        return replace(self, extras=extras, images=images)
+
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ModelInputs:
         """`fn` on every per-token tensor viewed (rows, tokens, ...), the extras laid out back as they were."""
         extras = {name: x.with_rows_tokens(fn(x.rows_tokens())) for name, x in self.extras.items()}
-        return ModelInputs(fn(self.input_ids), fn(self.attention_mask), fn(self.position_ids), extras)
+        return ModelInputs(fn(self.input_ids), fn(self.attention_mask), fn(self.position_ids), extras, self.images)
 
     def to(self, device: torch.device) -> ModelInputs:
-        return self._map(lambda t: t.to(device))
+        moved = self._map(lambda t: t.to(device))
+        return replace(moved, images={k: v.to(device) for k, v in self.images.items()})
 
     def trim_left_padding(self, response_length: int) -> ModelInputs:
         """Without the leading columns that are padding in every row (rlkit/workers/packing.py)."""
@@ -85,6 +103,9 @@ class ModelInputs:
 
     def gather_rows(self, sp: SequenceParallel) -> tuple[ModelInputs, slice]:
         """The SP group's micro-batches stacked in rank order, and this rank's rows in them."""
+        if self.images:
+            raise NotImplementedError("sequence parallelism with images is not in rlkit yet; set "
+                                      "ulysses_sequence_parallel_size=1 for a vision-language model")
         names = list(self.extras)
         tensors = [self.input_ids, self.attention_mask, self.position_ids]
         tensors += [self.extras[name].rows_tokens() for name in names]

@@ -22,6 +22,7 @@ def inspect(
     prompt_key: Annotated[str, typer.Option("--prompt-key", help="Column holding the chat messages.")] = "prompt",
     strict: Annotated[bool, typer.Option("--strict", help="Treat extra columns as errors, not warnings.")] = False,
     limit: Annotated[int, typer.Option("--max-problems", min=1, help="Problems listed per severity.")] = 20,
+    image_key: Annotated[str, typer.Option("--image-key", help="Column holding each row's images.")] = "images",
 ) -> None:
     """Validate a parquet file against the RL schema (or, with chosen/rejected columns, as preference pairs for
     `rlkit train dpo`) and print its first rows.
@@ -29,7 +30,8 @@ def inspect(
     Exit 0 when valid, 1 with the list of problems (row + column) otherwise.
     Example: [bold]rlkit data inspect ~/data/gsm8k/train.parquet -n 5[/bold]
     """
-    if not inspect_file(file, console, rows=rows, prompt_key=prompt_key, strict=strict, limit=limit):
+    if not inspect_file(file, console, rows=rows, prompt_key=prompt_key, strict=strict, limit=limit,
+                        image_key=image_key):
         raise typer.Exit(1)
 
 

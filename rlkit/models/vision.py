@@ -1,0 +1,98 @@
+"""What a vision-language model's forward reads besides the tokens: the images' pixel patches and grids, and, for
+the Qwen2-VL family, 3-D rotary positions (temporal, height, width) that place each image token on its grid.
+
+The dataset carries each row's processor output (`multi_modal_inputs`: `pixel_values` (patches, dim),
+`image_grid_thw` (images, 3)); `batch_images` joins a micro-batch's in row order, which is the order their
+image tokens take in the padded rows and in the packed row alike (packing keeps every valid token, rows in
+order). `rope_positions` computes the positions with the model's own `get_rope_index` from the token ids,
+the mask and the grids, so the rollout, the log-prob passes and the update see the same ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+
+
+def is_vision_model(config: Any) -> bool:
+    """A config with a vision tower (Qwen2-VL/2.5-VL/3-VL, Idefics3/SmolVLM, Gemma3, ...)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def placeholder_token_ids(config: Any) -> list[int]:
+    """The image/video pad tokens a VLM's forward replaces with vision features. They belong in prompts only: a
+    sampled one would leave the trainer's forward with more pads than images, so rollouts never sample them."""
+    ids = [getattr(config, name, None) for name in ("image_token_id", "video_token_id")]
+    return [int(i) for i in ids if i is not None] if is_vision_model(config) else []
+
+
+def causal_lm_class(config: Any) -> str:
+    """The transformers Auto class that loads this config with its LM head: a VLM's is the image-text one."""
+    return "AutoModelForImageTextToText" if is_vision_model(config) else "AutoModelForCausalLM"
+
+
+VISION_TOWERS = ("visual", "vision_tower", "vision_model")  # Qwen2-VL family; Gemma3/LLaVA; Idefics3/SmolVLM
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The image encoder (with its projector where the family keeps it inside), or None for a text model."""
+    for inner in (model, getattr(model, "model", None)):
+        for name in VISION_TOWERS:
+            tower = getattr(inner, name, None) if inner is not None else None
+            if isinstance(tower, torch.nn.Module):
+                return tower
+    return None
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> int:
+    """Stop training the image encoder (verl's `freeze_vision_tower`); returns how many parameters froze."""
+    tower = vision_tower(model)
+    if tower is None:
+        raise ValueError("freeze_vision_tower=true but the model has no vision tower (a text model)")
+    frozen = 0
+    for p in tower.parameters():
+        p.requires_grad_(False)
+        frozen += p.numel()
+    return frozen
+
+
+def batch_images(rows: Sequence[Any] | None) -> dict[str, torch.Tensor]:
+    """The rows' processor outputs joined in row order (empty when no row has an image)."""
+    parts = [r for r in (rows if rows is not None else []) if r]
+    if not parts:
+        return {}
+    return {key: torch.cat([p[key] for p in parts]) for key in IMAGE_KEYS}
+
+
+def _rope_owner(module: torch.nn.Module) -> Any:
+    """The submodule that owns `get_rope_index` (the inner VL model under a wrapper, LoRA or FSDP), or None."""
+    for sub in module.modules():
+        if callable(getattr(type(sub), "get_rope_index", None)):
+            return sub
+    return None
+
+
+def uses_rope_positions(module: torch.nn.Module) -> bool:
+    return _rope_owner(module) is not None
+
+
+def rope_positions(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   position_ids: torch.Tensor, images: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(4, b, S) positions: the 1-D text positions (what packing and masks read), then the model's 3-D rotary
+    positions (its `get_rope_index` over the valid tokens; padding at 0)."""
+    owner = _rope_owner(module)
+    config = owner.config
+    image_token = getattr(config, "image_token_id", None)
+    if image_token is None:
+        image_token = config.image_token_index
+    types = (input_ids == image_token).int()
+    grid = images.get("image_grid_thw")
+    if grid is None:  # text only: the three rotary axes are the text positions
+        return position_ids.unsqueeze(0).expand(4, -1, -1).clone()
+    rope, _ = owner.get_rope_index(input_ids, mm_token_type_ids=types, image_grid_thw=grid.to(input_ids.device),
+                                   attention_mask=attention_mask)
+    return torch.cat([position_ids.unsqueeze(0), rope.to(position_ids.dtype)])

@@ -1,0 +1,92 @@
+"""The trainer's forward of a tiny Qwen2.5-VL with images equals a plain transformers forward of each row alone
+with the same processor outputs: padded and packed, 0, 1 and 2 images per row (the 3-D rotary positions and the
+pixel patches travel with the rows)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from rlkit.config.schema import FSDPConfig
+from rlkit.data.collation import left_pad
+from rlkit.data.images import VisionTokens, process_images
+from rlkit.testing import save_tiny_vlm
+from rlkit.workers.fsdp_model import FSDPModel
+from rlkit.workers.model_inputs import ModelInputs
+
+PROMPTS = [  # (text, image sizes)
+    ("<|im_start|> user what colour is the shape ? <|im_end|> <|im_start|> assistant", []),
+    ("<|im_start|> user <|vision_start|><|image_pad|><|vision_end|> how many shapes ? <|im_end|> "
+     "<|im_start|> assistant", [(56, 56)]),
+    ("<|im_start|> user <|vision_start|><|image_pad|><|vision_end|> left or <|vision_start|><|image_pad|>"
+     "<|vision_end|> right ? <|im_end|> <|im_start|> assistant", [(112, 56), (56, 84)]),
+]
+RESPONSES = [[20, 21, 22, 23, 5], [30, 31, 5], [40, 41, 42, 43, 44, 45]]
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    path = save_tiny_vlm(tmp_path_factory.mktemp("vlm") / "tiny")
+    return path, AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path)
+
+
+def rows_of(tokenizer, image_processor):
+    """Each row's prompt ids (image pads widened), response ids and processor output."""
+    gen = torch.Generator().manual_seed(0)
+    vision = VisionTokens.of(tokenizer, image_processor)
+    out = []
+    for (text, sizes), response in zip(PROMPTS, RESPONSES, strict=True):
+        images = [Image.fromarray((torch.rand(h, w, 3, generator=gen) * 255).byte().numpy()) for w, h in sizes]
+        mm = process_images(image_processor, images)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = vision.expand(ids, mm["image_grid_thw"], "test") if mm else ids
+        out.append((ids, response, mm))
+    return out
+
+
+def reference_log_probs(model, ids, response, mm, image_token_id):
+    full = torch.tensor([ids + response])
+    kwargs = dict(mm)
+    if mm:
+        kwargs["mm_token_type_ids"] = (full == image_token_id).int()
+    with torch.no_grad():
+        logits = model(input_ids=full, **kwargs).logits[0].float()
+    lp = torch.log_softmax(logits[len(ids) - 1 : -1], -1)
+    return lp.gather(1, torch.tensor(response).unsqueeze(1)).squeeze(1)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_trainer_log_probs_equal_a_plain_forward(vlm, packed):
+    from transformers import AutoModelForImageTextToText
+
+    path, tokenizer, image_processor = vlm
+    rows = rows_of(tokenizer, image_processor)
+    model = FSDPModel(str(path), FSDPConfig(), torch.device("cpu"))
+    plain = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    prompt_len, resp_len = max(len(r[0]) for r in rows) + 2, max(len(r[1]) for r in rows) + 1
+    p_ids, p_mask, p_pos = left_pad([r[0] for r in rows], prompt_len, tokenizer.pad_token_id)
+    responses = torch.full((len(rows), resp_len), tokenizer.pad_token_id)
+    r_mask = torch.zeros_like(responses)
+    for i, (_, resp, _) in enumerate(rows):
+        responses[i, : len(resp)] = torch.tensor(resp)
+        r_mask[i, : len(resp)] = 1
+    input_ids = torch.cat([p_ids, responses], 1)
+    mask = torch.cat([p_mask, r_mask], 1)
+    pos = torch.cat([p_pos, p_pos[:, -1:] + torch.arange(1, resp_len + 1)], 1)
+    inputs = ModelInputs.of(input_ids, mask, pos).with_images(model.module, [r[2] for r in rows])
+    assert inputs.extras["position_ids"].value.shape == (4, len(rows), prompt_len + resp_len)
+    with torch.no_grad():
+        out = model.forward(inputs, response_length=resp_len, remove_padding=packed)
+    image_token = model.config.image_token_id
+    for i, (ids, resp, mm) in enumerate(rows):
+        want = reference_log_probs(plain, ids, resp, mm, image_token)
+        torch.testing.assert_close(out.log_probs[i, : len(resp)], want, atol=1e-5, rtol=0)
+    # the images matter: without them the row with two images scores differently
+    blind = ModelInputs.of(input_ids, mask, pos).with_images(model.module, [{}, {}, {}])
+    with torch.no_grad():
+        other = model.forward(blind, response_length=resp_len, remove_padding=packed)
+    assert not torch.allclose(other.log_probs[2, :6], out.log_probs[2, :6], atol=1e-4)
+    torch.testing.assert_close(other.log_probs[0], out.log_probs[0], atol=1e-5, rtol=0)
