@@ -246,7 +246,7 @@ def validate_table(table: pa.Table, prompt_key: str = "prompt", strict: bool = F
     named = {c: prompt_key if c == "prompt" else c for c in REQUIRED_COLUMNS}
     required = list(named.values())
     sft_only = MESSAGES in columns and prompt_key not in columns
-    if MESSAGES in columns:
+    if MESSAGES in columns and prompt_key != MESSAGES:  # RL prompts may live in a column named messages too
         problems.extend(_check_prompt(MESSAGES, table.schema.field(MESSAGES).type) or
                         _messages_values(MESSAGES, table.column(MESSAGES).to_pylist()))
     if sft_only:
