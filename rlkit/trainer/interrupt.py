@@ -7,12 +7,19 @@ moment before the driver's own KeyboardInterrupt arrives; the driver then sees a
 interruption it is, not as a crash with a traceback. SIGTERM (`kill`, Slurm, Kubernetes) takes the
 same path; `ray.init()` installs a C++ failure handler for SIGTERM that prints stack dumps and exits
 without our shutdown, so the watch is re-armed after Ray starts (`rearm`).
+
+A signal handler runs between two bytecodes of the main thread, which may be inside a finalizer (`__del__`, a
+weakref callback); Python drops an exception raised there ("Exception ignored in ...") and the run would go on.
+The watch sees such a drop through `sys.unraisablehook` and delivers the interrupt again (`_thread.interrupt_main`),
+so it lands at the next ordinary bytecode: a Ctrl-C at any moment stops the run, once.
 """
 
 from __future__ import annotations
 
+import _thread
 import shlex
 import signal
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,18 +71,33 @@ WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 class InterruptWatch:
     """Within the block, SIGINT and SIGTERM raise KeyboardInterrupt (as Python's default does for SIGINT) and
-    are remembered (`hit`, `signum`)."""
+    are remembered (`hit`, `signum`); one that a finalizer swallowed is raised again outside it."""
 
     def __init__(self) -> None:
         self.hit = False
         self.signum: int = signal.SIGINT
         self._previous: dict[int, Any] = {}
+        self._previous_hook: Any = None
+        self._stopping = False
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         if not self.hit:  # the first signal names the stop (a SIGINT after a SIGTERM is still a SIGTERM stop)
             self.signum = signum
         self.hit = True
-        raise KeyboardInterrupt
+        if not self._stopping:
+            raise KeyboardInterrupt
+
+    def stopping(self) -> None:
+        """The run is shutting down: later signals are remembered but interrupt nothing (stop once, fully)."""
+        self._stopping = True
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """A KeyboardInterrupt of ours dropped by a finalizer: deliver it again, silently; others as before."""
+        if self.hit and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            if not self._stopping:
+                _thread.interrupt_main(self.signum)  # runs _handler again at the main thread's next safe point
+            return
+        (self._previous_hook or sys.__unraisablehook__)(unraisable)
 
     def rearm(self) -> None:
         """Install the handlers again: call after a library (Ray) replaced them at the C level."""
@@ -86,8 +108,11 @@ class InterruptWatch:
     def __enter__(self) -> InterruptWatch:
         if threading.current_thread() is threading.main_thread():
             self._previous = {signum: signal.signal(signum, self._handler) for signum in WATCHED_SIGNALS}
+            self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def __exit__(self, *exc: object) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
+        if self._previous:
+            sys.unraisablehook = self._previous_hook

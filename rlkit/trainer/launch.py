@@ -175,13 +175,16 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
             total = None if trainer is None else trainer.total_steps
             interrupted = TrainingInterrupted(step, total, None, watch.signum)
         finally:
+            watch.stopping()  # a second Ctrl-C must not cut the shutdown short and leave Ray's processes behind
             _stop(trainer, owns_ray)
     interrupted.checkpoint = find_latest_checkpoint(cfg.trainer.default_local_dir)
     raise interrupted
 
 
 def _stop(trainer: Any, owns_ray: bool) -> None:
-    """Stop the workers and our Ray; a second Ctrl-C while that runs does not leave a traceback."""
+    """Stop the workers and our Ray, and wait for every process Ray started (its dashboard and runtime-env agents
+    outlive `ray.shutdown()` by seconds otherwise); a second Ctrl-C while that runs does not leave a traceback."""
+    import psutil
     import ray
 
     try:
@@ -191,10 +194,25 @@ def _stop(trainer: Any, owns_ray: bool) -> None:
         pass
     finally:
         if owns_ray:
+            children = psutil.Process().children(recursive=True)  # a private Ray's processes all descend from us
             try:
                 ray.shutdown()
             except KeyboardInterrupt:
                 pass
+            end_processes(children)
+
+
+def end_processes(procs: list[Any], grace_s: float = 3.0) -> None:
+    """Wait `grace_s` for `procs` to exit (after the shutdown that asked them to), then kill the ones left."""
+    import psutil
+
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def summary_table(summary: Any) -> Table:

@@ -61,6 +61,20 @@ def train(
     130 when stopped with Ctrl-C, 143 with SIGTERM (kill, Slurm, Kubernetes); the last line then says
     how to resume.
     """
+    from rlkit.trainer.interrupt import InterruptWatch, TrainingInterrupted
+
+    with InterruptWatch() as watch:  # Ctrl-C while the config loads and the pre-flight runs: the same one line
+        try:
+            _train(algo, overrides, config, config_path, config_name, dry_run, address, debug, num_cpus)
+        except (TrainingInterrupted, KeyboardInterrupt) as exc:
+            watch.stopping()
+            stop = exc if isinstance(exc, TrainingInterrupted) else TrainingInterrupted(None, None, None, watch.signum)
+            Console(stderr=True, soft_wrap=True).print(stop.line(sys.argv), markup=False, highlight=False)
+            raise typer.Exit(stop.exit_code) from None
+
+
+def _train(algo: str | None, overrides: list[str], config: Path | None, config_path: Path | None,
+           config_name: str | None, dry_run: bool, address: str | None, debug: bool, num_cpus: int | None) -> None:
     from rlkit.config.load import to_yaml
     from rlkit.trainer.launch import LaunchOptions, resource_plan, run_training
     from rlkit.trainer.run_config import load_config
@@ -91,13 +105,9 @@ def train(
         console.print("pre-flight ok: " + "; ".join(notes), soft_wrap=True, markup=False)
         return
     from rlkit.controller import WorkerError
-    from rlkit.trainer.interrupt import TrainingInterrupted
 
     try:
         run_training(cfg, LaunchOptions(address=address, debug=mode, num_cpus=num_cpus), console)
-    except TrainingInterrupted as stop:
-        Console(stderr=True, soft_wrap=True).print(stop.line(sys.argv), markup=False, highlight=False)
-        raise typer.Exit(stop.exit_code) from None
     except WorkerError as exc:
         from rich.text import Text
 
