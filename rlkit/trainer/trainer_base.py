@@ -69,8 +69,10 @@ class TrainerBase:
     def fit(self) -> FitSummary:
         summary = FitSummary()
         try:
-            self._maybe_resume()
-            if self.val_set is not None and self.cfg.trainer.val_before_train:
+            resumed = self._maybe_resume()
+            # after a resume the checkpoint's step already has its row: validating "before training" would log a
+            # second row of that step, so only a run from step 0 validates first
+            if self.val_set is not None and self.cfg.trainer.val_before_train and resumed is None:
                 summary.first_val = self.validate()
                 self._log(summary.first_val)
             while self.global_step < self.total_steps:
@@ -143,14 +145,17 @@ class TrainerBase:
         return commit_checkpoint(self.ckpt_root, tmp, self.global_step, self.cfg.trainer.max_actor_ckpt_to_keep,
                                  required=required)
 
-    def _maybe_resume(self) -> None:
-        """Load the checkpoint resume_mode picks (auto: the newest that loads, saying which it skipped)."""
+    def _maybe_resume(self) -> Path | None:
+        """Load the checkpoint resume_mode picks (auto: the newest that loads, saying which it skipped); returns it."""
         from rlkit.utils.checkpoint_io import load_with_fallback
 
         path = load_with_fallback(self.ckpt_root, self.cfg.trainer.resume_mode, self._load_checkpoint, log.warning)
-        if path is not None and self.tracker is not None and hasattr(self.tracker, "rewind"):
-            self.tracker.rewind(self.global_step)  # the steps after the checkpoint run again: drop their old rows
+        if self.tracker is not None and hasattr(self.tracker, "rewind"):
+            # the steps after the checkpoint run again, and without one the whole run does (validation before
+            # training included): drop their old rows so that each step appears once
+            self.tracker.rewind(self.global_step if path is not None else -1)
         self.on_resumed(path)
+        return path
 
     def _load_checkpoint(self, path: Path) -> None:
         from rlkit.utils.checkpoint_io import load_rng_state
