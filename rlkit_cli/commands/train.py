@@ -22,7 +22,7 @@ def train(
     ),
     overrides: list[str] = typer.Argument(
         None, help="Config overrides in Hydra's grammar: key=v, +key=v (add), ++key=v (add or set), ~key (back to "
-        "the default), lists [a,b], ${interpolation}; e.g. actor_rollout_ref.rollout.n=8"
+        "the default), lists \\[a,b], ${interpolation}; e.g. actor_rollout_ref.rollout.n=8"
     ),
     config: Path = typer.Option(None, "--config", "-c", help="YAML file merged over the preset."),
     config_path: Path = typer.Option(
