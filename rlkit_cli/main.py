@@ -7,32 +7,17 @@ this file.
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-from types import FrameType
+import importlib
+import pkgutil
 
+import typer
 
-def _interrupted_while_loading(signum: int, frame: FrameType | None) -> None:
-    """Ctrl-C while the CLI's modules load: nothing has started, so one line and the shell's 130."""
-    os.write(2, b"interrupted before the command started\n")  # os._exit flushes nothing
-    os._exit(128 + signum)
-
-
-_LOADING = threading.current_thread() is threading.main_thread()
-_previous_sigint = signal.signal(signal.SIGINT, _interrupted_while_loading) if _LOADING else None
-
-import importlib  # noqa: E402
-import pkgutil  # noqa: E402
-
-import typer  # noqa: E402
-
-from rlkit.utils.quiet import quiet_process  # noqa: E402
+from rlkit.utils.quiet import quiet_process
 
 quiet_process()  # before any command imports torch/vLLM: their log levels are read at import (RLKIT_VERBOSE=1: all)
 
 from rlkit import __version__  # noqa: E402
-from rlkit_cli import commands  # noqa: E402
+from rlkit_cli import commands, end_loading_guard  # noqa: E402
 from rlkit_cli.errors import show_tracebacks  # noqa: E402
 
 app = typer.Typer(
@@ -77,8 +62,7 @@ def _register_commands() -> None:
 
 
 _register_commands()
-if _LOADING:
-    signal.signal(signal.SIGINT, _previous_sigint)  # each command handles Ctrl-C its own way from here
+end_loading_guard()
 
 
 def main() -> None:

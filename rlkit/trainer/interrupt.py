@@ -11,7 +11,9 @@ without our shutdown, so the watch is re-armed after Ray starts (`rearm`).
 A signal handler runs between two bytecodes of the main thread, which may be inside a finalizer (`__del__`, a
 weakref callback); Python drops an exception raised there ("Exception ignored in ...") and the run would go on.
 The watch sees such a drop through `sys.unraisablehook` and delivers the interrupt again (`_thread.interrupt_main`),
-so it lands at the next ordinary bytecode: a Ctrl-C at any moment stops the run, once.
+so it lands at the next ordinary bytecode: a Ctrl-C at any moment stops the run, once. Library code that swallows
+a KeyboardInterrupt outright (a bare `except:`) is caught up with at safe points: a nested watch starts, and every
+training step begins, with `raise_if_interrupted()`.
 """
 
 from __future__ import annotations
@@ -106,9 +108,11 @@ class InterruptWatch:
                 signal.signal(signum, self._handler)
 
     def __enter__(self) -> InterruptWatch:
+        raise_if_interrupted()  # an outer watch's signal that something swallowed
         if threading.current_thread() is threading.main_thread():
             self._previous = {signum: signal.signal(signum, self._handler) for signum in WATCHED_SIGNALS}
             self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+            _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -116,3 +120,13 @@ class InterruptWatch:
             signal.signal(signum, previous)
         if self._previous:
             sys.unraisablehook = self._previous_hook
+            _ACTIVE.remove(self)
+
+
+_ACTIVE: list[InterruptWatch] = []  # the watches in force, outermost first (signals are the process's, so is this)
+
+
+def raise_if_interrupted() -> None:
+    """A safe point: raise KeyboardInterrupt if a watch in force got a signal whose interrupt was swallowed."""
+    if any(w.hit and not w._stopping for w in _ACTIVE):
+        raise KeyboardInterrupt

@@ -269,8 +269,8 @@ def check_sequence_parallel(p: Preflight) -> None:
 
 
 CHECKS: list[Check] = [
-    check_data, check_model, check_dataset, check_output_dirs, check_disk, check_resume, check_custom_reward, check_sequence_parallel,
-    check_trackers,
+    check_data, check_model, check_dataset, check_output_dirs, check_disk, check_resume, check_custom_reward,
+    check_sequence_parallel, check_trackers,
 ]
 
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from rlkit.trainer.interrupt import raise_if_interrupted
+
 log = logging.getLogger("rlkit.trainer")
 
 
@@ -76,6 +78,7 @@ class TrainerBase:
                 summary.first_val = self.validate()
                 self._log(summary.first_val)
             while self.global_step < self.total_steps:
+                raise_if_interrupted()  # a Ctrl-C that library code swallowed still stops the run here
                 self.global_step += 1
                 start = time.perf_counter()
                 row = self.run_step()
