@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -87,7 +88,7 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
         restore_driver_breakpoint,
     )
     from rlkit.debug.listeners import use_loopback_node
-    from rlkit.utils.quiet import worker_env
+    from rlkit.utils.quiet import verbose, worker_env
 
     settings = debug_settings(opts.debug)
     prepare_driver_env(opts.debug)
@@ -100,6 +101,8 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
     }
     runtime_env = merge_runtime_env({"env_vars": env_vars}, debug_runtime_env(opts.debug, cfg.trainer.debug.break_at))
     kwargs: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": True}
+    if not verbose():
+        kwargs["logging_level"] = logging.WARNING  # "Started a local Ray instance." and the like (RLKIT_VERBOSE=1)
     target = choose_cluster(opts.address)  # --address, $RAY_ADDRESS, `rlkit cluster up`'s, else a private one
     if target.loopback:
         use_loopback_node()  # one machine: every Ray port, debugpy's included, on 127.0.0.1
@@ -138,22 +141,25 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
     from rlkit.trainer.preflight import log_dir_of, preflight
     from rlkit.trainer.rl_trainer import RLTrainer
     from rlkit.utils.checkpoint_io import find_latest_checkpoint
+    from rlkit.utils.status_line import waiting
     from rlkit.utils.tracking import Tracking
 
     console = console or Console()
-    console.print(resource_plan(cfg))
+    print_table(console, resource_plan(cfg))
     console.print(f"rollout backend: [bold]{cfg.actor_rollout_ref.rollout.name}[/bold]")
-    console.print("pre-flight ok: " + "; ".join(preflight(cfg).notes), soft_wrap=True, markup=False)
+    with waiting(console, "pre-flight checks (data, model, output folders)..."):
+        notes = preflight(cfg).notes
+    console.print("pre-flight ok: " + "; ".join(notes), soft_wrap=True, markup=False)
     started = time.perf_counter()
     owns_ray = not ray.is_initialized()
     log_dir = log_dir_of(cfg)
     trainer = None
     with InterruptWatch() as watch:
         try:
-            if owns_ray:
-                init_ray(cfg, opts, console)
-                watch.rearm()  # ray.init put a C++ SIGTERM handler (stack dumps, no shutdown) over ours
-            with console.status("starting workers (model load, FSDP, rollout engine)..."):
+            with waiting(console, "starting Ray and the workers (model load, FSDP, rollout engine)..."):
+                if owns_ray:
+                    init_ray(cfg, opts, console)
+                    watch.rearm()  # ray.init put a C++ SIGTERM handler (stack dumps, no shutdown) over ours
                 trainer = RLTrainer(cfg)
             if get_mode(opts.debug).enabled:
                 check_batch_keys(trainer.workers)  # a role's wrong output names the role and key (rlkit/batch_keys.py)
@@ -165,7 +171,7 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
             summary.memory = {**(actor_memory(trainer.workers.actor) or {}), **moe_params(trainer.model_path)}
             summary.wall_s = time.perf_counter() - started  # type: ignore[attr-defined]
             summary.precision = precision_line(cfg)  # type: ignore[attr-defined]
-            console.print(summary_table(summary))
+            print_table(console, summary_table(summary))
             return summary
         except BaseException as exc:
             # Ctrl-C, or a worker killed by the same Ctrl-C a moment before the driver got it
@@ -179,6 +185,12 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
             _stop(trainer, owns_ray)
     interrupted.checkpoint = find_latest_checkpoint(cfg.trainer.default_local_dir)
     raise interrupted
+
+
+def print_table(console: Console, table: Table) -> None:
+    """A table on a terminal fits its width; in a log file it keeps its natural width, so no path or number is
+    folded mid-word at rich's default 80 columns."""
+    console.print(table, width=None if console.is_terminal else 400)
 
 
 def _stop(trainer: Any, owns_ray: bool) -> None:

@@ -76,7 +76,7 @@ def train(
 def _train(algo: str | None, overrides: list[str], config: Path | None, config_path: Path | None,
            config_name: str | None, dry_run: bool, address: str | None, debug: bool, num_cpus: int | None) -> None:
     from rlkit.config.load import to_yaml
-    from rlkit.trainer.launch import LaunchOptions, resource_plan, run_training
+    from rlkit.trainer.launch import LaunchOptions, print_table, resource_plan, run_training
     from rlkit.trainer.run_config import load_config
 
     overrides = list(overrides or [])
@@ -100,7 +100,7 @@ def _train(algo: str | None, overrides: list[str], config: Path | None, config_p
         from rlkit.trainer.preflight import preflight
 
         console.print(to_yaml(cfg))
-        console.print(resource_plan(cfg))
+        print_table(console, resource_plan(cfg))
         notes = preflight(cfg, allow_download=False).notes  # a problem exits 1, as the real run would
         console.print("pre-flight ok: " + "; ".join(notes), soft_wrap=True, markup=False)
         return
