@@ -225,6 +225,11 @@ class DebugConfig:
         False, "check every worker call's output against rlkit/batch_keys.py (shape, dtype, required keys); "
         "on in --debug mode"
     )
+    detect_anomaly: bool = f(
+        False, "stop at the first NaN/Inf in a loss, gradient, log-prob, advantage or reward (--debug nan): paused "
+        "for the debugger in an interactive --debug run, else the micro-batch is saved under the log dir and the run "
+        "stops with one line"
+    )
 
 
 @dataclass

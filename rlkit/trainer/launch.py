@@ -75,6 +75,25 @@ def precision_line(cfg: RLConfig) -> str:
     return f"actor {actor}, engine {engine_precision(cfg)}"
 
 
+def anomaly_settings(cfg: RLConfig, opts: LaunchOptions) -> dict[str, str]:
+    """The environment of `--debug nan` / trainer.debug.detect_anomaly (rlkit.debug.anomaly), set in the driver
+    too: pause for the debugger when the run is debuggable and someone is at the terminal, else save and stop."""
+    import sys
+
+    from rlkit.debug.anomaly import anomaly_env, anomaly_mode
+    from rlkit.debug.runtime import get_mode
+    from rlkit.trainer.preflight import log_dir_of
+
+    mode = get_mode(opts.debug)
+    if not (cfg.trainer.debug.detect_anomaly or mode.detect_anomaly):
+        return {}
+    env = anomaly_env(mode.enabled and sys.stdin.isatty(), log_dir_of(cfg),
+                      os.path.expanduser(cfg.trainer.default_local_dir))
+    os.environ.update(env)
+    anomaly_mode.cache_clear()  # read again in this process
+    return env
+
+
 def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
     import ray
 
@@ -98,6 +117,7 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
         # RLKIT_VERBOSE=1 or your own values keep them
         **worker_env(),
         "RLKIT_DIST_TIMEOUT_S": str(int(settings.dist_timeout_s(1800))),  # read with int() in the workers
+        **anomaly_settings(cfg, opts),
     }
     runtime_env = merge_runtime_env({"env_vars": env_vars}, debug_runtime_env(opts.debug, cfg.trainer.debug.break_at))
     kwargs: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": True}
@@ -153,6 +173,7 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
     started = time.perf_counter()
     owns_ray = not ray.is_initialized()
     log_dir = log_dir_of(cfg)
+    anomaly_settings(cfg, opts)  # the driver's own checks (rewards, advantages); init_ray passes it to the workers
     trainer = None
     with InterruptWatch() as watch:
         try:

@@ -18,6 +18,8 @@ import torch
 from rlkit.algo.kl import make_kl_controller
 from rlkit.algo.metrics import compute_data_metrics
 from rlkit.config.schema import RLConfig
+from rlkit.debug import set_step
+from rlkit.debug.anomaly import check_tensor
 from rlkit.protocol import Batch
 from rlkit.trainer.advantage_stage import compute_advantages, shape_rewards
 from rlkit.trainer.fully_async import FullyAsyncRollout
@@ -94,6 +96,7 @@ class RLTrainer(TrainerBase):
     # ------------------------------------------------------------------ step
     def run_step(self) -> StepResult:
         self.workers.set_step(self.global_step)  # every later worker call carries it (break_at `step=`)
+        set_step(self.global_step)  # and the driver's own checks (--debug nan) name it
         return self.train_step()
 
     def finish_row(self, result: StepResult, step_s: float) -> dict[str, float]:
@@ -107,6 +110,7 @@ class RLTrainer(TrainerBase):
         # 1. generate and score: the rollout source's next batch (n samples per prompt, rewarded)
         with timer("gen"):
             batch, gen_metrics = self.source.next_batch(timer)
+        check_tensor("reward", batch["token_level_scores"], batch, "(token_level_scores, driver)")  # --debug nan
         if cfg.trainer.balance_batch:
             batch.reorder(balance_across_ranks(batch, w.world_size))
         # 2. old log-probs: the policy before this step's update (unneeded for a single on-policy pass)
@@ -125,6 +129,7 @@ class RLTrainer(TrainerBase):
         with timer("adv"):
             gen_metrics.update(shape_rewards(batch, cfg, self.kl_ctrl))
             compute_advantages(batch, cfg)
+        check_tensor("advantage", batch["advantages"], batch, "(advantages, driver)")
         # 6. critic update, 7. actor update (not in the critic's first `critic_warmup` steps)
         if w.critic is not None:
             with timer("update_critic"):

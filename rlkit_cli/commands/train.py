@@ -12,7 +12,7 @@ from rlkit.config.load import preset_names
 from rlkit.errors import UserError
 from rlkit_cli.errors import friendly_errors
 
-DEBUG_MODES = {"on": "on", "post-mortem": "post-mortem", "postmortem": "post-mortem"}
+DEBUG_MODES = {"on": "on", "post-mortem": "post-mortem", "postmortem": "post-mortem", "nan": "nan"}
 
 
 def train(
@@ -36,7 +36,8 @@ def train(
     address: str = typer.Option(None, "--address", help="Join a running Ray cluster (e.g. from `rlkit cluster up`)."),
     debug: bool = typer.Option(
         False, "--debug", help="Make every Ray worker debuggable (VS Code / `rlkit debug attach`). "
-        "`--debug post-mortem` also pauses on uncaught exceptions."
+        "`--debug post-mortem` also pauses on uncaught exceptions; `--debug nan` at the first NaN/Inf (a loss, "
+        "gradient, log-prob, advantage or reward; in a log file it saves the micro-batch and stops with one line)."
     ),
     num_cpus: int = typer.Option(None, "--num-cpus", help="CPUs for a local Ray (default: all)."),
 ) -> None:
@@ -105,11 +106,21 @@ def _train(algo: str | None, overrides: list[str], config: Path | None, config_p
         console.print("pre-flight ok: " + "; ".join(notes), soft_wrap=True, markup=False)
         return
     from rlkit.controller import WorkerError
+    from rlkit.debug.anomaly import NonFiniteValue
 
     try:
         run_training(cfg, LaunchOptions(address=address, debug=mode, num_cpus=num_cpus), console)
+    except NonFiniteValue as exc:  # --debug nan, in the driver (a reward or an advantage)
+        Console(stderr=True, soft_wrap=True).print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(1) from None
     except WorkerError as exc:
         from rich.text import Text
+
+        from rlkit.debug.anomaly import line_in
+
+        if (line := line_in(exc.detail)) is not None:  # --debug nan stopped a worker: its one line says it all
+            Console(stderr=True, soft_wrap=True).print(line, markup=False, highlight=False)
+            raise typer.Exit(1) from None
 
         # The worker's traceback is plain text with ANSI colours: not rich markup ("x[role]" must survive), no wrapping.
         Console(stderr=True, soft_wrap=True).print("[bold red]worker failure:[/bold red]", Text.from_ansi(str(exc)))
