@@ -107,6 +107,7 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
         restore_driver_breakpoint,
     )
     from rlkit.debug.listeners import use_loopback_node
+    from rlkit.debug.stacks import run_env
     from rlkit.utils.quiet import verbose, worker_env
 
     settings = debug_settings(opts.debug)
@@ -118,6 +119,7 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
         **worker_env(),
         "RLKIT_DIST_TIMEOUT_S": str(int(settings.dist_timeout_s(1800))),  # read with int() in the workers
         **anomaly_settings(cfg, opts),
+        **run_env(),  # marks the run's worker processes (`rlkit debug stacks`)
     }
     runtime_env = merge_runtime_env({"env_vars": env_vars}, debug_runtime_env(opts.debug, cfg.trainer.debug.break_at))
     kwargs: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": True}
@@ -220,6 +222,9 @@ def _stop(trainer: Any, owns_ray: bool) -> None:
     import psutil
     import ray
 
+    from rlkit.debug.stacks import forget_run
+
+    forget_run()
     try:
         if trainer is not None:
             trainer.workers.shutdown()
