@@ -57,7 +57,7 @@ def forget_run() -> None:
 @dataclass
 class Proc:
     pid: int
-    label: str  # "driver" or "<group>:<rank> (roles)"
+    label: str  # "driver" or "<roles> rank <N> (<group>:<rank>)"
     rank: int | None = None
     frames: list[str] = field(default_factory=list)  # "func (file:line)", outermost first
     paused: bool = False  # waiting for a debugger
@@ -149,9 +149,9 @@ def collect(run_id: str) -> list[Proc]:
             who = json.loads((records / f"{pid}.json").read_text())
         except (OSError, ValueError):
             continue  # a Ray process of the run that hosts no worker (an idle pool process)
-        roles = ", ".join(r for r in who.get("roles", []) if r)
-        procs.append(dump(pid, who["name"] + (f" ({roles})" if roles else ""), int(who["rank"])))
-    procs[1:] = sorted(procs[1:], key=lambda p: (p.label.rsplit(":", 1)[0], p.rank or 0))
+        roles = "+".join(r for r in who.get("roles", []) if r) or "worker"
+        procs.append(dump(pid, f"{roles} rank {who['rank']} ({who['name']})", int(who["rank"])))
+    procs[1:] = sorted(procs[1:], key=lambda p: (p.label.split(" rank ")[0], p.rank or 0))
     return procs
 
 
