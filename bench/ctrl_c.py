@@ -7,7 +7,7 @@ lines on stderr (exactly one, the last line), no traceback, and that no process 
 has exited (every process started for the try carries a marker in its environment, Ray's included).
 
     nice -n 19 .venv/bin/python bench/ctrl_c.py --moments 20            # 20 random moments in 0.3..30 s
-    nice -n 19 .venv/bin/python bench/ctrl_c.py --at 1,8 --out r.json   # chosen moments
+    nice -n 19 .venv/bin/python bench/ctrl_c.py --at '1,@starting Ray+2,@step 2/' --out r.json   # chosen moments
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ def marked_processes(tag: str) -> list[str]:
     return found
 
 
-def one_try(argv: list[str], out: Path, at_s: float, timeout_s: float = 120.0) -> dict:
-    """Start the run, Ctrl-C its process group after `at_s` seconds, and report what happened."""
+def one_try(argv: list[str], out: Path, at: str, timeout_s: float = 120.0) -> dict:
+    """Start the run, Ctrl-C its process group at `at` (seconds after the start, or `@TEXT`: once TEXT is in the
+    run's output, plus `+S` seconds if given), and report what happened."""
     tag = uuid.uuid4().hex
     env = {**os.environ, MARK: tag, "RAY_ADDRESS": "local", "RAY_AUTH_MODE": "disabled",
            "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -74,7 +75,9 @@ def one_try(argv: list[str], out: Path, at_s: float, timeout_s: float = 120.0) -
     with open(out / "stdout", "w") as so, open(out / "stderr", "w") as se:
         proc = subprocess.Popen(argv, stdout=so, stderr=se, env=env, cwd=ROOT, start_new_session=True,
                                 stdin=subprocess.DEVNULL)
-        time.sleep(at_s)
+        started = time.monotonic()
+        wait_for(at, proc, out, timeout_s)
+        at_s = time.monotonic() - started
         finished_first = proc.poll() is not None
         if not finished_first:
             os.killpg(proc.pid, signal.SIGINT)
@@ -97,23 +100,38 @@ def one_try(argv: list[str], out: Path, at_s: float, timeout_s: float = 120.0) -
     interrupted = [line for line in lines if line.startswith("interrupted ")]
     ok = (finished_first or (rc == 130 and len(interrupted) == 1 and lines[-1] == interrupted[0]
                              and "Traceback" not in stderr and not left))
-    return {"at_s": round(at_s, 2), "rc": rc, "finished_before_signal": finished_first, "stop_s": round(stop_s, 2),
-            "last_line": lines[-1][:100] if lines else "", "interrupted_lines": len(interrupted),
-            "traceback": "Traceback" in stderr, "left_processes": left, "ok": ok}
+    return {"at": at, "at_s": round(at_s, 2), "rc": rc, "finished_before_signal": finished_first,
+            "stop_s": round(stop_s, 2), "last_line": lines[-1][:100] if lines else "",
+            "interrupted_lines": len(interrupted), "traceback": "Traceback" in stderr, "left_processes": left, "ok": ok}
+
+
+def wait_for(at: str, proc: subprocess.Popen, out: Path, timeout_s: float) -> None:
+    """Sleep until the moment `at` names (see one_try), or the run ends."""
+    if not at.startswith("@"):
+        time.sleep(float(at))
+        return
+    text, _, extra = at[1:].partition("+")
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        if any(text in (out / name).read_text(errors="replace") for name in ("stdout", "stderr")):
+            break
+        time.sleep(0.1)
+    time.sleep(float(extra or 0))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--moments", type=int, default=20, help="random moments (ignored with --at)")
-    parser.add_argument("--at", default="", help="comma-separated seconds after the start, instead of random ones")
+    parser.add_argument("--at", default="", help="comma-separated moments instead of random ones: seconds after the "
+                        "start, or @TEXT[+S] (S seconds after TEXT appears in the run's output)")
     parser.add_argument("--window-s", type=float, default=30.0, help="random moments fall in 0.3..this")
     parser.add_argument("--steps", type=int, default=80, help="training steps (so that the run outlasts the window)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="", help="write the results as JSON here")
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    moments = ([float(x) for x in args.at.split(",")] if args.at else
-               sorted(round(rng.uniform(0.3, args.window_s), 2) for _ in range(args.moments)))
+    moments = (args.at.split(",") if args.at else
+               [str(round(rng.uniform(0.3, args.window_s), 2)) for _ in range(args.moments)])
     with tempfile.TemporaryDirectory(prefix="rlkit-ctrl-c-") as tmp:
         root = Path(tmp)
         data, model = make_inputs(root)
