@@ -10,10 +10,10 @@ without our shutdown, so the watch is re-armed after Ray starts (`rearm`).
 
 A signal handler runs between two bytecodes of the main thread, which may be inside a finalizer (`__del__`, a
 weakref callback); Python drops an exception raised there ("Exception ignored in ...") and the run would go on.
-The watch sees such a drop through `sys.unraisablehook` and delivers the interrupt again (`_thread.interrupt_main`),
-so it lands at the next ordinary bytecode: a Ctrl-C at any moment stops the run, once. Library code that swallows
-a KeyboardInterrupt outright (a bare `except:`) is caught up with at safe points: a nested watch starts, and every
-training step begins, with `raise_if_interrupted()`.
+The watch sees such a drop through `sys.unraisablehook` and delivers the interrupt again (`_thread.interrupt_main`
+from a helper thread), so it lands at an ordinary bytecode after the finalizer: a Ctrl-C at any moment stops the
+run, once. Library code that swallows a KeyboardInterrupt outright (a bare `except:`) is caught up with at safe
+points: a nested watch starts, and every training step begins, with `raise_if_interrupted()`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -69,6 +70,7 @@ def rerun_command(argv: Sequence[str], resume: bool) -> str:
 
 
 WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+REDELIVER_AFTER_S = 0.05  # a dropped interrupt comes back this much later, after the finalizer that dropped it
 
 
 class InterruptWatch:
@@ -81,13 +83,26 @@ class InterruptWatch:
         self._previous: dict[int, Any] = {}
         self._previous_hook: Any = None
         self._stopping = False
+        self._in_hook = False
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         if not self.hit:  # the first signal names the stop (a SIGINT after a SIGTERM is still a SIGTERM stop)
             self.signum = signum
         self.hit = True
-        if not self._stopping:
-            raise KeyboardInterrupt
+        if self._stopping:
+            return
+        if self._in_hook:  # inside our own unraisable hook: an exception here would be dropped as well
+            self._deliver_later()
+            return
+        raise KeyboardInterrupt
+
+    def _deliver_later(self) -> None:
+        """Run the handler again in the main thread in a moment (from a helper thread, once this frame is left)."""
+        def deliver() -> None:
+            time.sleep(REDELIVER_AFTER_S)
+            _thread.interrupt_main(self.signum)
+
+        threading.Thread(target=deliver, name="rlkit-interrupt", daemon=True).start()
 
     def stopping(self) -> None:
         """The run is shutting down: later signals are remembered but interrupt nothing (stop once, fully)."""
@@ -97,7 +112,11 @@ class InterruptWatch:
         """A KeyboardInterrupt of ours dropped by a finalizer: deliver it again, silently; others as before."""
         if self.hit and isinstance(unraisable.exc_value, KeyboardInterrupt):
             if not self._stopping:
-                _thread.interrupt_main(self.signum)  # runs _handler again at the main thread's next safe point
+                self._in_hook = True
+                try:
+                    self._deliver_later()
+                finally:
+                    self._in_hook = False
             return
         (self._previous_hook or sys.__unraisablehook__)(unraisable)
 

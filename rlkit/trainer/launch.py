@@ -210,10 +210,16 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
     raise interrupted
 
 
+LOG_FILE_WIDTH = 400  # wider than any table row, so none wraps
+
+
 def print_table(console: Console, table: Table) -> None:
     """A table on a terminal fits its width; in a log file it keeps its natural width, so no path or number is
     folded mid-word at rich's default 80 columns."""
-    console.print(table, width=None if console.is_terminal else 400)
+    if console.is_terminal:
+        console.print(table)
+    else:  # a console's width caps print(width=...): a wide one on the same file
+        Console(file=console.file, width=LOG_FILE_WIDTH, color_system=None).print(table)
 
 
 def _stop(trainer: Any, owns_ray: bool) -> None:
