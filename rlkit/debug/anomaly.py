@@ -92,10 +92,13 @@ def check_gradients(module: torch.nn.Module, rows: Any = None, where: str = "") 
         return
     import torch
 
-    bad = [name for name, p in module.named_parameters()
-           if p.grad is not None and not bool(torch.isfinite(_local(p.grad)).all())]
-    if not bad:
+    named = [(name, _local(p.grad)) for name, p in module.named_parameters() if p.grad is not None]
+    if not named:
         return
+    finite = torch.stack([torch.isfinite(g).all() for _, g in named])  # one device sync for all of them
+    if bool(finite.all()):
+        return
+    bad = [name for (name, _), ok in zip(named, finite.tolist()) if not ok]
     if not _starts_here():
         _wait_for_the_origin()
     rows = _local_origin[0] if _local_origin else rows
