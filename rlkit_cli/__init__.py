@@ -25,6 +25,10 @@ def end_loading_guard() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-_PROGRAM = os.path.basename(sys.argv[0] if sys.argv else "")
-if _PROGRAM == "rlkit" and threading.current_thread() is threading.main_thread():
+def running_as_program() -> bool:
+    """Whether this process is the `rlkit` program (not a test or a script that imported the CLI)."""
+    return os.path.basename(sys.argv[0] if sys.argv else "") == "rlkit"
+
+
+if running_as_program() and threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGINT, _interrupted_while_loading)

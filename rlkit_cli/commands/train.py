@@ -71,7 +71,21 @@ def train(
             watch.stopping()
             stop = exc if isinstance(exc, TrainingInterrupted) else TrainingInterrupted(None, None, None, watch.signum)
             Console(stderr=True, soft_wrap=True).print(stop.line(sys.argv), markup=False, highlight=False)
+            leave_now(stop.exit_code)
             raise typer.Exit(stop.exit_code) from None
+
+
+def leave_now(code: int) -> None:
+    """The `rlkit` program after an interrupted run, everything stopped and saved: exit without the interpreter's
+    teardown, where Ray's core worker, torn down mid-start, has crashed (SIGSEGV) after the line was printed."""
+    import os
+
+    from rlkit_cli import running_as_program
+
+    if running_as_program():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _train(algo: str | None, overrides: list[str], config: Path | None, config_path: Path | None,
