@@ -1,6 +1,7 @@
-"""A real SIGINT to a real `rlkit train` process group at three moments: while the config loads, while Ray and the
-workers start, and during training. Each must exit 130 with one `interrupted ...` line, no traceback and no process
-left (bench/ctrl_c.py, which also runs the 20-random-moment version)."""
+"""A real SIGINT to a real `rlkit train` process group at two moments of start-up: while the config loads, and while
+Ray and the workers start. Each must exit 130 with one `interrupted ...` line, no traceback and no process left
+(bench/ctrl_c.py, which also runs the 20-random-moment version over start-up and training; a SIGINT in training is
+tests/trainer/test_no_lost_runs.py's)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import pytest
 
 from tests.trainer.conftest import REPO, cli_env
 
-MOMENTS = ("1.5", "@starting Ray+1", "@step 2/")
+MOMENTS = ("1.5", "@starting Ray+2")
 
 
 @pytest.mark.slow
-def test_ctrl_c_at_start_up_and_in_training_stops_once_with_130_and_no_process_left(tmp_path):
+def test_ctrl_c_during_start_up_stops_once_with_130_and_no_process_left(tmp_path):
     out = tmp_path / "ctrl_c.json"
     cmd = [sys.executable, "bench/ctrl_c.py", "--at", ",".join(MOMENTS), "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=cli_env(), cwd=REPO)
@@ -27,4 +28,3 @@ def test_ctrl_c_at_start_up_and_in_training_stops_once_with_130_and_no_process_l
         assert not r["traceback"] and not r["left_processes"], r
     lines = [r["last_line"] for r in results]
     assert lines[0].startswith("interrupted before ") and lines[1].startswith("interrupted before training started")
-    assert lines[2].startswith("interrupted at step "), lines
