@@ -209,7 +209,7 @@ def test_nan_checks_are_off_without_the_setting(monkeypatch):
     monkeypatch.delenv(an.ANOMALY_ENV, raising=False)
     an.anomaly_mode.cache_clear()
     an.check_tensor("loss", torch.tensor(float("nan")))  # off: no check, no error
-    start = time.perf_counter()
-    for _ in range(100_000):
-        an.check_tensor("loss", torch.tensor(0.0))
-    assert (time.perf_counter() - start) / 100_000 < 20e-6  # a cached lookup (the tensor's creation dominates)
+    untouchable = object()  # off, a check reads nothing: not the value, not the module's parameters
+    an.check_tensor("loss", untouchable)  # type: ignore[arg-type]
+    an.check_gradients(untouchable)  # type: ignore[arg-type]
+    an.watch_gradient(untouchable, None)  # type: ignore[arg-type]
