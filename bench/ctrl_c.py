@@ -1,5 +1,6 @@
 """Ctrl-C at random moments of `rlkit train` (start-up and training): each must stop the run once, exit 130, print one
-line, and leave no process behind.
+line, and leave no process behind. A signal that comes after the last step, while the finished run shuts down,
+lets it complete (exit 0, its summary printed): counted as `finished_before_signal`, not as a failure.
 
 Each try starts `rlkit train grpo` on the toy task with a tiny model in its own session (a terminal's process group),
 waits a chosen time, sends SIGINT to the group (what Ctrl-C does) and checks: the exit status, the `interrupted`
@@ -96,6 +97,8 @@ def one_try(argv: list[str], out: Path, at: str, timeout_s: float = 120.0) -> di
         if rc is None:
             proc.kill()
     stderr = (out / "stderr").read_text()
+    # the signal came after the last step, while the finished run shut down: it completes (exit 0, its summary)
+    finished_first = finished_first or (rc == 0 and "run summary" in (out / "stdout").read_text())
     lines = stderr.strip().splitlines()
     interrupted = [line for line in lines if line.startswith("interrupted ")]
     ok = (finished_first or (rc == 130 and len(interrupted) == 1 and lines[-1] == interrupted[0]
