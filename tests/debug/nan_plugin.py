@@ -1,5 +1,5 @@
 """A plugin policy loss whose gradient turns NaN at step 3 on rank 1 (a finite loss: the check must find the NaN in
-the gradients and name the parameter); tests/debug/test_nan_and_stacks.py trains with it under `--debug nan`."""
+the gradients and name the parameter); tests/debug/test_debug_nan.py trains with it under `--debug nan`."""
 
 from __future__ import annotations
 
