@@ -17,7 +17,7 @@ from rlkit.utils.quiet import quiet_process
 quiet_process()  # before any command imports torch/vLLM: their log levels are read at import (RLKIT_VERBOSE=1: all)
 
 from rlkit import __version__  # noqa: E402
-from rlkit_cli import commands  # noqa: E402
+from rlkit_cli import commands, end_loading_guard  # noqa: E402
 from rlkit_cli.errors import show_tracebacks  # noqa: E402
 
 app = typer.Typer(
@@ -62,6 +62,7 @@ def _register_commands() -> None:
 
 
 _register_commands()
+end_loading_guard()
 
 
 def main() -> None:

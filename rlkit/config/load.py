@@ -283,10 +283,24 @@ def _hydra_overrides(algo: str | None, parsed: list[Any], known: set[str],
 
 
 # ----------------------------------------------------------------------------------------- compose
+def yaml_error(path: Path | str | None, exc: Exception) -> str:
+    """A YAML parser's error as one line: `FILE:LINE:COLUMN: not valid YAML: what is wrong`."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = str(path or getattr(mark, "name", "config"))
+    if mark is not None:
+        where += f":{mark.line + 1}:{mark.column + 1}"
+    what = " ".join(str(p) for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p)
+    return f"{where}: not valid YAML: {what or str(exc).splitlines()[0]}"
+
+
 def _user_yaml(path: Path) -> dict:
     """A user YAML file as a plain dict (its `defaults` and `hydra` keys left to Hydra)."""
+    import yaml
+
     try:
         data = OmegaConf.to_container(OmegaConf.load(path)) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(yaml_error(path, exc)) from None
     except OmegaConfBaseException as exc:
         raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
@@ -339,11 +353,15 @@ def _compose(primary: str, config_dir: Path, overrides: list[str]) -> DictConfig
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name="rlkit"):
             return compose(config_name=primary, overrides=overrides)
-    except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
+    except yaml.YAMLError as exc:  # a file of the user's tree other than the primary (a group's option)
+        raise UserError(yaml_error(None, exc)) from None
+    except (HydraException, OmegaConfBaseException) as exc:
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, yaml.YAMLError):
+            raise UserError(yaml_error(None, cause)) from None
         lines = [line.strip() for line in str(exc).splitlines() if line.strip() and "provider=" not in line]
         lines = [line for line in lines if not line.startswith("Config search path")]
-        what = "not valid YAML: " if isinstance(exc, yaml.YAMLError) else ""
-        raise UserError(f"config: {what}{' '.join(lines)}") from None
+        raise UserError(f"config: {' '.join(lines)}") from None
 
 
 def compose_config(algo: str | None = "grpo", overrides: list[str] | None = None, config_file: str | None = None,

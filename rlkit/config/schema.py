@@ -255,6 +255,11 @@ class DebugConfig:
     record_steps: list = f(factory=list, help="steps whose update inputs (the batch the actor/critic update receives, "
                            "the RNG states) are saved to <default_local_dir>/steps/ for `rlkit debug replay`; a "
                            "failed step is saved too")
+    detect_anomaly: bool = f(
+        False, "stop at the first NaN/Inf in a loss, gradient, log-prob, advantage or reward (--debug nan): paused "
+        "for the debugger in an interactive --debug run, else the micro-batch is saved under the log dir and the run "
+        "stops with one line"
+    )
 
 
 @dataclass

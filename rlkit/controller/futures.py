@@ -9,6 +9,7 @@ sizes a small Ray task re-chunks the data, still off the driver.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,16 +27,27 @@ class WorkerError(RuntimeError):
 
 
 def get_with_rank(refs: list, ranks: list[int], group: str, method: str, timeout: float | None = None) -> list[Any]:
-    """`ray.get` each ref, turning a worker failure into a WorkerError that names the rank."""
-    out = []
-    for rank, ref in zip(ranks, refs):
-        try:
-            out.append(ray.get(ref, timeout=timeout))
-        except ray.exceptions.RayTaskError as exc:
-            raise WorkerError(group, rank, method, str(exc)) from None
-        except ray.exceptions.RayActorError as exc:
-            raise WorkerError(group, rank, method, f"the worker process died: {exc}") from None
-    return out
+    """`ray.get` each ref, turning a worker failure into a WorkerError that names the rank.
+
+    Results are taken as they finish, so the first rank that fails is reported at once: its peers may be waiting
+    for it in a collective that never completes (a rank stopped by `--debug nan`, an exception on one rank)."""
+    rank_of = {ref: rank for ref, rank in zip(refs, ranks)}
+    values: dict[Any, Any] = {}
+    pending = list(refs)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        if not ready:  # past the timeout: ray.get raises its own GetTimeoutError
+            ray.get(pending[0], timeout=0)
+        for ref in ready:
+            try:
+                values[ref] = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                raise WorkerError(group, rank_of[ref], method, str(exc)) from None
+            except ray.exceptions.RayActorError as exc:
+                raise WorkerError(group, rank_of[ref], method, f"the worker process died: {exc}") from None
+    return [values[ref] for ref in refs]
 
 
 def _rechunk(pad: int, n: int, *parts: Batch) -> tuple:

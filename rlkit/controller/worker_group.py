@@ -30,6 +30,7 @@ from rlkit.controller.futures import DataFuture, get_with_rank
 from rlkit.controller.resource_pool import ResourcePool
 from rlkit.controller.worker import free_port, node_ip
 from rlkit.debug.breakpoints import set_step
+from rlkit.debug.stacks import register_worker
 from rlkit.registry import extension_modules, import_plugins
 from rlkit.utils.determinism import apply_deterministic
 from rlkit.utils.memory_peak import PhasePeaks
@@ -65,6 +66,7 @@ class _WorkerHost:
     def __init__(self, env: dict[str, str], roles: dict[str, ClassWithInitArgs], plugins: tuple[str, ...] = ()) -> None:
         os.environ.update(env)
         apply_deterministic()  # trainer.deterministic: before any model is built
+        register_worker(env.get("RLKIT_WORKER_NAME", "worker"), int(env.get("RANK", "0")), roles)  # debug stacks
         import_plugins(plugins, strict=False)
         self._roles = {}
         self._peaks = PhasePeaks()  # each call's peak memory, popped by the driver once per step

@@ -2,7 +2,7 @@
 
 `debug_runtime_env(mode)` is merged into the Ray job's `runtime_env` so every worker
 gets it; `debug_settings(mode)` tells the trainer which timeouts to relax.
-Modes: None (off), "on", "post-mortem".
+Modes: None (off), "on", "post-mortem", "nan" ("on" + stop at the first NaN/Inf: rlkit.debug.anomaly).
 
 Why each piece (verified with Ray 2.60 / debugpy 1.8.22):
 - RAY_DEBUG=1 makes `breakpoint()` in a worker open debugpy on the node IP and wait
@@ -38,12 +38,14 @@ class DebugMode:
     name: str
     enabled: bool
     post_mortem: bool
+    detect_anomaly: bool = False
 
 
 MODES: Registry[DebugMode] = Registry("debug mode")
 MODES.add("off", DebugMode("off", enabled=False, post_mortem=False))
 MODES.add("on", DebugMode("on", enabled=True, post_mortem=False))
 MODES.add("post-mortem", DebugMode("post-mortem", enabled=True, post_mortem=True))
+MODES.add("nan", DebugMode("nan", enabled=True, post_mortem=False, detect_anomaly=True))
 
 
 def get_mode(mode: str | None) -> DebugMode:
@@ -114,6 +116,9 @@ def debug_settings(mode: str | None) -> DebugSettings:
         notes.append("distributed timeouts relaxed (the driver's ray.get waits without a timeout; no actor restarts)")
     if spec.post_mortem:
         notes.append("workers also pause on uncaught exceptions (post-mortem)")
+    if spec.detect_anomaly:
+        notes.append("the first NaN/Inf in a loss, gradient, log-prob, advantage or reward pauses where it appears "
+                     "(at a terminal; in a log file its micro-batch is saved and the run stops)")
     return DebugSettings(mode=spec, notes=notes)
 
 

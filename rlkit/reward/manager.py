@@ -20,12 +20,14 @@ import asyncio
 import inspect
 import logging
 import math
+import os
 import sys
 import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -239,14 +241,29 @@ def normalize_score(value: Any, scorer: str) -> SampleScore:
     return SampleScore(score, extras, None, scorer)
 
 
+RLKIT_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback of a scorer's error from its first frame outside rlkit (the user's function) on; whole when
+    the error is raised inside rlkit itself."""
+    import traceback
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(RLKIT_DIR):
+        tb = tb.tb_next
+    if tb is None:
+        return "".join(traceback.format_exception(exc))
+    return "Traceback (most recent call last):\n" + "".join(
+        traceback.format_list(traceback.extract_tb(tb)) + traceback.format_exception_only(exc))
+
+
 def _run_with_timeouts(calls: Sequence[Callable[[], Any]], workers: int, timeout_s: float) -> list[tuple]:
     """Run calls on at most `workers` daemon threads; each gets `timeout_s` from its own start.
 
     A call stopped in pdb (a `breakpoint()` in the scorer) is not timed out: someone is debugging it.
     Returns (kind, value, traceback) per call, kind in ok / error / timeout.
     """
-    import traceback
-
     results: list[tuple | None] = [None] * len(calls)
     finished: deque[tuple[int, tuple]] = deque()
     threads: dict[int, int] = {}  # call index -> thread ident
@@ -257,7 +274,7 @@ def _run_with_timeouts(calls: Sequence[Callable[[], Any]], workers: int, timeout
         try:
             out = ("ok", calls[i](), "")
         except BaseException as exc:  # a scorer may raise anything, SystemExit included
-            out = ("error", exc, traceback.format_exc())
+            out = ("error", exc, user_traceback(exc))
         with cond:
             finished.append((i, out))
             cond.notify()

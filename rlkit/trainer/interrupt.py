@@ -7,13 +7,23 @@ moment before the driver's own KeyboardInterrupt arrives; the driver then sees a
 interruption it is, not as a crash with a traceback. SIGTERM (`kill`, Slurm, Kubernetes) takes the
 same path; `ray.init()` installs a C++ failure handler for SIGTERM that prints stack dumps and exits
 without our shutdown, so the watch is re-armed after Ray starts (`rearm`).
+
+A signal handler runs between two bytecodes of the main thread, which may be inside a finalizer (`__del__`, a
+weakref callback); Python drops an exception raised there ("Exception ignored in ...") and the run would go on.
+The watch sees such a drop through `sys.unraisablehook` and delivers the interrupt again (`_thread.interrupt_main`
+from a helper thread), so it lands at an ordinary bytecode after the finalizer: a Ctrl-C at any moment stops the
+run, once. Library code that swallows a KeyboardInterrupt outright (a bare `except:`) is caught up with at safe
+points: a nested watch starts, and every training step begins, with `raise_if_interrupted()`.
 """
 
 from __future__ import annotations
 
+import _thread
 import shlex
 import signal
+import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -60,22 +70,55 @@ def rerun_command(argv: Sequence[str], resume: bool) -> str:
 
 
 WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+REDELIVER_AFTER_S = 0.05  # a dropped interrupt comes back this much later, after the finalizer that dropped it
 
 
 class InterruptWatch:
     """Within the block, SIGINT and SIGTERM raise KeyboardInterrupt (as Python's default does for SIGINT) and
-    are remembered (`hit`, `signum`)."""
+    are remembered (`hit`, `signum`); one that a finalizer swallowed is raised again outside it."""
 
     def __init__(self) -> None:
         self.hit = False
         self.signum: int = signal.SIGINT
         self._previous: dict[int, Any] = {}
+        self._previous_hook: Any = None
+        self._stopping = False
+        self._in_hook = False
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         if not self.hit:  # the first signal names the stop (a SIGINT after a SIGTERM is still a SIGTERM stop)
             self.signum = signum
         self.hit = True
+        if self._stopping:
+            return
+        if self._in_hook:  # inside our own unraisable hook: an exception here would be dropped as well
+            self._deliver_later()
+            return
         raise KeyboardInterrupt
+
+    def _deliver_later(self) -> None:
+        """Run the handler again in the main thread in a moment (from a helper thread, once this frame is left)."""
+        def deliver() -> None:
+            time.sleep(REDELIVER_AFTER_S)
+            _thread.interrupt_main(self.signum)
+
+        threading.Thread(target=deliver, name="rlkit-interrupt", daemon=True).start()
+
+    def stopping(self) -> None:
+        """The run is shutting down: later signals are remembered but interrupt nothing (stop once, fully)."""
+        self._stopping = True
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """A KeyboardInterrupt of ours dropped by a finalizer: deliver it again, silently; others as before."""
+        if self.hit and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            if not self._stopping:
+                self._in_hook = True
+                try:
+                    self._deliver_later()
+                finally:
+                    self._in_hook = False
+            return
+        (self._previous_hook or sys.__unraisablehook__)(unraisable)
 
     def rearm(self) -> None:
         """Install the handlers again: call after a library (Ray) replaced them at the C level."""
@@ -84,10 +127,25 @@ class InterruptWatch:
                 signal.signal(signum, self._handler)
 
     def __enter__(self) -> InterruptWatch:
+        raise_if_interrupted()  # an outer watch's signal that something swallowed
         if threading.current_thread() is threading.main_thread():
             self._previous = {signum: signal.signal(signum, self._handler) for signum in WATCHED_SIGNALS}
+            self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+            _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
+        if self._previous:
+            sys.unraisablehook = self._previous_hook
+            _ACTIVE.remove(self)
+
+
+_ACTIVE: list[InterruptWatch] = []  # the watches in force, outermost first (signals are the process's, so is this)
+
+
+def raise_if_interrupted() -> None:
+    """A safe point: raise KeyboardInterrupt if a watch in force got a signal whose interrupt was swallowed."""
+    if any(w.hit and not w._stopping for w in _ACTIVE):
+        raise KeyboardInterrupt

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -75,6 +76,26 @@ def precision_line(cfg: RLConfig) -> str:
     return f"actor {actor}, engine {engine_precision(cfg)}"
 
 
+def anomaly_settings(cfg: RLConfig, opts: LaunchOptions) -> dict[str, str]:
+    """The environment of `--debug nan` / trainer.debug.detect_anomaly (rlkit.debug.anomaly), set in the driver
+    too: pause for the debugger when the run is debuggable and someone is at the terminal, else save and stop."""
+    import sys
+
+    from rlkit.debug.anomaly import anomaly_env, anomaly_mode
+    from rlkit.debug.runtime import get_mode
+    from rlkit.trainer.preflight import log_dir_of
+
+    mode = get_mode(opts.debug)
+    asked = getattr(getattr(cfg.trainer, "debug", None), "detect_anomaly", False)  # SFT/DPO configs: no key
+    if not (asked or mode.detect_anomaly):
+        return {}
+    env = anomaly_env(mode.enabled and sys.stdin.isatty(), log_dir_of(cfg),
+                      os.path.expanduser(cfg.trainer.default_local_dir))
+    os.environ.update(env)
+    anomaly_mode.cache_clear()  # read again in this process
+    return env
+
+
 def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
     import ray
 
@@ -88,7 +109,8 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
         restore_driver_breakpoint,
     )
     from rlkit.debug.listeners import use_loopback_node
-    from rlkit.utils.quiet import worker_env
+    from rlkit.debug.stacks import run_env
+    from rlkit.utils.quiet import verbose, worker_env
 
     settings = debug_settings(opts.debug)
     prepare_driver_env(opts.debug)
@@ -98,10 +120,14 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
         # RLKIT_VERBOSE=1 or your own values keep them
         **worker_env(),
         "RLKIT_DIST_TIMEOUT_S": str(int(settings.dist_timeout_s(1800))),  # read with int() in the workers
+        **anomaly_settings(cfg, opts),
+        **run_env(),  # marks the run's worker processes (`rlkit debug stacks`)
     }
     break_at = cfg.trainer.debug.break_at if hasattr(cfg.trainer, "debug") else []  # SFT: no worker phases to break at
     runtime_env = merge_runtime_env({"env_vars": env_vars}, debug_runtime_env(opts.debug, break_at))
     kwargs: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": True}
+    if not verbose():
+        kwargs["logging_level"] = logging.WARNING  # "Started a local Ray instance." and the like (RLKIT_VERBOSE=1)
     target = choose_cluster(opts.address)  # --address, $RAY_ADDRESS, `rlkit cluster up`'s, else a private one
     if target.loopback:
         use_loopback_node()  # one machine: every Ray port, debugpy's included, on 127.0.0.1
@@ -136,11 +162,15 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
     from rlkit.trainer.key_checks import check_batch_keys
     from rlkit.trainer.preflight import preflight
     from rlkit.trainer.rl_trainer import RLTrainer
+    from rlkit.utils.status_line import waiting
 
     console = console or Console()
-    console.print(resource_plan(cfg))
+    print_table(console, resource_plan(cfg))
     console.print(f"rollout backend: [bold]{cfg.actor_rollout_ref.rollout.name}[/bold]")
-    console.print("pre-flight ok: " + "; ".join(preflight(cfg).notes), soft_wrap=True, markup=False)
+    with waiting(console, "pre-flight checks (data, model, output folders)..."):
+        notes = preflight(cfg).notes
+    console.print("pre-flight ok: " + "; ".join(notes), soft_wrap=True, markup=False)
+    anomaly_settings(cfg, opts)  # the driver's own checks (rewards, advantages); init_ray passes it to the workers
 
     def start() -> Any:
         trainer = RLTrainer(cfg)
@@ -168,6 +198,7 @@ def run_fit(cfg: Any, opts: LaunchOptions, console: Console, start: Callable[[],
     from rlkit.trainer.interrupt import InterruptWatch, TrainingInterrupted
     from rlkit.trainer.preflight import log_dir_of
     from rlkit.utils.checkpoint_io import find_latest_checkpoint
+    from rlkit.utils.status_line import waiting
     from rlkit.utils.tracking import Tracking
 
     started = time.perf_counter()
@@ -176,10 +207,10 @@ def run_fit(cfg: Any, opts: LaunchOptions, console: Console, start: Callable[[],
     trainer = None
     with InterruptWatch() as watch:
         try:
-            if owns_ray:
-                init_ray(cfg, opts, console)
-                watch.rearm()  # ray.init put a C++ SIGTERM handler (stack dumps, no shutdown) over ours
-            with console.status("starting workers (model load, FSDP, rollout engine)..."):
+            with waiting(console, "starting Ray and the workers (model load, FSDP, rollout engine)..."):
+                if owns_ray:
+                    init_ray(cfg, opts, console)
+                    watch.rearm()  # ray.init put a C++ SIGTERM handler (stack dumps, no shutdown) over ours
                 trainer = start()
             with Tracking(cfg.trainer.logger, cfg.trainer.project_name, cfg.trainer.experiment_name, log_dir,
                           trainer.total_steps, cfg) as tracker:
@@ -188,7 +219,7 @@ def run_fit(cfg: Any, opts: LaunchOptions, console: Console, start: Callable[[],
             summary.log_dir = log_dir
             describe(trainer, summary)
             summary.wall_s = time.perf_counter() - started  # type: ignore[attr-defined]
-            console.print(summary_table(summary))
+            print_table(console, summary_table(summary))
             return summary
         except BaseException as exc:
             # Ctrl-C, or a worker killed by the same Ctrl-C a moment before the driver got it
@@ -198,15 +229,33 @@ def run_fit(cfg: Any, opts: LaunchOptions, console: Console, start: Callable[[],
             total = None if trainer is None else trainer.total_steps
             interrupted = TrainingInterrupted(step, total, None, watch.signum)
         finally:
+            watch.stopping()  # a second Ctrl-C must not cut the shutdown short and leave Ray's processes behind
             _stop(trainer, owns_ray)
     interrupted.checkpoint = find_latest_checkpoint(cfg.trainer.default_local_dir)
     raise interrupted
 
 
+LOG_FILE_WIDTH = 400  # wider than any table row, so none wraps
+
+
+def print_table(console: Console, table: Table) -> None:
+    """A table on a terminal fits its width; in a log file it keeps its natural width, so no path or number is
+    folded mid-word at rich's default 80 columns."""
+    if console.is_terminal:
+        console.print(table)
+    else:  # a console's width caps print(width=...): a wide one on the same file
+        Console(file=console.file, width=LOG_FILE_WIDTH, color_system=None).print(table)
+
+
 def _stop(trainer: Any, owns_ray: bool) -> None:
-    """Stop the workers and our Ray; a second Ctrl-C while that runs does not leave a traceback."""
+    """Stop the workers and our Ray, and wait for every process Ray started (its dashboard and runtime-env agents
+    outlive `ray.shutdown()` by seconds otherwise); a second Ctrl-C while that runs does not leave a traceback."""
+    import psutil
     import ray
 
+    from rlkit.debug.stacks import forget_run
+
+    forget_run()
     try:
         if trainer is not None:
             trainer.workers.shutdown()
@@ -214,10 +263,25 @@ def _stop(trainer: Any, owns_ray: bool) -> None:
         pass
     finally:
         if owns_ray:
+            children = psutil.Process().children(recursive=True)  # a private Ray's processes all descend from us
             try:
                 ray.shutdown()
             except KeyboardInterrupt:
                 pass
+            end_processes(children)
+
+
+def end_processes(procs: list[Any], grace_s: float = 3.0) -> None:
+    """Wait `grace_s` for `procs` to exit (after the shutdown that asked them to), then kill the ones left."""
+    import psutil
+
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def summary_table(summary: Any) -> Table:

@@ -78,6 +78,27 @@ def check_data(p: Preflight) -> None:
                 p.problems.append(f"{key}: {path} has no rows")
 
 
+def check_dataset(p: Preflight) -> None:
+    """The data files load as the run's dataset does (schema, chat template, prompt lengths against
+    data.max_prompt_length and data.truncation): the same error before Ray starts as the run's after."""
+    from rlkit.data import RLDataset
+    from rlkit.models.loading import load_tokenizer
+
+    d = p.cfg.data
+    if p.model_dir is None or any(x.startswith("data.") for x in p.problems):
+        return
+    tokenizer = load_tokenizer(str(p.model_dir))
+    keys = dict(filter_overlong_prompts=d.filter_overlong_prompts, return_raw_chat=d.return_raw_chat)
+    for key, files, limit in (("data.train_files", d.train_files, d.train_max_samples),
+                              ("data.val_files", d.val_files, d.val_max_samples)):
+        if not files:
+            continue
+        try:
+            RLDataset(files, tokenizer, d.max_prompt_length, d.truncation, d.prompt_key, max_samples=limit, **keys)
+        except UserError as exc:
+            p.problems.append(f"{key}: {exc}")
+
+
 def _cached_model(spec: str) -> Path | None:
     """The local folder of an alias or hub id if it is already on disk (no network)."""
     from rlkit.models import hub
@@ -248,8 +269,8 @@ def check_sequence_parallel(p: Preflight) -> None:
 
 
 CHECKS: list[Check] = [
-    check_data, check_model, check_output_dirs, check_disk, check_resume, check_custom_reward, check_sequence_parallel,
-    check_trackers,
+    check_data, check_model, check_dataset, check_output_dirs, check_disk, check_resume, check_custom_reward,
+    check_sequence_parallel, check_trackers,
 ]
 
 

@@ -18,6 +18,8 @@ import torch
 from rlkit.algo.kl import make_kl_controller
 from rlkit.algo.metrics import compute_data_metrics
 from rlkit.config.schema import RLConfig
+from rlkit.debug import set_step
+from rlkit.debug.anomaly import check_tensor
 from rlkit.protocol import Batch
 from rlkit.reward.mix import build_reward_fn
 from rlkit.trainer.advantage_stage import compute_advantages, shape_rewards
@@ -110,6 +112,7 @@ class RLTrainer(TrainerBase):
     # ------------------------------------------------------------------ step
     def run_step(self) -> StepResult:
         self.workers.set_step(self.global_step)  # every later worker call carries it (break_at `step=`)
+        set_step(self.global_step)  # and the driver's own checks (--debug nan) name it
         self.recorder.start(self.global_step)
         try:
             return self.train_step()
@@ -128,6 +131,7 @@ class RLTrainer(TrainerBase):
         # 1. generate and score: the rollout source's next batch (n samples per prompt, rewarded)
         with timer("gen"):
             batch, gen_metrics = self.source.next_batch(timer)
+        check_tensor("reward", batch["token_level_scores"], batch, "(token_level_scores, driver)")  # --debug nan
         if cfg.trainer.balance_batch:
             order = balance_across_ranks(batch, w.world_size)
             batch.reorder(order)
@@ -155,6 +159,7 @@ class RLTrainer(TrainerBase):
             gen_metrics.update(shape_rewards(batch, cfg, self.kl_ctrl))
             compute_advantages(batch, cfg)
         self.recorder.before_update(self.global_step, batch)  # trainer.debug.record_steps; a failed step's too
+        check_tensor("advantage", batch["advantages"], batch, "(advantages, driver)")
         # 6. critic update, 7. actor update (not in the critic's first `critic_warmup` steps)
         if w.critic is not None:
             with timer("update_critic"):

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from rlkit.trainer.interrupt import raise_if_interrupted
+
 log = logging.getLogger("rlkit.trainer")
 
 
@@ -82,13 +84,16 @@ class TrainerBase:
         summary = FitSummary()
         self.restart_seconds = []
         try:
-            self._maybe_resume()
+            resumed = self._maybe_resume()
             start = self._snapshot()  # where a worker restart before the first checkpoint goes back to
-            if self.val_set is not None and self.cfg.trainer.val_before_train:
+            # after a resume the checkpoint's step already has its row: validating "before training" would log a
+            # second row of that step, so only a run from step 0 validates first
+            if self.val_set is not None and self.cfg.trainer.val_before_train and resumed is None:
                 summary.first_val = self.validate()
                 self._log(summary.first_val)
             died_at: int | None = None
             while self.global_step < self.total_steps:
+                raise_if_interrupted()  # a Ctrl-C that library code swallowed still stops the run here
                 try:
                     self._fit_step(summary)
                 except Exception as exc:
@@ -215,14 +220,17 @@ class TrainerBase:
         return {"global_step": self.global_step, "dataloader": self.train_loader.state_dict(),
                 "rng": save_rng_state(), **self.extra_state()}
 
-    def _maybe_resume(self) -> None:
-        """Load the checkpoint resume_mode picks (auto: the newest that loads, saying which it skipped)."""
+    def _maybe_resume(self) -> Path | None:
+        """Load the checkpoint resume_mode picks (auto: the newest that loads, saying which it skipped); returns it."""
         from rlkit.utils.checkpoint_io import load_with_fallback
 
         path = load_with_fallback(self.ckpt_root, self.cfg.trainer.resume_mode, self._load_checkpoint, log.warning)
-        if path is not None and self.tracker is not None and hasattr(self.tracker, "rewind"):
-            self.tracker.rewind(self.global_step)  # the steps after the checkpoint run again: drop their old rows
+        if self.tracker is not None and hasattr(self.tracker, "rewind"):
+            # the steps after the checkpoint run again, and without one the whole run does (validation before
+            # training included): drop their old rows so that each step appears once
+            self.tracker.rewind(self.global_step if path is not None else -1)
         self.on_resumed(path)
+        return path
 
     def _load_checkpoint(self, path: Path) -> None:
         log.warning("resuming from %s", path)

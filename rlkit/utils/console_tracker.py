@@ -109,7 +109,7 @@ class ConsoleTracker:
     def render(self, metrics: dict[str, float], step: int, title: str | None = None) -> Any:
         from rich.table import Table
 
-        title = title or f"step {step}" + (f"/{self.total}" if self.total else "")
+        title = title or self.step_name(step)
         table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 1))
         table.add_column(style="bold cyan", no_wrap=True)
         table.add_column()
@@ -121,11 +121,17 @@ class ConsoleTracker:
             table.add_row(group, "  ".join(cells))
         return table
 
+    def step_name(self, step: int) -> str:
+        """`step 3/10`; step 0 is the validation before the first step, and says so."""
+        if step == 0:
+            return "validation before training"
+        return f"step {step}" + (f"/{self.total}" if self.total else "")
+
     def eta_line(self, step: int) -> str:
         now = time.monotonic()
         if self._first is None:
             self._first = (step, now)
-        line = f"step {step}" + (f"/{self.total}" if self.total else "") + f"  elapsed {now - self._start:.0f}s"
+        line = self.step_name(step) + f"  elapsed {now - self._start:.0f}s"
         done = step - self._first[0]
         if self.total and done > 0:
             line += f"  eta {(now - self._first[1]) / done * max(0, self.total - step):.0f}s"

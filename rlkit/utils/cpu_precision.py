@@ -243,11 +243,11 @@ def _store(path: Path, key: str, choice: PrecisionChoice) -> None:
 
 @functools.cache
 def auto_cpu_dtype() -> torch.dtype:
-    """`param_dtype: auto` on CPU, decided once per process and logged once with the numbers and the ISA:
-    as a warning when it is bf16 (reduced precision is worth seeing in a worker's output), else at info
-    (fp32, the CPU default before the choice existed; the resource plan row shows it either way)."""
+    """`param_dtype: auto` on CPU, decided once per process and logged at info with the numbers and the ISA: the
+    user sees it once, in the resource plan's compute-dtype row (`plan_row`, measured at the workers' threads),
+    not again from each worker and the driver."""
     choice = choose()
-    log.log(logging.WARNING if choice.dtype == "bfloat16" else logging.INFO, "%s", choice.line())
+    log.info("%s", choice.line())
     return choice.torch_dtype
 
 

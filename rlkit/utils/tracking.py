@@ -93,14 +93,20 @@ class Tracking:
                 tracker.log_generations(samples, step)
 
     def rewind(self, step: int) -> None:
-        """After a resume from `step`: backends that can (jsonl, tensorboard) forget what they logged after
-        it, so replayed steps are not recorded twice. wandb cannot rewrite history; its rows stay."""
+        """After a resume from `step` (-1: a run that starts again from nothing): backends that can (jsonl,
+        tensorboard) forget what they logged after it, so replayed steps are not recorded twice. wandb cannot
+        rewrite history; its rows stay."""
         for tracker in self.trackers:
             if hasattr(tracker, "rewind"):
                 dropped = tracker.rewind(step)
                 if dropped:
-                    log.warning("%s: dropped %d rows logged after step %d (they are replayed after the resume)",
-                                getattr(tracker, "path", type(tracker).__name__), dropped, step)
+                    where = getattr(tracker, "path", type(tracker).__name__)
+                    if step < 0:
+                        log.warning("%s: dropped %d rows of an earlier run (this run starts again from step 0)",
+                                    where, dropped)
+                    else:
+                        log.warning("%s: dropped %d rows logged after step %d (they are replayed after the resume)",
+                                    where, dropped, step)
 
     def finish(self) -> None:
         """Close every backend once (safe to call twice)."""

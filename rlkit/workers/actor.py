@@ -27,6 +27,7 @@ from rlkit.config.schema import ActorConfig, ModelConfig, RefConfig
 from rlkit.controller import Dispatch, Worker, register
 from rlkit.data.images import MODEL_INPUTS
 from rlkit.debug import maybe_break
+from rlkit.debug.anomaly import SAMPLE_ID_KEYS, check_tensor, watch_gradient
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.workers.fsdp_model import FSDPModel
@@ -75,9 +76,12 @@ class _PolicyScorer(Worker):
         with torch.no_grad():
             keys = FORWARD_KEYS + (["routed_experts"] if self.router_replay and "routed_experts" in batch else [])
             keys += [MODEL_INPUTS] if MODEL_INPUTS in batch.non_tensors else []
+            keys += [k for k in SAMPLE_ID_KEYS if k in batch]  # the rows' ids, for --debug nan (shared, not copied)
             micros, order = micro.split(batch.select(keys))
             for mb in micros:
                 out = self._forward(mb, response_length, with_entropy)
+                mask = mb["attention_mask"][:, -response_length:].to(out.log_probs.device).bool()
+                check_tensor("log-prob", out.log_probs[mask], mb, type(self).__name__)
                 lps.append(out.log_probs.float().cpu())
                 if with_entropy:
                     ents.append(out.entropy.float().cpu())
@@ -183,6 +187,8 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
                 else:
                     out = self._forward(mb, response_length, with_entropy=a.entropy_coeff != 0)
             lp = out.log_probs
+            check_tensor("log-prob", lp[mask.bool()], mb, "actor update")
+            watch_gradient(lp, mb)  # --debug nan: a NaN the loss sends back starts on this rank (FSDP spreads it)
             old = mb["old_log_probs"].to(self.device) if "old_log_probs" in mb else lp.detach()
             is_weights = None
             if self.rollout_correction is not None:

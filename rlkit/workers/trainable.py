@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from rlkit.controller import Dispatch, register
+from rlkit.debug.anomaly import check_gradients, check_tensor
 from rlkit.protocol import Batch
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.micro_batch import MicroBatching, loss_scales
@@ -63,7 +64,9 @@ class TrainableModelRole:
                 scales = loss_scales([mb["response_mask"] for mb in micros], plan.loss_agg_mode)
                 for mb, weight in zip(micros, scales):
                     loss, micro_metrics = loss_fn(mb)
+                    check_tensor("loss", loss, mb, prefix)  # --debug nan (off: one cached lookup)
                     (loss * weight).backward()
+                    check_gradients(self.model.module, mb, prefix)
                     for key, value in micro_metrics.items():
                         metrics[key].append(value)
                 metrics[f"{prefix}/grad_norm"].append(self.model.clip_and_step(plan.grad_clip))

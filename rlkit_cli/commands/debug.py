@@ -1,5 +1,5 @@
-"""`rlkit debug list|attach`: find Ray workers paused at a breakpoint and debug them from a terminal;
-`rlkit debug replay`: run a recorded step's update again in this process."""
+"""`rlkit debug list|attach|stacks|replay`: find Ray workers paused at a breakpoint and debug them from a terminal;
+read every process's stack of a run, paused or hung; run a recorded step's update again in this process."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def register(app: typer.Typer) -> None:
     group.command("list")(list_workers)
     group.command("attach")(attach)
     group.command("replay")(replay)
+    group.command("stacks")(stacks)
     app.add_typer(group, name="debug")
 
 
@@ -119,6 +120,28 @@ def attach(
         raise UserError(f"attach to {host}:{port} failed: {exc}") from None
     console.print(f"attached in {time.monotonic() - t0:.2f}s; `h` for help, `q` detaches (the worker continues)")
     Repl(session, console=console).run()
+
+
+@friendly_errors
+def stacks(
+    run: str = typer.Option(None, "--run", help="The run's driver pid (default: the only run on this node)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of text."),
+) -> None:
+    """The current Python stack of a run's driver and of every one of its Ray workers on this node (hung or not),
+    grouped by identical stacks, each with its role, rank and the phase it is in (read with py-spy: nothing pauses).
+
+    Works for a run on its own Ray and for one on `rlkit cluster up`'s cluster.
+
+    Example: [bold]rlkit debug stacks[/bold]   or   [bold]rlkit debug stacks --run 12345[/bold]
+    """
+    from rlkit.debug.stacks import collect, find_runs, pick_run, render
+
+    run_id = pick_run(find_runs(), run)
+    procs = collect(run_id)
+    if as_json:
+        typer.echo(json.dumps([{**asdict(p), "phase": p.phase} for p in procs], indent=2))
+        return
+    typer.echo(render(run_id, procs))
 
 
 def _wait_for_worker(dashboard: str | None, selector: str | None, wait: float) -> PausedWorker:

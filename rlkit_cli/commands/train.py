@@ -12,7 +12,7 @@ from rlkit.config.load import preset_names
 from rlkit.errors import UserError
 from rlkit_cli.errors import friendly_errors
 
-DEBUG_MODES = {"on": "on", "post-mortem": "post-mortem", "postmortem": "post-mortem"}
+DEBUG_MODES = {"on": "on", "post-mortem": "post-mortem", "postmortem": "post-mortem", "nan": "nan"}
 
 
 def trainer_names() -> str:
@@ -30,7 +30,7 @@ def train(
     ),
     overrides: list[str] = typer.Argument(
         None, help="Config overrides in Hydra's grammar: key=v, +key=v (add), ++key=v (add or set), ~key (back to "
-        "the default), lists [a,b], ${interpolation}; e.g. actor_rollout_ref.rollout.n=8"
+        "the default), lists \\[a,b], ${interpolation}; e.g. actor_rollout_ref.rollout.n=8"
     ),
     config: Path = typer.Option(None, "--config", "-c", help="YAML file merged over the preset."),
     config_path: Path = typer.Option(
@@ -44,7 +44,8 @@ def train(
     address: str = typer.Option(None, "--address", help="Join a running Ray cluster (e.g. from `rlkit cluster up`)."),
     debug: bool = typer.Option(
         False, "--debug", help="Make every Ray worker debuggable (VS Code / `rlkit debug attach`). "
-        "`--debug post-mortem` also pauses on uncaught exceptions."
+        "`--debug post-mortem` also pauses on uncaught exceptions; `--debug nan` at the first NaN/Inf (a loss, "
+        "gradient, log-prob, advantage or reward; in a log file it saves the micro-batch and stops with one line)."
     ),
     num_cpus: int = typer.Option(None, "--num-cpus", help="CPUs for a local Ray (default: all)."),
 ) -> None:
@@ -72,8 +73,36 @@ def train(
     130 when stopped with Ctrl-C, 143 with SIGTERM (kill, Slurm, Kubernetes); the last line then says
     how to resume.
     """
+    from rlkit.trainer.interrupt import InterruptWatch, TrainingInterrupted
+
+    with InterruptWatch() as watch:  # Ctrl-C while the config loads and the pre-flight runs: the same one line
+        try:
+            _train(algo, overrides, config, config_path, config_name, dry_run, address, debug, num_cpus)
+        except (TrainingInterrupted, KeyboardInterrupt) as exc:
+            watch.stopping()
+            stop = exc if isinstance(exc, TrainingInterrupted) else TrainingInterrupted(None, None, None, watch.signum)
+            Console(stderr=True, soft_wrap=True).print(stop.line(sys.argv), markup=False, highlight=False)
+            leave_now(stop.exit_code)
+            raise typer.Exit(stop.exit_code) from None
+
+
+def leave_now(code: int) -> None:
+    """The `rlkit` program after an interrupted run, everything stopped and saved: exit without the interpreter's
+    teardown, where Ray's core worker, torn down mid-start, has crashed (SIGSEGV) after the line was printed."""
+    import os
+
+    from rlkit_cli import running_as_program
+
+    if running_as_program():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _train(algo: str | None, overrides: list[str], config: Path | None, config_path: Path | None,
+           config_name: str | None, dry_run: bool, address: str | None, debug: bool, num_cpus: int | None) -> None:
     from rlkit.config.load import to_yaml
-    from rlkit.trainer.launch import LaunchOptions, resource_plan, run_training
+    from rlkit.trainer.launch import LaunchOptions, print_table, resource_plan, run_training
     from rlkit.trainer.run_config import load_config
 
     overrides = list(overrides or [])
@@ -104,7 +133,7 @@ def train(
         from rlkit.trainer.preflight import preflight
 
         console.print(to_yaml(cfg))
-        console.print(resource_plan(cfg))
+        print_table(console, resource_plan(cfg))
         notes = preflight(cfg, allow_download=False).notes  # a problem exits 1, as the real run would
         console.print("pre-flight ok: " + "; ".join(notes), soft_wrap=True, markup=False)
         return
@@ -116,7 +145,7 @@ def _train_other(name: str, overrides: list[str], config: Path | None, config_pa
                  config_name: str | None, dry_run: bool, address: str | None, num_cpus: int | None) -> None:
     """`rlkit train sft|dpo ...`: the entry's config, notices, dry run and run, with `rlkit train grpo`'s exits."""
     from rlkit.config.load import to_yaml
-    from rlkit.trainer.launch import LaunchOptions
+    from rlkit.trainer.launch import LaunchOptions, print_table
     from rlkit.trainer.trainers import TRAINERS
 
     entry = TRAINERS.get(name)
@@ -129,7 +158,7 @@ def _train_other(name: str, overrides: list[str], config: Path | None, config_pa
     console = Console()
     if dry_run:
         console.print(to_yaml(cfg))
-        console.print(entry.plan(cfg))
+        print_table(console, entry.plan(cfg))
         console.print("pre-flight ok: " + "; ".join(entry.check(cfg)), soft_wrap=True, markup=False)
         return
     _run_reporting(lambda: entry.run(cfg, LaunchOptions(address=address, num_cpus=num_cpus), console),
@@ -137,24 +166,27 @@ def _train_other(name: str, overrides: list[str], config: Path | None, config_pa
 
 
 def _run_reporting(run, checkpoints: str) -> None:
-    """Run; Ctrl-C / SIGTERM -> the resume line and exit 130 / 143, a worker failure -> its traceback, the last
-    checkpoint in `checkpoints` and the resume command, and exit 1."""
+    """Run; a worker failure -> its traceback, the last checkpoint in `checkpoints` and the resume command, exit 1;
+    `--debug nan`'s stop -> its one line, exit 1 (Ctrl-C and SIGTERM are `train`'s)."""
     from ray.exceptions import RayActorError
 
     from rlkit.controller import WorkerError
-    from rlkit.trainer.interrupt import TrainingInterrupted
+    from rlkit.debug.anomaly import NonFiniteValue, line_in
 
     try:
         run()
-    except TrainingInterrupted as stop:
-        Console(stderr=True, soft_wrap=True).print(stop.line(sys.argv), markup=False, highlight=False)
-        raise typer.Exit(stop.exit_code) from None
+    except NonFiniteValue as exc:  # --debug nan, in the driver (a reward or an advantage)
+        Console(stderr=True, soft_wrap=True).print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(1) from None
     except (WorkerError, RayActorError) as exc:
         from rich.text import Text
 
         from rlkit.trainer.interrupt import rerun_command
         from rlkit.utils.checkpoint_io import find_latest_checkpoint
 
+        if isinstance(exc, WorkerError) and (line := line_in(exc.detail)) is not None:
+            Console(stderr=True, soft_wrap=True).print(line, markup=False, highlight=False)  # --debug nan: one line
+            raise typer.Exit(1) from None
         # The worker's traceback is plain text with ANSI colours: not rich markup ("x[role]" must survive), no wrapping.
         err = Console(stderr=True, soft_wrap=True)
         err.print("[bold red]worker failure:[/bold red]", Text.from_ansi(str(exc)))

@@ -112,8 +112,14 @@ def test_user_tree_errors_name_the_file(tmp_path):
         compose_config("grpo", HF, config_path=str(tmp_path), config_name="two")
     (tmp_path / "grp" / "broken.yaml").write_text("trainer: [unclosed\n")
     (tmp_path / "three.yaml").write_text("defaults:\n  - grp@_global_: broken\n")
-    with pytest.raises(UserError, match=f"not valid YAML: .*{tmp_path / 'grp' / 'broken.yaml'}"):
+    with pytest.raises(UserError) as info:
         compose_config("grpo", HF, config_path=str(tmp_path), config_name="three")
+    assert str(info.value).startswith(f"{tmp_path / 'grp' / 'broken.yaml'}:2:1: not valid YAML: while parsing a flow")
+    (tmp_path / "four.yaml").write_text("data:\n  train_batch_size: 8\n   bad: [1,\n")  # the primary, and --config
+    for where in ({"config_path": str(tmp_path), "config_name": "four"}, {"config_file": str(tmp_path / "four.yaml")}):
+        with pytest.raises(UserError) as info:
+            compose_config("grpo", HF, **where)
+        assert str(info.value) == f"{tmp_path / 'four.yaml'}:3:7: not valid YAML: mapping values are not allowed here"
     with pytest.raises(UserError, match="does not exist"):
         compose_config("grpo", HF, config_path=str(tmp_path), config_name="missing")
     with pytest.raises(UserError, match="go together"):

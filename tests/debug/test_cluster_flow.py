@@ -123,6 +123,12 @@ def test_design_card_flow(toy: Toy, user_env: dict[str, str]):
         print(f"listening while paused: {len(socks)} sockets of the cluster's processes, all on loopback;"
               f" debugpy: {', '.join(f'{s.ip}:{s.port}' for s in debug_socks)}")  # fmt: skip
 
+        stacks = cli(user_env, "debug", "stacks", "--run", str(run.proc.pid), "--json")  # a run on `cluster up`'s Ray
+        assert stacks.returncode == 0, stacks.stdout + stacks.stderr
+        driver, *workers = json.loads(stacks.stdout)
+        assert driver["phase"].startswith("RLTrainer.train_step") and len(workers) == 1, stacks.stdout
+        assert workers[0]["paused"] and workers[0]["phase"].startswith("ActorWorker.update_actor"), stacks.stdout
+
         session = DebugSession.attach(row["ip"], int(row["debugger_port"]))
         t_attached = time.time()
         try:

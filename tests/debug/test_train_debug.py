@@ -1,7 +1,8 @@
 """`rlkit train` end to end in a subprocess, with real Ray and real debugpy, on the toy task and a tiny model.
 
 - `--debug` + `trainer.debug.break_at`: the actor pauses in update_policy, `rlkit debug list` finds it
-  (on the local Ray the run started itself), our DAP client inspects it, detaches, and training finishes;
+  (on the local Ray the run started itself), `rlkit debug stacks` shows it and the driver waiting for it, our DAP
+  client inspects it, detaches, and training finishes;
 - `--debug post-mortem`: a worker that raises pauses; attach shows the exception; detach -> exit 1 with
   the rank and the traceback;
 - no `--debug`: a stray `breakpoint()` in a worker is skipped with a warning; the run finishes.
@@ -49,6 +50,22 @@ def wait_paused(run: Run, toy: Toy, timeout: float = 240.0) -> dict:
     raise AssertionError(f"no paused worker within {timeout:.0f}s:\n{run.output[-4000:]}")
 
 
+def check_stacks(run: Run) -> None:
+    """`rlkit debug stacks` on the paused run: the worker's frame in update_actor (the update_policy phase), paused,
+    and the driver waiting for its result."""
+    res = CliRunner().invoke(app, ["debug", "stacks", "--run", str(run.proc.pid), "--json"])
+    assert res.exit_code == 0, res.output
+    driver, *workers = json.loads(res.output)
+    assert driver["label"] == "driver" and driver["pid"] == run.proc.pid
+    assert driver["phase"].startswith("RLTrainer.train_step")  # the step, waiting on the workers' results
+    assert any(f.startswith("get_with_rank") for f in driver["frames"])
+    assert len(workers) == 1 and workers[0]["label"].startswith("actor+rollout rank 0"), workers
+    assert workers[0]["paused"] and workers[0]["phase"].startswith("ActorWorker.update_actor (rlkit/workers/actor.py:")
+    assert any(f.startswith("maybe_break (rlkit/debug/breakpoints.py") for f in workers[0]["frames"])
+    text = CliRunner().invoke(app, ["debug", "stacks", "--run", str(run.proc.pid)]).output
+    assert "2 distinct stack(s)" in text and "[paused in the debugger]" in text, text
+
+
 def test_train_debug_break_at_phase_list_attach_detach(toy):
     run = Run.start(toy, ["grpo", "--debug", *toy.args("ckpt_debug", steps=2),
                           "trainer.debug.break_at=[actor.update_policy:step=2]"])  # fmt: skip
@@ -64,6 +81,7 @@ def test_train_debug_break_at_phase_list_attach_detach(toy):
         assert len(socks) > 5 and not [str(s) for s in socks if not s.loopback], "\n".join(map(str, socks))
         assert worker["rank"] == 0 and worker["actor_name"].endswith(":0")
         assert "update_actor" in worker["where"] and "actor.py" in worker["where"]
+        check_stacks(run)
 
         session = DebugSession.attach(worker["ip"], worker["port"])
         t_attached = time.time()
