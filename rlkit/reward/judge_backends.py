@@ -68,6 +68,40 @@ def run_coroutine(make: Callable[[], Awaitable[T]]) -> T:
 RETRY_STATUS = (408, 429)
 
 
+@dataclass
+class Posted:
+    """What `post_with_retries` got: the reply to read (a success, or a 4xx not worth retrying), or None when every
+    attempt failed, with why the last one did."""
+
+    reply: Any | None
+    error: str
+    attempts: int
+
+
+async def post_with_retries(client: Any, gate: asyncio.Semaphore, httpx: Any, url: str, payload: dict, *,
+                            timeout_s: float, retries: int, backoff_s: float) -> Posted:
+    """POST `payload` under the concurrency `gate`, retrying timeouts, connection errors, 5xx, 408 and 429 with an
+    exponential backoff (the judge's and the served teacher's one retry policy)."""
+    error = "no attempt"
+    for attempt in range(retries + 1):
+        if attempt:
+            await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
+        async with gate:
+            try:
+                reply = await asyncio.wait_for(client.post(url, json=payload), timeout_s)
+            except (asyncio.TimeoutError, httpx.TimeoutException):
+                error = "timeout"
+                continue
+            except httpx.HTTPError as exc:
+                error = f"connection: {type(exc).__name__}: {exc}"
+                continue
+        if reply.status_code >= 500 or reply.status_code in RETRY_STATUS:
+            error = f"http {reply.status_code}"
+            continue
+        return Posted(reply, "", attempt + 1)
+    return Posted(None, error, retries + 1)
+
+
 @JUDGE_BACKENDS.register("http", "openai")
 class HTTPJudgeBackend:
     """An OpenAI-compatible chat-completions endpoint."""
@@ -117,27 +151,14 @@ class HTTPJudgeBackend:
             "max_tokens": cfg.max_tokens,
             "temperature": cfg.temperature,
         }
-        error = "no attempt"
-        for attempt in range(cfg.retries + 1):
-            if attempt:
-                await asyncio.sleep(cfg.retry_backoff_s * 2 ** (attempt - 1))
-            async with gate:
-                try:
-                    reply = await asyncio.wait_for(client.post(self.url, json=payload), cfg.timeout_s)
-                except (asyncio.TimeoutError, self.httpx.TimeoutException):
-                    error = "timeout"
-                    continue
-                except self.httpx.HTTPError as exc:
-                    error = f"connection: {type(exc).__name__}: {exc}"
-                    continue
-            status = reply.status_code
-            if status >= 500 or status in RETRY_STATUS:
-                error = f"http {status}"
-                continue
-            if status >= 400:
-                return Completion(error=f"http {status}: {_short(reply.text)}", attempts=attempt + 1)
-            return _parse_reply(reply, attempt + 1)
-        return Completion(error=error, attempts=cfg.retries + 1)
+        posted = await post_with_retries(client, gate, self.httpx, self.url, payload, timeout_s=cfg.timeout_s,
+                                          retries=cfg.retries, backoff_s=cfg.retry_backoff_s)
+        reply = posted.reply
+        if reply is None:
+            return Completion(error=posted.error, attempts=posted.attempts)
+        if reply.status_code >= 400:
+            return Completion(error=f"http {reply.status_code}: {_short(reply.text)}", attempts=posted.attempts)
+        return _parse_reply(reply, posted.attempts)
 
     def close(self) -> None:
         pass  # one client per `complete` call; nothing stays open

@@ -23,7 +23,7 @@ from typing import Any
 
 from rlkit.config.distillation import TeacherModelConfig
 from rlkit.errors import UserError
-from rlkit.reward.judge_backends import RETRY_STATUS, run_coroutine
+from rlkit.reward.judge_backends import post_with_retries, run_coroutine
 
 
 @dataclass
@@ -62,27 +62,13 @@ class ServedTeacher:
         cfg = self.cfg
         payload = {"model": cfg.model_path, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "echo": True,
                    "logprobs": 0, "prompt_logprobs": 0}
-        error = "no attempt"
-        for attempt in range(cfg.retries + 1):
-            if attempt:
-                await asyncio.sleep(cfg.retry_backoff_s * 2 ** (attempt - 1))
-            async with gate:
-                try:
-                    reply = await asyncio.wait_for(client.post(self.url, json=payload), cfg.timeout_s)
-                except (asyncio.TimeoutError, self.httpx.TimeoutException):
-                    error = "timeout"
-                    continue
-                except self.httpx.HTTPError as exc:
-                    error = f"connection: {type(exc).__name__}"
-                    continue
-            status = reply.status_code
-            if status >= 500 or status in RETRY_STATUS:
-                error = f"http {status}"
-                continue
-            if status >= 400:
-                return Scored(error=f"http {status}", attempts=attempt + 1)
-            return _parse(reply, ids, attempt + 1)
-        return Scored(error=error, attempts=cfg.retries + 1)
+        posted = await post_with_retries(client, gate, self.httpx, self.url, payload, timeout_s=cfg.timeout_s,
+                                          retries=cfg.retries, backoff_s=cfg.retry_backoff_s)
+        if posted.reply is None:
+            return Scored(error=posted.error, attempts=posted.attempts)
+        if posted.reply.status_code >= 400:
+            return Scored(error=f"http {posted.reply.status_code}", attempts=posted.attempts)
+        return _parse(posted.reply, ids, posted.attempts)
 
 
 def _parse(reply: Any, ids: list[int], attempts: int) -> Scored:
