@@ -243,6 +243,8 @@ class AlgorithmConfig:
                                "| geometric) is outside the bounds get weight 0; null = off")
     rollout_rs_threshold: float | None = f(None, "upper rejection bound; null = rollout_is_threshold")
     rollout_rs_threshold_lower: float | None = f(None, "lower rejection bound; null = 1 / upper")
+    bypass_mode: bool = f(False, "old log-probs are the rollout engine's (no recompute forward; the PPO ratio is "
+                          "pi / pi_rollout); needs rollout.calculate_log_probs (verl: rollout_correction.bypass_mode)")
     filter_groups: FilterGroupsConfig = f(factory=FilterGroupsConfig, help="DAPO dynamic sampling")
     gdpo_reward_keys: list = f(factory=list, help="gdpo: the reward components normalised separately, names of "
                                "reward_extra/<name> columns (a scorer returning {'score', '<name>', ...})")

@@ -210,10 +210,8 @@ def _rules() -> list[VerlKey]:
     ]
     # --- algorithm
     rules += [
-        alias("algorithm.rollout_correction.{rollout_is,rollout_is_threshold,rollout_rs,rollout_rs_threshold}",
-              "algorithm.{1}"),
-        refused("algorithm.rollout_correction.bypass_mode", "rlkit always recomputes old log-probs with the actor "
-                "when rollout correction is on; remove it"),
+        alias("algorithm.rollout_correction.{rollout_is,rollout_is_threshold,rollout_rs,rollout_rs_threshold,"
+              "bypass_mode}", "algorithm.{1}"),
         refused("algorithm.rollout_correction.loss_type", "rollout correction weights the PPO-clip loss",
                 inert=only("ppo_clip")),
         refused("algorithm.rollout_correction.rollout_is_batch_normalize", "importance weights are not "
