@@ -45,6 +45,8 @@ ENTRIES: dict[str, tuple[str, dict]] = {
     "gdpo": ("grpo", {"algorithm.adv_estimator": "gdpo", "algorithm.gdpo_reward_keys": "[exact]"}),
     "token-sum": ("grpo", {f"{A}.loss_agg_mode": "token-sum"}),
     "trl:luspo": ("grpo", {f"{A}.loss_type": "luspo"}),
+    "vespo": ("grpo", {f"{A}.policy_loss": "vespo"}),
+    "bypass_mode": ("grpo", {"algorithm.bypass_mode": True, "actor_rollout_ref.rollout.calculate_log_probs": True}),
 }
 
 

@@ -6,7 +6,7 @@ model, a greedy baseline, an aggregation unit) is declared next to its registrat
 with `@needs(...)` (rlkit.algo.needs).
 """
 
-from rlkit.algo import cov_losses, group_advantages, log_prob_losses  # noqa: F401 - register their entries
+from rlkit.algo import cov_losses, group_advantages, log_prob_losses, token_baselines  # noqa: F401 - register entries
 from rlkit.algo.advantages import ADV_ESTIMATORS, AdvantageInputs
 from rlkit.algo.dapo import DynamicSamplingResult, dynamic_sampling_filter, overlong_reward_shaping
 from rlkit.algo.kl import (

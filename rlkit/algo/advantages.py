@@ -52,6 +52,10 @@ class AdvantageInputs:
     reward_components: dict[str, torch.Tensor] | None = None  # name -> (B,) float: the reward manager's
     # `reward_extra/<name>` columns named by algorithm.gdpo_reward_keys (gdpo)
     reward_weights: Sequence[float] | None = None  # gdpo: a weight per component (algorithm.gdpo_reward_weights)
+    old_log_probs: torch.Tensor | None = None  # (B, R) the actor's log-prob of each sampled token before the update
+    sum_pi_squared: torch.Tensor | None = None  # (B, R) sum over the vocabulary of pi^2 at each token, from the
+    # same forward (`@needs(sum_pi_squared=True)`)
+    rollout_is_weights: torch.Tensor | None = None  # (B, R) truncated rollout importance weights (rollout correction)
 
 
 AdvEstimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]

@@ -74,6 +74,43 @@ def cispo(
                    ratio > 1.0 + clip_ratio_high, ratio < 1.0 - clip_ratio_low)
 
 
+#: floor of VESPO's sequence log-weight (w >= 1e-8), so the kernel's w^k stays finite
+VESPO_MIN_LOG_W = -18.420680743952367  # log(1e-8)
+
+
+@POLICY_LOSSES.register("vespo")
+def vespo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
+    loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    **_: Any,
+) -> dict[str, torch.Tensor]:
+    """VESPO (arXiv 2602.10693): -sg(phi(w)) * A * log pi with w the response's whole-sequence ratio.
+
+    w = prod_t r_t (no length normalisation: the product of the token ratios, log clamped to [log 1e-8, 20]) and
+    phi(w) = w^k exp(lambda (1 - w)), a gamma-shaped kernel with phi(1) = 1 that fades both stale directions;
+    (k, lambda) = vespo_k_pos / vespo_lambda_pos where the advantage is >= 0, vespo_k_neg / vespo_lambda_neg
+    below. `pg_clipfrac`: share of tokens whose weight phi < 1 (faded).
+    """
+    mask = response_mask
+    log_ratio = torch.clamp(log_prob - old_log_prob, -MAX_LOG_RATIO, MAX_LOG_RATIO)
+    log_w = torch.clamp((log_ratio.detach() * mask).sum(-1, keepdim=True), VESPO_MIN_LOG_W, MAX_LOG_RATIO)
+    nonneg = advantages >= 0
+    k = torch.where(nonneg, vespo_k_pos, vespo_k_neg).to(log_w)
+    lam = torch.where(nonneg, vespo_lambda_pos, vespo_lambda_neg).to(log_w)
+    phi = torch.exp(k * log_w + lam * (1.0 - torch.exp(log_w)))
+    loss = _weighted(-phi * advantages * log_prob, rollout_is_weights)
+    return _result(loss, mask, loss_agg_mode, log_ratio, phi < 1.0)
+
+
 def _dppo(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
           response_mask: torch.Tensor, inside: torch.Tensor, clip_ratio_c: float | None, loss_agg_mode: str,
           rollout_is_weights: torch.Tensor | None) -> dict[str, torch.Tensor]:

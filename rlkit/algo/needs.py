@@ -35,6 +35,7 @@ class Needs:
     groups: bool = False  # several samples per prompt (`index`/uid): actor_rollout_ref.rollout.n >= 2
     ref: bool = False  # `ref_log_prob` (B, R) of the frozen reference policy: the reference model is built
     greedy_baseline: bool = False  # `reward_baselines` (B,): the reward of one greedy response per prompt
+    sum_pi_squared: bool = False  # `sum_pi_squared` (B, R): sum_v pi_v^2 per token from the old-log-prob forward
     unit: Unit | None = None  # loss aggregation: what the mode averages over (micro-batch losses are reweighted by it)
 
     def __or__(self, other: Needs) -> Needs:
@@ -49,6 +50,7 @@ NEED_WORDS = {
     "groups": "several samples per prompt",
     "ref": "the reference model (ref_log_prob)",
     "greedy_baseline": "a greedy baseline response per prompt",
+    "sum_pi_squared": "sum_v pi_v^2 per token from the actor's log-prob forward",
 }
 
 

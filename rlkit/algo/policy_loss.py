@@ -33,7 +33,8 @@ POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 #: the actor config fields (actor_rollout_ref.actor.*) every policy loss is called with, as keywords of the same
 #: name; a loss reads those it needs and ignores the rest (`**_`)
 LOSS_PARAMS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode", "tau_pos", "tau_neg",
-               "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
+               "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta",
+               "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
 
 #: bound on log-ratios before exp(), so a stale or diverged sample cannot produce inf.
 MAX_LOG_RATIO = 20.0

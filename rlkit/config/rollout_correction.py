@@ -5,6 +5,7 @@
     rollout_rs                  null | token | sequence | geometric   rejection level
     rollout_rs_threshold        upper rejection bound (null = rollout_is_threshold)
     rollout_rs_threshold_lower  lower rejection bound (null = 1 / upper)
+    bypass_mode                 true: the engine's log-probs are the old log-probs (no recompute forward)
 
 `settle_rollout_correction` spells them one way (a level name or None; both bounds filled in when rejection is on),
 so `--dry-run` prints what runs; `check_rollout_correction` says what is wrong with them. Level names are checked
@@ -50,8 +51,22 @@ def settle_rollout_correction(cfg: RLConfig) -> None:
         algo.rollout_rs_threshold_lower, algo.rollout_rs_threshold = rs_bounds(algo)
 
 
+def check_bypass_mode(cfg: RLConfig) -> None:
+    """bypass_mode reads the engine's log-probs, and leaves no trainer/engine gap for a correction to weigh."""
+    algo = cfg.algorithm
+    if not algo.bypass_mode:
+        return
+    if not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        raise UserError("algorithm.bypass_mode=true uses the rollout engine's log-probs as the old ones: set "
+                        "actor_rollout_ref.rollout.calculate_log_probs=true")
+    if algo.rollout_is or algo.rollout_rs:
+        raise UserError("algorithm.bypass_mode=true already makes the PPO ratio pi / pi_rollout (the clip is the "
+                        "correction): set algorithm.rollout_is=null and algorithm.rollout_rs=null")
+
+
 def check_rollout_correction(cfg: RLConfig) -> None:
     """Correction on needs the engine's log-probs; a positive IS threshold; ordered rejection bounds around 1."""
+    check_bypass_mode(cfg)
     algo = cfg.algorithm
     if not (algo.rollout_is or algo.rollout_rs):
         return

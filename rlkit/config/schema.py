@@ -123,6 +123,10 @@ class ActorConfig:
     ppo_kl_coef: float = f(0.1, "kl_cov: weight of that penalty (verl: policy_loss.ppo_kl_coef)")
     dro_beta: float | None = f(None, "dro: weight of the quadratic pull toward the old policy; required by dro "
                                "(verl: policy_loss.dro_beta)")
+    vespo_k_pos: float = f(2.0, "vespo: shape k of the gamma kernel where the advantage is >= 0 (TRL's name)")
+    vespo_lambda_pos: float = f(3.0, "vespo: rate lambda of the gamma kernel where the advantage is >= 0 (TRL's name)")
+    vespo_k_neg: float = f(3.0, "vespo: shape k of the gamma kernel where the advantage is < 0 (TRL's name)")
+    vespo_lambda_neg: float = f(2.0, "vespo: rate lambda of the gamma kernel where the advantage is < 0 (TRL's name)")
     loss_agg_mode: str = f("token-mean", "how per-token losses become one loss (rlkit.algo.LOSS_AGG)")
     entropy_coeff: float = f(0.0, "entropy bonus weight")
     use_kl_loss: bool = f(False, "add KL(actor || ref) as a loss term (needs the reference model)")
@@ -239,6 +243,8 @@ class AlgorithmConfig:
                                "| geometric) is outside the bounds get weight 0; null = off")
     rollout_rs_threshold: float | None = f(None, "upper rejection bound; null = rollout_is_threshold")
     rollout_rs_threshold_lower: float | None = f(None, "lower rejection bound; null = 1 / upper")
+    bypass_mode: bool = f(False, "old log-probs are the rollout engine's (no recompute forward; the PPO ratio is "
+                          "pi / pi_rollout); needs rollout.calculate_log_probs (verl: rollout_correction.bypass_mode)")
     filter_groups: FilterGroupsConfig = f(factory=FilterGroupsConfig, help="DAPO dynamic sampling")
     gdpo_reward_keys: list = f(factory=list, help="gdpo: the reward components normalised separately, names of "
                                "reward_extra/<name> columns (a scorer returning {'score', '<name>', ...})")

@@ -29,11 +29,12 @@ TRL_LOSS_TYPES: dict[str, tuple[dict[str, Any], str]] = {
              "soft gate with temperatures tau_pos / tau_neg"),
     "luspo": ({"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-sum"},
               "GSPO's sequence ratio with each response's loss scaled by its length (token sum)"),
+    "vespo": ({"policy_loss": "vespo", "loss_agg_mode": "token-mean"},
+              "detached gamma kernel of the whole-sequence ratio times A log pi (vespo_k_* / vespo_lambda_*)"),
 }
 
-#: TRL names with no rlkit objective: why, and what to use
-MISSING = {"vespo": "VESPO's sequence-level reshaping kernel is not in rlkit; the nearest objectives are "
-                    "loss_type=luspo or policy_loss=gspo"}
+#: TRL names with no rlkit objective: why, and what to use (none today; a name TRL adds goes here until it lands)
+MISSING: dict[str, str] = {}
 
 
 def trl_loss_type(value: Any, key: str) -> tuple[dict[str, Any], str]:

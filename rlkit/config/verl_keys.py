@@ -67,7 +67,7 @@ def _rules() -> list[VerlKey]:
         mapped(f"{ACTOR}.calculate_entropy", "nothing to set: rlkit computes the entropy in every update "
                "(actor/entropy)"),
         refused(f"{ACTOR}.{{calculate_sum_pi_squared,sum_pi_squared_checkpointing}}", "read only by the optimal "
-                "token baseline estimator, which rlkit does not have yet"),
+                "token baseline estimators, which rlkit refuses until its log-prob head computes sum_pi_squared"),
         refused(f"{ACTOR}.use_prefix_grouper", "shared-prefix grouping is not in rlkit; remove it"),
         mapped(f"{ACTOR}.router_replay.mode", REPLAY_OFF, derive=router_replay(f"{ACTOR}.router_replay")),
         refused(f"{ACTOR}.qat.**", "quantisation-aware training is not in rlkit; remove qat.*", switch="enable"),
@@ -210,10 +210,8 @@ def _rules() -> list[VerlKey]:
     ]
     # --- algorithm
     rules += [
-        alias("algorithm.rollout_correction.{rollout_is,rollout_is_threshold,rollout_rs,rollout_rs_threshold}",
-              "algorithm.{1}"),
-        refused("algorithm.rollout_correction.bypass_mode", "rlkit always recomputes old log-probs with the actor "
-                "when rollout correction is on; remove it"),
+        alias("algorithm.rollout_correction.{rollout_is,rollout_is_threshold,rollout_rs,rollout_rs_threshold,"
+              "bypass_mode}", "algorithm.{1}"),
         refused("algorithm.rollout_correction.loss_type", "rollout correction weights the PPO-clip loss",
                 inert=only("ppo_clip")),
         refused("algorithm.rollout_correction.rollout_is_batch_normalize", "importance weights are not "

@@ -136,8 +136,11 @@ class RLTrainer(TrainerBase):
             order = balance_across_ranks(batch, w.world_size)
             batch.reorder(order)
             self.recorder.reordered(order)
-        # 2. old log-probs: the policy before this step's update (unneeded for a single on-policy pass)
-        if self._needs_old_log_probs():
+        # 2. old log-probs: the policy before this step's update (unneeded for a single on-policy pass);
+        # bypass_mode (verl's): the engine's own log-probs stand for it, and no forward runs
+        if cfg.algorithm.bypass_mode:
+            batch["old_log_probs"] = batch["rollout_log_probs"]
+        elif self._needs_old_log_probs():
             with timer("old_log_prob"):
                 batch.union(w.actor.compute_log_prob(batch))
             gen_metrics.update(_engine_gap(batch))

@@ -48,11 +48,13 @@ def test_registry_names_and_shared_signature():
         "grpo_passk",
         "grpo_vectorized",
         "opo",
+        "optimal_token_baseline",
         "reinforce_plus_plus",
         "reinforce_plus_plus_baseline",
         "remax",
         "rloo",
         "rloo_vectorized",
+        "tir_optimal_token_baseline",
     ]
     inputs = AdvantageInputs(
         REWARDS,
@@ -65,6 +67,8 @@ def test_registry_names_and_shared_signature():
         epsilon=1e-6,
         reward_baselines=torch.zeros(6),
         reward_components={"acc": torch.arange(6.0), "fmt": torch.ones(6)},
+        old_log_probs=torch.full_like(REWARDS, -1.0),
+        sum_pi_squared=torch.full_like(REWARDS, 0.5),
     )
     for name in ADV_ESTIMATORS:
         fn = ADV_ESTIMATORS.get(name)

@@ -16,7 +16,8 @@ UIDS = np.array(["a", "a", "b", "b"], dtype=object)
 @pytest.mark.parametrize("dtype", [torch.long, torch.bool])
 def test_estimators_agree_across_mask_dtypes(dtype):
     kw = dict(index=UIDS, values=VALUES, gamma=0.9, lam=0.95, reward_baselines=torch.zeros(4),
-              reward_components={"acc": torch.tensor([1.0, 0.0, 1.0, 1.0])})
+              reward_components={"acc": torch.tensor([1.0, 0.0, 1.0, 1.0])},
+              old_log_probs=torch.full_like(REWARDS, -1.0), sum_pi_squared=torch.full_like(REWARDS, 0.5))
     for name in ADV_ESTIMATORS:
         fn = ADV_ESTIMATORS.get(name)
         ref = fn(AdvantageInputs(REWARDS, MASK.float(), **kw))

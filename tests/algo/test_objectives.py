@@ -20,7 +20,7 @@ from rlkit.algo.policy_loss import POLICY_LOSSES
 LOW, HIGH, C, TAU_POS, TAU_NEG, BETA = 0.2, 0.28, 3.0, 1.0, 1.05, 0.1
 PARAMS = dict(clip_ratio_low=LOW, clip_ratio_high=HIGH, clip_ratio_c=C, tau_pos=TAU_POS, tau_neg=TAU_NEG,
               dro_beta=BETA, clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0, kl_cov_ratio=0.0002,
-              ppo_kl_coef=0.1)
+              ppo_kl_coef=0.1, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
 EXAMPLES = settings(max_examples=20, deadline=None)
 
 
@@ -88,6 +88,26 @@ def test_cispo(case):
     ratio = {c: math.exp(float(lp[c] - old[c])) for c in _cells(mask)}
     assert float(out["pg_clipfrac"]) == pytest.approx(_share({c: ratio[c] > 1 + HIGH for c in ratio}, mask))
     assert float(out["pg_clipfrac_lower"]) == pytest.approx(_share({c: ratio[c] < 1 - LOW for c in ratio}, mask))
+
+
+@EXAMPLES
+@given(batches())
+def test_vespo(case):
+    """TRL's VESPO: phi(w) = w^k exp(lambda (1 - w)) of the whole-sequence ratio w = prod_t r_t, detached."""
+    old, lp, adv, mask = case
+
+    def phi(c):
+        i = c[0]
+        log_w = sum(float(lp[i, t] - old[i, t]) for t in range(mask.shape[1]) if mask[i, t] > 0)
+        log_w = min(max(log_w, math.log(1e-8)), 20.0)
+        k, lam = (2.0, 3.0) if adv[c] >= 0 else (3.0, 2.0)
+        return math.exp(log_w) ** k * math.exp(lam * (1 - math.exp(log_w)))
+
+    def ref(old, lp, adv, mask):
+        return _token_mean({c: -phi(c) * adv[c] * lp[c] for c in _cells(mask)}, mask)
+
+    out = _compare("vespo", case, ref)
+    assert float(out["pg_clipfrac"]) == pytest.approx(_share({c: phi(c) < 1 for c in _cells(mask)}, mask))
 
 
 @EXAMPLES

@@ -19,7 +19,7 @@ KW = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
 
 def test_registry_names():
     assert POLICY_LOSSES.names() == ["cispo", "clip_cov", "dppo_kl", "dppo_tv", "dro", "geo_mean", "gmpo", "gpg",
-                                     "gspo", "kl_cov", "ppo", "sapo", "vanilla"]
+                                     "gspo", "kl_cov", "ppo", "sapo", "vanilla", "vespo"]
     assert POLICY_LOSSES.get("ppo") is POLICY_LOSSES.get("vanilla")
 
 

@@ -87,3 +87,11 @@ def test_one_step_off_policy_keeps_a_chosen_level():
 def test_wrong_settings_name_the_key(overrides, message):
     with pytest.raises(UserError, match=message):
         load_config("grpo", HF + overrides)
+
+
+def test_verl_bypass_mode_is_implemented_and_needs_the_engines_log_probs():
+    assert algo(*LP, "algorithm.rollout_correction.bypass_mode=true").bypass_mode is True
+    with pytest.raises(UserError, match="bypass_mode=true.*calculate_log_probs=true"):
+        algo("algorithm.bypass_mode=true")
+    with pytest.raises(UserError, match="bypass_mode=true.*rollout_is=null"):
+        algo(*LP, "algorithm.bypass_mode=true", "algorithm.rollout_is=token")

@@ -69,6 +69,7 @@ def test_gdpo_reads_the_reward_components_the_manager_returned():
 @pytest.mark.parametrize(("loss_type", "expect"), [
     ("dapo", {"policy_loss": "vanilla", "loss_agg_mode": "token-mean", "clip_ratio_high": 0.28}),
     ("luspo", {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-sum"}),
+    ("vespo", {"policy_loss": "vespo", "loss_agg_mode": "token-mean"}),
 ])
 def test_trl_loss_type_sets_its_objective_with_one_notice(loss_type, expect):
     from rlkit.trainer.run_config import load_config
@@ -80,12 +81,12 @@ def test_trl_loss_type_sets_its_objective_with_one_notice(loss_type, expect):
     assert len([n for n in notices if "loss_type" in n]) == 1
 
 
-def test_trl_loss_type_without_an_rlkit_objective_is_refused():
+def test_trl_loss_type_outside_trls_list_is_refused():
     from rlkit.errors import UserError
     from rlkit.trainer.run_config import load_config
 
-    with pytest.raises(UserError, match="loss_type=vespo.*not supported.*luspo"):
-        load_config("grpo", ["actor_rollout_ref.actor.loss_type=vespo"])
+    with pytest.raises(UserError, match="loss_type=vespa.*not one of TRL's loss types.*vespo"):
+        load_config("grpo", ["actor_rollout_ref.actor.loss_type=vespa"])
 
 
 def test_verl_policy_loss_keys_reach_the_actor_section():
