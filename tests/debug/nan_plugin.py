@@ -8,8 +8,7 @@ import torch
 from rlkit.algo import POLICY_LOSSES
 from rlkit.algo.policy_loss import vanilla
 from rlkit.debug import current_rank, current_step
-
-LOSS, STEP, RANK = "test_nan_grad_at_step_3", 3, 1
+from tests.debug.nan_case import LOSS, RANK, STEP
 
 
 @POLICY_LOSSES.register(LOSS)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.debug._runs import Run
-from tests.debug.nan_plugin import LOSS, RANK, STEP
+from tests.debug.nan_case import LOSS, RANK, STEP
 
 pytestmark = pytest.mark.slow
 
