@@ -47,7 +47,7 @@ def measure_one(variant: str, tokens: int, mode: str, hidden: int, vocab: int, c
 
     def run():
         if variant == "fused":
-            lp, ent = fused_lm_head_logprob(h, w, None, labels, 1.0, chunk, with_entropy)
+            lp, ent, _ = fused_lm_head_logprob(h, w, None, labels, 1.0, chunk, with_entropy)
         else:
             logits = torch.nn.functional.linear(h, w)
             lp = logprobs_from_logits(logits, labels, chunk_size=chunk)

@@ -60,6 +60,9 @@ BATCH_KEYS: dict[str, BatchKey] = {
     "old_log_probs": _key("B,R", FLOAT32, "actor.compute_log_prob", "policy loss, KL in reward",
                           "the behaviour policy's log p (before this step's update)"),
     "entropys": _key("B,R", FLOAT32, "actor.compute_log_prob", "metrics", "per-token entropy of the policy"),
+    "sum_pi_squared": _key("B,R", FLOAT32, "actor.compute_log_prob (when the estimator @needs(sum_pi_squared))",
+                           "advantage stage (optimal token baselines)",
+                           "sum over the vocabulary of pi^2 at each token, at the sampling temperature"),
     "ref_log_prob": _key("B,R", FLOAT32, "ref.compute_ref_log_prob", "KL loss / KL in reward", "the reference's log p"),
     "values": _key("B,R", FLOAT32, "critic.compute_values", "GAE, value loss", "the critic's value per token"),
     # distillation (rlkit/trainer/teacher_stage.py)

@@ -104,9 +104,9 @@ def check_algorithm(cfg: RLConfig) -> None:
     for source, declared in declared_needs(cfg):
         if declared.values and cfg.critic.enable is False:
             raise UserError(f"{source} needs {NEED_WORDS['values']}: set critic.enable=true (or leave it null)")
-        if declared.sum_pi_squared:  # the log-prob head does not compute it yet: no provider, so refuse early
-            raise UserError(f"{source} needs {NEED_WORDS['sum_pi_squared']}, which rlkit's log-prob head does not "
-                            "compute yet: use algorithm.adv_estimator=grpo (or rloo)")
+        if declared.sum_pi_squared and cfg.algorithm.bypass_mode:  # bypass skips the one forward that computes it
+            raise UserError(f"{source} needs {NEED_WORDS['sum_pi_squared']}, which algorithm.bypass_mode=true skips: "
+                            "set algorithm.bypass_mode=false (algorithm.rollout_is weighs the engine gap instead)")
         if declared.groups and n < 2:
             raise UserError(f"{source} compares samples of the same prompt: "
                             f"set actor_rollout_ref.rollout.n >= 2 (now {n})")

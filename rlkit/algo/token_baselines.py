@@ -29,7 +29,8 @@ def _energy_and_returns(inputs: AdvantageInputs, who: str) -> tuple[torch.Tensor
     """(cumulative energy W, return-to-go G), both (B, R), zero-reward and zero-energy on masked tokens."""
     if inputs.old_log_probs is None or inputs.sum_pi_squared is None:
         raise UserError(f"advantage estimator '{who}' needs old_log_probs and sum_pi_squared from the actor's "
-                        "log-prob forward: use algorithm.adv_estimator=grpo (or rloo)")
+                        "log-prob forward: pass both in AdvantageInputs (the actor's compute_log_prob returns "
+                        "sum_pi_squared when built with sum_pi_squared=True)")
     mask = inputs.response_mask.to(inputs.token_level_rewards)
     step = 1.0 - 2.0 * torch.exp(inputs.old_log_probs) + inputs.sum_pi_squared
     if inputs.rollout_is_weights is not None:

@@ -71,6 +71,15 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = DEFAULT_C
     return torch.cat(out).reshape(lead)
 
 
+def sum_pi_squared_from_logits(logits: torch.Tensor, chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+    """sum_v softmax(logits)_v^2 over the last dim (the optimal token baseline's energy term), chunked over rows in
+    fp32 as `entropy_from_logits`. Returns fp32 with the leading shape of `logits`."""
+    lead, vocab = logits.shape[:-1], logits.shape[-1]
+    flat = logits.reshape(-1, vocab)
+    out = [torch.softmax(flat[sl].float(), dim=-1).square().sum(dim=-1) for sl in _chunks(flat.shape[0], chunk_size)]
+    return torch.cat(out).reshape(lead)
+
+
 def logprobs_from_logits(
     logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = DEFAULT_CHUNK_SIZE
 ) -> torch.Tensor:

@@ -66,8 +66,10 @@ def _rules() -> list[VerlKey]:
             "backward, no logits kept)") if v else ({}, "")),
         mapped(f"{ACTOR}.calculate_entropy", "nothing to set: rlkit computes the entropy in every update "
                "(actor/entropy)"),
-        refused(f"{ACTOR}.{{calculate_sum_pi_squared,sum_pi_squared_checkpointing}}", "read only by the optimal "
-                "token baseline estimators, which rlkit refuses until its log-prob head computes sum_pi_squared"),
+        mapped(f"{ACTOR}.calculate_sum_pi_squared", "nothing to set: the actor's old-log-prob forward computes "
+               "sum_pi_squared exactly when algorithm.adv_estimator reads it (the optimal token baselines)"),
+        mapped(f"{ACTOR}.sum_pi_squared_checkpointing", "nothing to set: rlkit computes sum_pi_squared only in the "
+               "no-grad old-log-prob forward, chunk by chunk, so nothing is kept for backward"),
         refused(f"{ACTOR}.use_prefix_grouper", "shared-prefix grouping is not in rlkit; remove it"),
         mapped(f"{ACTOR}.router_replay.mode", REPLAY_OFF, derive=router_replay(f"{ACTOR}.router_replay")),
         refused(f"{ACTOR}.qat.**", "quantisation-aware training is not in rlkit; remove qat.*", switch="enable"),

@@ -9,6 +9,7 @@ import torch
 
 from rlkit.algo import ADV_ESTIMATORS, AdvantageInputs
 from rlkit.algo.kl import apply_kl_penalty
+from rlkit.algo.rollout_correction import RolloutCorrection
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
@@ -53,6 +54,15 @@ def reward_components(batch: Batch, names: list[str]) -> dict[str, torch.Tensor]
     return out
 
 
+def rollout_is_weights(batch: Batch, cfg: RLConfig) -> torch.Tensor | None:
+    """The rollout correction's per-token weights (algorithm.rollout_is / rollout_rs: truncated IS x kept), as the
+    actor's loss applies them, when the correction is on and the batch has both log-probs; else None."""
+    correction = RolloutCorrection.from_config(cfg.algorithm)
+    if correction is None or "old_log_probs" not in batch or "rollout_log_probs" not in batch:
+        return None
+    return correction(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]).weights
+
+
 def compute_advantages(batch: Batch, cfg: RLConfig) -> None:
     """Look the estimator up by name and write `advantages` and `returns` into the batch."""
     algo = cfg.algorithm
@@ -68,6 +78,9 @@ def compute_advantages(batch: Batch, cfg: RLConfig) -> None:
         reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
         reward_components=reward_components(batch, algo.gdpo_reward_keys),
         reward_weights=algo.gdpo_reward_weights,
+        old_log_probs=batch["old_log_probs"] if "old_log_probs" in batch else None,
+        sum_pi_squared=batch["sum_pi_squared"] if "sum_pi_squared" in batch else None,  # @needs(sum_pi_squared)
+        rollout_is_weights=rollout_is_weights(batch, cfg),
     ))
     batch["advantages"] = advantages.float()
     batch["returns"] = returns.float()

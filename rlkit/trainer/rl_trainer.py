@@ -17,6 +17,7 @@ import torch
 
 from rlkit.algo.kl import make_kl_controller
 from rlkit.algo.metrics import compute_data_metrics
+from rlkit.algo.run_needs import run_needs
 from rlkit.config.schema import RLConfig
 from rlkit.debug import set_step
 from rlkit.debug.anomaly import check_tensor
@@ -188,10 +189,13 @@ class RLTrainer(TrainerBase):
         return StepResult(metrics, dict(timer.seconds), tokens=float(mask.sum()), flops=flops)
 
     def _needs_old_log_probs(self) -> bool:
+        """The old-log-prob forward runs unless one on-policy pass lets the update's first forward stand for it;
+        an estimator reading `sum_pi_squared` (which only that forward computes) always needs it."""
         cfg = self.cfg
         actor = cfg.actor_rollout_ref.actor
         one_pass = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == cfg.data.train_batch_size
-        return actor.recompute_old_log_prob or not one_pass or cfg.algorithm.use_kl_in_reward
+        return (actor.recompute_old_log_prob or not one_pass or cfg.algorithm.use_kl_in_reward
+                or run_needs(cfg).sum_pi_squared)
 
     def _build_workers(self) -> WorkerHandles:
         """The worker groups of the layout the config asks for (colocated, or a separate rollout group)."""

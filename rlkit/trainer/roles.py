@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from rlkit.algo.rollout_correction import RolloutCorrection
+from rlkit.algo.run_needs import run_needs
 from rlkit.config.schema import ModelConfig, RLConfig
 from rlkit.controller import ClassWithInitArgs
 
@@ -34,6 +35,7 @@ def actor_role(cfg: RLConfig, model_path: str, total_steps: int) -> ClassWithIni
         temperature=rollout.temperature, seed=cfg.trainer.seed,
         rollout_correction=RolloutCorrection.from_config(algo), log_prob=log_prob,
         distillation=cfg.distillation.distillation_loss if cfg.distillation.enabled else None,
+        sum_pi_squared=run_needs(cfg).sum_pi_squared,
     )
 
 

@@ -49,14 +49,15 @@ class _PolicyScorer(Worker):
     logits_chunk_size: int
     router_replay: bool = False  # MoE: forward with the rollout's experts (`routed_experts`)
 
-    def _forward(self, mb: Batch, response_length: int, with_entropy: bool) -> ForwardOut:
+    def _forward(self, mb: Batch, response_length: int, with_entropy: bool,
+                 with_sum_pi_squared: bool = False) -> ForwardOut:
         inputs = ModelInputs.of(mb["input_ids"], mb["attention_mask"], mb["position_ids"], self._routes(mb))
         if MODEL_INPUTS in mb.non_tensors:  # a vision-language batch: the rows' images (rlkit/data/images.py)
             inputs = inputs.with_images(self.model.module, list(mb.non_tensors[MODEL_INPUTS]))
         return self.model.forward(
             inputs, response_length=response_length, temperature=self.temperature, with_entropy=with_entropy,
             remove_padding=self.model_cfg.use_remove_padding, chunk_size=self.logits_chunk_size,
-            response_logits_only=self.model_cfg.response_logits_only,
+            response_logits_only=self.model_cfg.response_logits_only, with_sum_pi_squared=with_sum_pi_squared,
         )
 
     def _routes(self, mb: Batch) -> torch.Tensor | None:
@@ -67,11 +68,12 @@ class _PolicyScorer(Worker):
                             "use a rollout that records them (rollout.name=hf; docs/moe.md) or set router_replay=false")
         return mb["routed_experts"]
 
-    def _log_probs(self, batch: Batch, micro: MicroBatching,
-                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token log-probs (and entropies) of the batch's rows, in its row order, `micro` rows per forward."""
+    def _log_probs(self, batch: Batch, micro: MicroBatching, with_entropy: bool,
+                   with_sum_pi_squared: bool = False) -> ForwardOut:
+        """Per-token log-probs (and entropies, sum_v pi_v^2) of the batch's rows on CPU, in its row order, `micro`
+        rows per forward."""
         response_length = batch["responses"].shape[1]
-        lps, ents = [], []
+        parts: dict[str, list[torch.Tensor]] = {"log_probs": [], "entropy": [], "sum_pi_squared": []}
         self.model.module.eval()
         with torch.no_grad():
             keys = FORWARD_KEYS + (["routed_experts"] if self.router_replay and "routed_experts" in batch else [])
@@ -79,13 +81,16 @@ class _PolicyScorer(Worker):
             keys += [k for k in SAMPLE_ID_KEYS if k in batch]  # the rows' ids, for --debug nan (shared, not copied)
             micros, order = micro.split(batch.select(keys))
             for mb in micros:
-                out = self._forward(mb, response_length, with_entropy)
+                out = self._forward(mb, response_length, with_entropy, with_sum_pi_squared)
                 mask = mb["attention_mask"][:, -response_length:].to(out.log_probs.device).bool()
                 check_tensor("log-prob", out.log_probs[mask], mb, type(self).__name__)
-                lps.append(out.log_probs.float().cpu())
-                if with_entropy:
-                    ents.append(out.entropy.float().cpu())
-        return in_row_order(lps, order), (in_row_order(ents, order) if with_entropy else None)
+                for name, values in parts.items():
+                    value = getattr(out, name)
+                    if value is not None:
+                        values.append(value.float().cpu())
+        wanted = {"log_probs": True, "entropy": with_entropy, "sum_pi_squared": with_sum_pi_squared}
+        return ForwardOut(**{name: in_row_order(values, order) if wanted[name] else None
+                             for name, values in parts.items()})
 
 
 class ActorWorker(_PolicyScorer, TrainableModelRole):
@@ -93,7 +98,8 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
 
     def __init__(self, actor: ActorConfig, model: ModelConfig, *, total_steps: int, rollout_n: int,
                  temperature: float, seed: int, rollout_correction: RolloutCorrection | None = None,
-                 log_prob: MicroBatching | None = None, distillation: DistillationLossConfig | None = None) -> None:
+                 log_prob: MicroBatching | None = None, distillation: DistillationLossConfig | None = None,
+                 sum_pi_squared: bool = False) -> None:
         """`actor`: actor_rollout_ref.actor; `model`: actor_rollout_ref.model with `path` resolved to a local
         folder. `total_steps` sizes the LR schedule; `rollout_n` (samples per prompt) turns
         ppo_mini_batch_size prompts into rows; `temperature` is the rollout's; `seed` seeds the init and the
@@ -101,7 +107,8 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
         `rollout_log_probs` (algorithm.rollout_is / rollout_rs: importance weights, rejection; None = off);
         `log_prob`: the micro-batching of the old-log-prob pass (actor_rollout_ref.rollout.log_prob_*, also the
         LoRA reference's, as in verl; None = the update's); `distillation`: the distillation loss against the
-        batch's `teacher_log_probs` (distillation.distillation_loss; None = off)."""
+        batch's `teacher_log_probs` (distillation.distillation_loss; None = off); `sum_pi_squared`: the old-log-prob
+        pass also returns sum_v pi_v^2 per token (the run's estimator declares `@needs(sum_pi_squared=True)`)."""
         super().__init__()
         self.actor, self.model_cfg, self.total_steps = actor, model, total_steps
         self.rollout_n, self.temperature, self.seed = rollout_n, temperature, seed
@@ -112,6 +119,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
         self.logits_chunk_size = actor.logits_chunk_size
         self.router_replay = actor.router_replay
         self.distillation = distillation
+        self.sum_pi_squared = sum_pi_squared
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict:
@@ -150,10 +158,12 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch) -> Batch:
         maybe_break("actor.compute_log_prob")
-        lp, ent = self._log_probs(batch, self.log_prob, with_entropy=True)
+        out = self._log_probs(batch, self.log_prob, with_entropy=True, with_sum_pi_squared=self.sum_pi_squared)
         mask = batch["response_mask"].float()
-        return Batch({"old_log_probs": lp, "entropys": ent},
-                     meta={"metrics": {"actor/entropy": float(masked_mean(ent, mask))}})
+        tensors = {"old_log_probs": out.log_probs, "entropys": out.entropy}
+        if out.sum_pi_squared is not None:
+            tensors["sum_pi_squared"] = out.sum_pi_squared
+        return Batch(tensors, meta={"metrics": {"actor/entropy": float(masked_mean(out.entropy, mask))}})
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update_actor(self, batch: Batch) -> Batch:
@@ -267,7 +277,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
         if self.model.lora is None:
             raise RuntimeError("compute_ref_log_prob on the actor needs LoRA (full fine-tuning has a reference worker)")
         with self.model.lora.disabled():
-            lp, _ = self._log_probs(batch, self.log_prob, False)
+            lp = self._log_probs(batch, self.log_prob, False).log_probs
         return Batch({"ref_log_prob": lp})
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
@@ -314,5 +324,5 @@ class RefWorker(_PolicyScorer):
         ref = self.ref  # its nulls settled by finalize (rlkit/config/micro_batch_sizes.py)
         micro = MicroBatching(ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
                               ref.log_prob_max_token_len_per_gpu)
-        lp, _ = self._log_probs(batch, micro, False)
+        lp = self._log_probs(batch, micro, False).log_probs
         return Batch({"ref_log_prob": lp})

@@ -243,6 +243,7 @@ class FSDPModel:
         response_logits_only: bool = True,
         fused_lm_head: bool | None = None,
         routed_experts: torch.Tensor | None = None,
+        with_sum_pi_squared: bool = False,
     ) -> ForwardOut:
         """Log-probs (and entropy) of the response tokens, or values when this is a critic (the head chosen at
         construction, rlkit/workers/heads.py).
@@ -259,6 +260,8 @@ class FSDPModel:
         positions; other response positions get log-prob 0 (they are masked by `response_mask`).
         `fused_lm_head` (with `response_logits_only`; None = the constructor's choice) computes them from the
         hidden states in chunks without keeping the logits for backward (rlkit/workers/fused_lm_head.py).
+        `with_sum_pi_squared` adds sum_v pi_v^2 per response token (float32, the same tempered distribution as the
+        log-probs; chunk by chunk on either head), for the optimal token baseline estimators.
         """
         if isinstance(input_ids, ModelInputs):
             if attention_mask is not None or position_ids is not None or routed_experts is not None:
@@ -272,7 +275,8 @@ class FSDPModel:
             raise TypeError("forward() needs response_length")
         inputs = inputs.to(self.device)
         head = self.head if fused_lm_head is None else self.head.with_fused(fused_lm_head)
-        call = HeadCall(response_length, temperature, with_entropy, chunk_size, response_logits_only)
+        call = HeadCall(response_length, temperature, with_entropy, chunk_size, response_logits_only,
+                        with_sum_pi_squared)
         if self.sp is not None:  # the group's micro-batches together, packed and split along the sequence
             inputs, own = inputs.gather_rows(self.sp)
             return self._packed_forward(inputs, head, call).rows(own)

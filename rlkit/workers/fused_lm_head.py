@@ -1,4 +1,4 @@
-"""Fused chunked LM head: `log p(label)` (and entropy) from hidden states without keeping (T x V) logits.
+"""Fused chunked LM head: `log p(label)` (and entropy, sum_v p_v^2) from hidden states without keeping (T x V) logits.
 
 Why: the naive path materialises the LM head's logits for every response token and autograd keeps
 them (and their float32 copies) for backward: T x V x 4 bytes, 1.6 GB for 8k tokens of a 49k vocab.
@@ -18,15 +18,25 @@ entropy term before it can stand in. liger-kernel is CUDA/Triton-only: not insta
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from rlkit.registry import Registry
 
-# (hidden (T, H), weight (V, H), bias (V,) | None, labels (T,), temperature, chunk_size, with_entropy)
-#   -> (log_probs (T,) float32, entropy (T,) float32 | None)
-LMHeadKernel = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+class HeadStats(NamedTuple):
+    """Per row, float32: log p(label) (with grad), and when asked the entropy (with grad) and sum_v p_v^2 (no grad;
+    the optimal token baseline's energy term, read from the no-grad old-log-prob forward)."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
+
+
+# (hidden (T, H), weight (V, H), bias (V,) | None, labels (T,), temperature, chunk_size, with_entropy,
+#  with_sum_pi_squared) -> HeadStats
+LMHeadKernel = Callable[..., HeadStats]
 LM_HEAD_KERNELS: Registry[LMHeadKernel] = Registry("fused LM-head kernel")
 
 
@@ -42,8 +52,9 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 class ChunkedLMHeadLogProb(torch.autograd.Function):
-    """log_softmax(h W^T + b)/t [label] and the softmax entropy, per row, chunked over rows in both passes.
+    """log_softmax(h W^T + b)/t [label], the softmax entropy and sum_v p_v^2, per row, chunked over rows in both passes.
 
+    sum_v p_v^2 is an output without gradient (it is only read from the no-grad scoring forward).
     Gradients (z = logits / t, p = softmax(z), E = sum p z): d logp/dz = onehot(label) - p and
     d H/dz = -p (z - E); the chain rule through `/ t` and the linear layer gives dh, dW, db.
     """
@@ -58,30 +69,37 @@ class ChunkedLMHeadLogProb(torch.autograd.Function):
         temperature: float,
         chunk_size: int,
         with_entropy: bool,
+        with_sum_pi_squared: bool = False,
     ):
         rows = hidden.shape[0]
         log_probs = torch.empty(rows, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(log_probs)
         entropy = torch.empty_like(log_probs) if with_entropy else log_probs.new_empty(0)
         mean_z = torch.empty_like(log_probs) if with_entropy else log_probs.new_empty(0)
+        sum_p2 = torch.empty_like(log_probs) if with_sum_pi_squared else log_probs.new_empty(0)
         labels = labels.long()
         for sl in _row_chunks(rows, chunk_size):
             z = _chunk_logits(hidden[sl], weight, bias, temperature)
             lse[sl] = torch.logsumexp(z, dim=-1)
             log_probs[sl] = z.gather(-1, labels[sl, None]).squeeze(-1) - lse[sl]
-            if with_entropy:
+            if with_entropy or with_sum_pi_squared:
                 p = torch.softmax(z, dim=-1)  # the naive path's ops: the same entropy to the bit
-                mean_z[sl] = (p * z).sum(-1)
-                entropy[sl] = lse[sl] - mean_z[sl]
+                if with_entropy:
+                    mean_z[sl] = (p * z).sum(-1)
+                    entropy[sl] = lse[sl] - mean_z[sl]
+                if with_sum_pi_squared:
+                    sum_p2[sl] = p.square().sum(-1)
+                del p
             del z
         ctx.save_for_backward(hidden, weight, bias, labels, lse, mean_z)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
-        return log_probs, entropy
+        ctx.mark_non_differentiable(sum_p2)
+        return log_probs, entropy, sum_p2
 
     @staticmethod
-    def backward(ctx: Any, grad_lp: torch.Tensor | None, grad_ent: torch.Tensor | None):
+    def backward(ctx: Any, grad_lp: torch.Tensor | None, grad_ent: torch.Tensor | None, _grad_p2: Any = None):
         hidden, weight, bias, labels, lse, mean_z = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         use_ent = ctx.with_entropy and grad_ent is not None
@@ -120,6 +138,7 @@ class ChunkedLMHeadLogProb(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -132,12 +151,14 @@ def chunked_lm_head_logprob(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-row `log p(label)` (T,) and, if asked, the entropy (T,), both float32."""
-    lp, ent = ChunkedLMHeadLogProb.apply(
-        hidden, weight, bias, labels, float(temperature), int(chunk_size), bool(with_entropy)
+    with_sum_pi_squared: bool = False,
+) -> HeadStats:
+    """Per-row `log p(label)` (T,) and, if asked, the entropy and sum_v p_v^2 (T,), all float32."""
+    lp, ent, p2 = ChunkedLMHeadLogProb.apply(
+        hidden, weight, bias, labels, float(temperature), int(chunk_size), bool(with_entropy),
+        bool(with_sum_pi_squared),
     )
-    return lp, (ent if with_entropy else None)
+    return HeadStats(lp, ent if with_entropy else None, p2 if with_sum_pi_squared else None)
 
 
 def fused_lm_head_logprob(
@@ -148,11 +169,12 @@ def fused_lm_head_logprob(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    with_sum_pi_squared: bool = False,
+) -> HeadStats:
     """The kernel registered for `hidden`'s device type (the chunked torch one where none is)."""
     kind = hidden.device.type
     kernel = LM_HEAD_KERNELS.get(kind) if kind in LM_HEAD_KERNELS else chunked_lm_head_logprob
-    return kernel(hidden, weight, bias, labels, temperature, chunk_size, with_entropy)
+    return kernel(hidden, weight, bias, labels, temperature, chunk_size, with_entropy, with_sum_pi_squared)
 
 
 # config attributes of architectures whose forward changes the logits after the LM head (the fused path

@@ -24,9 +24,11 @@ class ForwardOut:
     log_probs: torch.Tensor | None = None  # (b, R)
     entropy: torch.Tensor | None = None  # (b, R)
     values: torch.Tensor | None = None  # (b, R)
+    sum_pi_squared: torch.Tensor | None = None  # (b, R) float32, sum_v pi_v^2 at the log-probs' temperature
 
     def rows(self, own: slice) -> ForwardOut:
-        return ForwardOut(*(None if t is None else t[own] for t in (self.log_probs, self.entropy, self.values)))
+        return ForwardOut(*(None if t is None else t[own] for t in (self.log_probs, self.entropy, self.values,
+                                                                     self.sum_pi_squared)))
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class HeadCall:
     with_entropy: bool = False
     chunk_size: int = 1024
     response_logits_only: bool = True
+    with_sum_pi_squared: bool = False  # sum_v pi_v^2 per token too (the optimal token baselines' energy)
 
 
 class Head(Protocol):
@@ -74,7 +77,7 @@ class ValueHead:
 
 @dataclass(frozen=True)
 class LogProbHead:
-    """The policy's: log p(response token) (and entropy), 0 where no response token is predicted.
+    """The policy's: log p(response token) (and entropy, sum_v pi_v^2), 0 where no response token is predicted.
 
     `response_logits_only` runs the LM head only where a response token is predicted (the model's
     `logits_to_keep`, when its forward takes it); `fused` (with it) computes them from the hidden states in
@@ -93,7 +96,7 @@ class LogProbHead:
             self.gate.log_unfused("response_logits_only is off or the model takes no logits_to_keep")
         fused = self.fused and keep and self.gate.can_fuse(module)
         return keep, dict(temperature=call.temperature, with_entropy=call.with_entropy, chunk_size=call.chunk_size,
-                          fused=fused)
+                          fused=fused, with_sum_pi_squared=call.with_sum_pi_squared)
 
     def padded(self, module: torch.nn.Module, kwargs: dict[str, Any], rows: ModelInputs, call: HeadCall) -> ForwardOut:
         keep, options = self._options(module, call)
@@ -119,21 +122,23 @@ class LogProbHead:
             pick = lambda out: out[0]  # noqa: E731  (1, K_local, X) -> (K_local, X)
         else:
             pick = lambda logits: logits[0, at]  # noqa: E731
-        k_lp, k_ent = head_log_probs(module, kwargs, pick, labels[local], **options)
+        stats = head_log_probs(module, kwargs, pick, labels[local], **options)
         # under SP each rank holds the values at its slice's kept positions: gather the whole row's
-        k_lp, k_ent = (None if v is None else packed.gather_kept(v, at, kept) for v in (k_lp, k_ent))
-        return _scatter(resp_need, k_lp, k_ent)
+        return _scatter(resp_need, *(None if v is None else packed.gather_kept(v, at, kept) for v in stats))
 
 
-def _scatter(resp_need: torch.Tensor, k_lp: torch.Tensor, k_ent: torch.Tensor | None) -> ForwardOut:
+def _scatter(resp_need: torch.Tensor, k_lp: torch.Tensor, k_ent: torch.Tensor | None = None,
+             k_p2: torch.Tensor | None = None) -> ForwardOut:
     """(K,) values at the needed response positions -> (b, R), 0 elsewhere."""
-    lp = torch.zeros(resp_need.shape, dtype=torch.float32, device=resp_need.device)
-    lp[resp_need] = k_lp
-    ent = None
-    if k_ent is not None:
-        ent = torch.zeros_like(lp)
-        ent[resp_need] = k_ent
-    return ForwardOut(log_probs=lp, entropy=ent)
+
+    def place(k_values: torch.Tensor | None) -> torch.Tensor | None:
+        if k_values is None:
+            return None
+        full = torch.zeros(resp_need.shape, dtype=torch.float32, device=resp_need.device)
+        full[resp_need] = k_values
+        return full
+
+    return ForwardOut(log_probs=place(k_lp), entropy=place(k_ent), sum_pi_squared=place(k_p2))
 
 
 def make_head(value_head: bool, fused_lm_head: bool, logits_to_keep: bool) -> Head:

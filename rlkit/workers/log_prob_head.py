@@ -1,7 +1,8 @@
-"""The policy's forward up to per-token log-probs (and entropy): the plain LM head, or the fused chunked one.
+"""The policy's forward up to per-token log-probs (and entropy, sum_v pi_v^2): the plain LM head, or the fused one.
 
 `head_log_probs` runs the model with the given inputs and returns `log p(label)` for the rows that
-`rows` picks out of what the LM head sees. With `fused`, the model's LM head stands in as the fused
+`rows` picks out of what the LM head sees (and, when asked, the entropy and sum_v pi_v^2 of the same
+distribution: the logits at the sampling temperature). With `fused`, the model's LM head stands in as the fused
 chunked log-prob (rlkit/workers/fused_lm_head.py): it is called inside the top module's forward,
 where FSDP2 has gathered the root unit's parameters (the head's weight, tied to the embedding or
 not), and its gradient flows through the same unsharded parameter as the plain path's, so sharding
@@ -16,8 +17,8 @@ from typing import Any
 
 import torch
 
-from rlkit.algo.utils import entropy_from_logits, logprobs_from_logits
-from rlkit.workers.fused_lm_head import fused_lm_head_logprob, unfusable_reason
+from rlkit.algo.utils import entropy_from_logits, logprobs_from_logits, sum_pi_squared_from_logits
+from rlkit.workers.fused_lm_head import HeadStats, fused_lm_head_logprob, unfusable_reason
 
 log = logging.getLogger("rlkit.workers.fsdp_model")  # the warning tests and users look for lives there
 
@@ -33,15 +34,20 @@ def head_log_probs(
     with_entropy: bool,
     chunk_size: int,
     fused: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(K,) float32 log-probs of `labels` and, if asked, entropies."""
+    with_sum_pi_squared: bool = False,
+) -> HeadStats:
+    """(K,) float32 log-probs of `labels` and, if asked, entropies and sum_v pi_v^2."""
     if fused:
-        return _fused_forward(module, model_kwargs, rows, labels, temperature, with_entropy, chunk_size)
+        return _fused_forward(module, model_kwargs, rows, labels, temperature, with_entropy, chunk_size,
+                              with_sum_pi_squared)
     logits = rows(module(**model_kwargs).logits)  # (K, V)
     if temperature != 1.0:
         logits = logits / temperature
-    lp = logprobs_from_logits(logits, labels, chunk_size=chunk_size)
-    return lp, (entropy_from_logits(logits, chunk_size=chunk_size) if with_entropy else None)
+    return HeadStats(
+        logprobs_from_logits(logits, labels, chunk_size=chunk_size),
+        entropy_from_logits(logits, chunk_size=chunk_size) if with_entropy else None,
+        sum_pi_squared_from_logits(logits, chunk_size=chunk_size) if with_sum_pi_squared else None,
+    )
 
 
 def _fused_forward(
@@ -52,13 +58,14 @@ def _fused_forward(
     temperature: float,
     with_entropy: bool,
     chunk_size: int,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    with_sum_pi_squared: bool,
+) -> HeadStats:
     head = module.get_output_embeddings()
-    out: dict[str, Any] = {}
+    out: dict[str, HeadStats] = {}
 
     def fused_head(kept: torch.Tensor) -> torch.Tensor:
-        out["lp"], out["ent"] = fused_lm_head_logprob(
-            rows(kept), head.weight, head.bias, labels, temperature, chunk_size, with_entropy
+        out["stats"] = fused_lm_head_logprob(
+            rows(kept), head.weight, head.bias, labels, temperature, chunk_size, with_entropy, with_sum_pi_squared
         )
         return kept.new_zeros((*kept.shape[:-1], 1))  # the "logits" the model returns: unused
 
@@ -67,7 +74,7 @@ def _fused_forward(
         module(**model_kwargs)
     finally:
         del head.forward  # back to the class's forward
-    return out["lp"], out["ent"]
+    return out["stats"]
 
 
 class FusionGate:

@@ -65,7 +65,7 @@ class TeacherWorker(_PolicyScorer):
         micro = MicroBatching(ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
                               ref.log_prob_max_token_len_per_gpu)
         if self.topk is None:
-            lp, _ = self._log_probs(batch, micro, False)
+            lp = self._log_probs(batch, micro, False).log_probs
             return Batch({"teacher_log_probs": lp})
         return self._with_topk(batch, micro, self.topk)
 

@@ -93,10 +93,21 @@ def test_tir_aligns_model_tokens_across_a_tool_span():
     assert abs(float(col[0, 1])) < 1e-6 and abs(float(col[0, 0]) - 0.5) < 1e-6
 
 
-def test_otb_needs_and_refusal():
+def test_otb_needs_and_config():
+    """Both declare sum_pi_squared; a run with them loads (the actor computes it), bypass_mode (which skips that
+    forward) is refused with one line, and verl's switch for it is accepted with a notice."""
     for name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
         assert needs_of(ADV_ESTIMATORS, name) == Needs(groups=True, sum_pi_squared=True)
-        with pytest.raises(UserError, match="sum_pi_squared.*adv_estimator=grpo"):
+        with pytest.raises(UserError, match="needs old_log_probs and sum_pi_squared.*AdvantageInputs"):
             ADV_ESTIMATORS.get(name)(AdvantageInputs(torch.zeros(2, 1), torch.ones(2, 1), index=["a", "a"]))
-    with pytest.raises(UserError, match="adv_estimator=optimal_token_baseline needs sum_v pi_v.*grpo"):
-        load_config("grpo", ["algorithm.adv_estimator=optimal_token_baseline"])
+        assert load_config("grpo", [f"algorithm.adv_estimator={name}"]).algorithm.adv_estimator == name
+    with pytest.raises(UserError, match="optimal_token_baseline needs sum_v pi_v.*bypass_mode=true skips.*"
+                                        "bypass_mode=false"):
+        load_config("grpo", ["algorithm.adv_estimator=optimal_token_baseline", "algorithm.bypass_mode=true",
+                             "actor_rollout_ref.rollout.calculate_log_probs=true"])
+    notices: list[str] = []
+    load_config("grpo", ["algorithm.adv_estimator=optimal_token_baseline",
+                         "actor_rollout_ref.actor.calculate_sum_pi_squared=true",
+                         "actor_rollout_ref.actor.sum_pi_squared_checkpointing=true"], notices=notices)
+    assert len([n for n in notices if "calculate_sum_pi_squared=true -> nothing to set" in n]) == 1
+    assert len([n for n in notices if "sum_pi_squared_checkpointing=true -> nothing to set" in n]) == 1
