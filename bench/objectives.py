@@ -1,7 +1,7 @@
 """Every objective of issue 34 trains the toy copy task end to end: one short real run per entry.
 
     .venv/bin/python bench/objectives.py                      # 60 steps each -> bench/results/objectives.json
-    .venv/bin/python bench/objectives.py --steps 60 --entries cispo,gdpo
+    .venv/bin/python bench/objectives.py --steps 60 --entries cispo,gdpo   # rows merged into the file by entry
 
 Task: `rlkit data toy --length 1` ("copy the digits : 7" -> "7"), a random tiny Llama with tied embeddings,
 the `hf` rollout, 32 prompts x n=8 per step in two mini-batches of 16 prompts (two optimizer steps per batch,
@@ -11,12 +11,15 @@ the loss scales must add up), a checkpoint every `--save-freq` steps and greedy 
 prompts before and after. Each entry is one `RLTrainer.fit` on a local Ray (the whole loop: rollout, reward,
 advantages, micro-batched update, weight sync, checkpoint), from the same initial weights and prompts.
 An entry "learns" when its mean training reward over the last 20 steps exceeds that of its first 10.
+Rows of entries not run keep their place in the output file (a run replaces its entry's row); each row records the
+load average at its start and end (`load_avg`), since the numbers come from a shared machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -47,6 +50,8 @@ ENTRIES: dict[str, tuple[str, dict]] = {
     "trl:luspo": ("grpo", {f"{A}.loss_type": "luspo"}),
     "vespo": ("grpo", {f"{A}.policy_loss": "vespo"}),
     "bypass_mode": ("grpo", {"algorithm.bypass_mode": True, "actor_rollout_ref.rollout.calculate_log_probs": True}),
+    "optimal_token_baseline": ("grpo", {"algorithm.adv_estimator": "optimal_token_baseline"}),
+    "tir_optimal_token_baseline": ("grpo", {"algorithm.adv_estimator": "tir_optimal_token_baseline"}),
 }
 
 
@@ -112,6 +117,12 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result: dict = {"steps": args.steps, "save_freq": args.save_freq, "runs": []}
+    if out.is_file():  # keep the other entries' rows (and their order); a run replaces its own
+        kept = json.loads(out.read_text())
+        if (kept.get("steps"), kept.get("save_freq")) != (args.steps, args.save_freq):
+            ap.error(f"{out} holds runs of {kept.get('steps')} steps (save_freq {kept.get('save_freq')}): "
+                     "use the same --steps/--save-freq or another --out")
+        result["runs"] = kept.get("runs", [])
     print(f"{'entry':16s} {'preset':7s} {'first10':>8s} {'last20':>8s} {'val0':>6s} {'val1':>6s} {'ckpts':>5s} "
           f"{'wall':>6s}", flush=True)
     with tempfile.TemporaryDirectory(prefix="rlkit-objectives-") as tmp:
@@ -119,7 +130,7 @@ def main() -> None:
         for name in names:
             preset, extra = ENTRIES[name]
             run_dir = Path(tmp) / "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
-            start = time.perf_counter()
+            start, load_start = time.perf_counter(), os.getloadavg()[0]
             rows, first_val, last_val = run(
                 preset, toy_overrides(data, model, run_dir, args.steps, args.save_freq, extra), run_dir / "logs")
             scores = [r["critic/score/mean"] for r in rows]
@@ -130,13 +141,16 @@ def main() -> None:
                 "first10": statistics.fmean(scores[:10]), "last20": statistics.fmean(scores[-20:]),
                 "val_before": first_val.get(VAL_KEY), "val_after": last_val.get(VAL_KEY), "checkpoints": ckpts,
                 "learned": statistics.fmean(scores[-20:]) > statistics.fmean(scores[:10]),
+                "load_avg": [round(load_start, 1), round(os.getloadavg()[0], 1)],
             }
-            result["runs"].append(row)
+            others = [r for r in result["runs"] if r["entry"] != name]
+            at = next((i for i, r in enumerate(result["runs"]) if r["entry"] == name), len(others))
+            result["runs"] = others[:at] + [row] + others[at:]
             out.write_text(json.dumps(result, indent=1))
             print(f"{name:16s} {preset:7s} {row['first10']:8.3f} {row['last20']:8.3f} {row['val_before']:6.3f} "
                   f"{row['val_after']:6.3f} {len(ckpts):5d} {row['wall_s']:5.0f}s", flush=True)
-    learned = sum(r["learned"] for r in result["runs"])
-    print(f"{learned}/{len(result['runs'])} entries learned; {out}")
+    ran = [r for r in result["runs"] if r["entry"] in names]
+    print(f"{sum(r['learned'] for r in ran)}/{len(ran)} entries run learned; {len(result['runs'])} rows in {out}")
 
 
 if __name__ == "__main__":
