@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rlkit.algo.loss_agg import agg_loss
-from rlkit.algo.policy_loss import MAX_LOG_RATIO, POLICY_LOSSES, _clipped_surrogate, _weighted
+from rlkit.algo.policy_loss import POLICY_LOSSES, _clipped_surrogate, _weighted, clamped_ratio
 from rlkit.algo.utils import masked_mean
 
 
@@ -50,8 +50,8 @@ def clip_cov(
     """Clip-Cov: PPO clip, plus clip_cov_ratio x N tokens drawn at random among the unclipped valid tokens with
     clip_cov_lb < cov < clip_cov_ub get no gradient (their loss term is 0). Drawn with torch's global RNG."""
     mask = response_mask
-    log_ratio = torch.clamp(log_prob - old_log_prob, -MAX_LOG_RATIO, MAX_LOG_RATIO)
-    loss, clipped = _clipped_surrogate(torch.exp(log_ratio), advantages, clip_ratio_low, clip_ratio_high)
+    log_ratio, ratio = clamped_ratio(log_prob, old_log_prob)
+    loss, clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
     cov = token_covariance(advantages, log_prob, mask)
     candidates = (mask > 0) & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
     where = torch.nonzero(candidates)
@@ -83,8 +83,8 @@ def kl_cov(
     """KL-Cov: the unclipped surrogate -A r, plus ppo_kl_coef * |log r| on the kl_cov_ratio x N valid tokens of
     largest covariance."""
     mask = response_mask
-    log_ratio = torch.clamp(log_prob - old_log_prob, -MAX_LOG_RATIO, MAX_LOG_RATIO)
-    loss = -advantages * torch.exp(log_ratio)
+    log_ratio, ratio = clamped_ratio(log_prob, old_log_prob)
+    loss = -advantages * ratio
     cov = token_covariance(advantages, log_prob, mask).masked_fill(mask <= 0, float("-inf"))
     k = min(selection_count(kl_cov_ratio, mask), int((mask > 0).sum()))
     selected = torch.zeros(cov.numel(), dtype=torch.bool, device=cov.device)

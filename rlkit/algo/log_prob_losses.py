@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from rlkit.algo.loss_agg import agg_loss
-from rlkit.algo.policy_loss import MAX_LOG_RATIO, POLICY_LOSSES, _weighted
+from rlkit.algo.policy_loss import MAX_LOG_RATIO, POLICY_LOSSES, _weighted, clamped_ratio
 from rlkit.algo.utils import masked_mean
 from rlkit.errors import UserError
 
@@ -42,7 +42,7 @@ def gpg(
     **_: Any,
 ) -> dict[str, torch.Tensor]:
     """GPG (arXiv 2504.02546): the plain policy gradient -A log pi, no ratio, no clip (pair with the gpg estimator)."""
-    log_ratio = torch.clamp(log_prob - old_log_prob, -MAX_LOG_RATIO, MAX_LOG_RATIO).detach()
+    log_ratio, _ = clamped_ratio(log_prob.detach(), old_log_prob)
     loss = _weighted(-advantages * log_prob, rollout_is_weights)
     return _result(loss, response_mask, loss_agg_mode, log_ratio)
 
@@ -66,8 +66,7 @@ def cispo(
     lower bound (the `cispo` preset: clip_ratio_low=1.0) and tunes only the upper one.
     `pg_clipfrac`: tokens whose weight was truncated from above; `pg_clipfrac_lower`: from below.
     """
-    log_ratio = torch.clamp(log_prob - old_log_prob, -MAX_LOG_RATIO, MAX_LOG_RATIO)
-    ratio = torch.exp(log_ratio).detach()
+    log_ratio, ratio = clamped_ratio(log_prob.detach(), old_log_prob)
     weight = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     loss = _weighted(-weight * advantages * log_prob, rollout_is_weights)
     return _result(loss, response_mask, loss_agg_mode, log_ratio,
@@ -101,8 +100,8 @@ def vespo(
     below. `pg_clipfrac`: share of tokens whose weight phi < 1 (faded).
     """
     mask = response_mask
-    log_ratio = torch.clamp(log_prob - old_log_prob, -MAX_LOG_RATIO, MAX_LOG_RATIO)
-    log_w = torch.clamp((log_ratio.detach() * mask).sum(-1, keepdim=True), VESPO_MIN_LOG_W, MAX_LOG_RATIO)
+    log_ratio, _ = clamped_ratio(log_prob.detach(), old_log_prob)
+    log_w = torch.clamp((log_ratio * mask).sum(-1, keepdim=True), VESPO_MIN_LOG_W, MAX_LOG_RATIO)
     nonneg = advantages >= 0
     k = torch.where(nonneg, vespo_k_pos, vespo_k_neg).to(log_w)
     lam = torch.where(nonneg, vespo_lambda_pos, vespo_lambda_neg).to(log_w)
@@ -115,8 +114,7 @@ def _dppo(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.
           response_mask: torch.Tensor, inside: torch.Tensor, clip_ratio_c: float | None, loss_agg_mode: str,
           rollout_is_weights: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """DPPO's loss given the tokens `inside` the trust region: -sg(min(r, c)) * A * log pi on them, 0 elsewhere."""
-    log_ratio = torch.clamp(log_prob - old_log_prob, -MAX_LOG_RATIO, MAX_LOG_RATIO)
-    ratio = torch.exp(log_ratio).detach()
+    log_ratio, ratio = clamped_ratio(log_prob.detach(), old_log_prob)
     cap = float("inf") if clip_ratio_c is None else clip_ratio_c
     weight = torch.clamp(ratio, max=cap) * inside.float()
     loss = _weighted(-weight * advantages * log_prob, rollout_is_weights)
@@ -200,6 +198,6 @@ def dro(
     if dro_beta is None:
         raise UserError("actor_rollout_ref.actor.policy_loss=dro needs its penalty weight: set "
                         "actor_rollout_ref.actor.policy_loss.dro_beta (e.g. 0.1)")
-    log_ratio = log_prob - old_log_prob
+    log_ratio = log_prob - old_log_prob  # unbounded in the penalty (its gradient is linear in it)
     loss = _weighted(-(advantages * log_prob - 0.5 * dro_beta * log_ratio**2), rollout_is_weights)
-    return _result(loss, response_mask, loss_agg_mode, torch.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+    return _result(loss, response_mask, loss_agg_mode, clamped_ratio(log_prob.detach(), old_log_prob)[0])

@@ -40,6 +40,13 @@ LOSS_PARAMS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mo
 MAX_LOG_RATIO = 20.0
 
 
+def clamped_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log r, r) per token: log pi - log pi_old bounded to +-MAX_LOG_RATIO, and its exp (both carry the gradient;
+    a loss that only weighs by r detaches it). Every token-ratio loss starts here, so all bound it the same way."""
+    log_ratio = torch.clamp(log_prob - old_log_prob, -MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return log_ratio, torch.exp(log_ratio)
+
+
 def _weighted(loss_mat: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
     return loss_mat if rollout_is_weights is None else loss_mat * rollout_is_weights.detach()
 
@@ -74,8 +81,7 @@ def vanilla(
     """
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 for dual-clip, got {clip_ratio_c}")
-    log_ratio = torch.clamp(log_prob - old_log_prob, -MAX_LOG_RATIO, MAX_LOG_RATIO)
-    ratio = torch.exp(log_ratio)
+    log_ratio, ratio = clamped_ratio(log_prob, old_log_prob)
     loss, clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
     lower = torch.zeros_like(clipped)
     if clip_ratio_c is not None:
@@ -126,10 +132,6 @@ def gspo(
     }
 
 
-def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
-    return torch.clamp(log_prob - old_log_prob, -MAX_LOG_RATIO, MAX_LOG_RATIO)
-
-
 @POLICY_LOSSES.register("sapo")
 def sapo(
     old_log_prob: torch.Tensor,
@@ -150,8 +152,7 @@ def sapo(
     Nothing is clipped: `pg_clipfrac` reports the share of tokens whose gate gradient fell below 1/2.
     """
     mask = response_mask
-    log_ratio = _log_ratio(log_prob, old_log_prob)
-    ratio = torch.exp(log_ratio)
+    log_ratio, ratio = clamped_ratio(log_prob, old_log_prob)
     tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0))
     loss = -(4.0 / tau) * gate * advantages
@@ -185,7 +186,7 @@ def geo_mean(
     `seq-mean-token-mean` (the preset's, and the paper's) gives the mean over responses.
     """
     mask = response_mask
-    log_ratio = _log_ratio(log_prob, old_log_prob)
+    log_ratio, _ = clamped_ratio(log_prob, old_log_prob)
     sign = torch.sign(advantages)
     clipped_lr = torch.clamp(log_ratio, -clip_ratio_low, clip_ratio_high)
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped_lr)
