@@ -7,8 +7,9 @@ heads: split over the group; with 1: repeated) and path (response-only logits, f
 LM head, padded input, gradient checkpointing), the SP=2 model's log-probs, entropies, loss and
 gradients (each rank's FSDP shard, after the reduce-scatter) equal the SP=1 model's (data parallel over
 the same 2 ranks, which tests/trainer/test_fsdp_equivalence.py ties to 1 worker), and so do a critic's
-values. Tolerance (float32): log-probs/entropies/values 1e-5 absolute (measured ~1e-6: the attention
-sums per head in another layout), loss 1e-6 relative, gradients 1e-4 of the global norm elementwise.
+values and the policy's sum_pi_squared (plain and fused head). Tolerance (float32): log-probs/entropies/values
+1e-5 absolute (measured ~1e-6: the attention sums per head in another layout), loss 1e-6 relative, gradients
+1e-4 of the global norm elementwise.
 Config-time: an SP size that does not divide the workers, or the heads, is refused with the key's name.
 """
 
@@ -99,6 +100,11 @@ def _sp_worker(rank: int, store_path: str, paths: dict[str, str], results) -> No
             with torch.no_grad():
                 v1, v2 = (c.forward(*args, R).values for c in critics)
             assert torch.allclose(v1[valid], v2[valid], atol=1e-5, rtol=0), f"{kind} values"
+            with torch.no_grad():  # sum_pi_squared (the OTB estimators'): gathered over the group as the log-probs
+                for fused in (False, True):
+                    a, b = (m.forward(*args, R, temperature=0.7, fused_lm_head=fused,
+                                      with_sum_pi_squared=True).sum_pi_squared for m in (dp, sp))
+                    assert torch.allclose(a[valid], b[valid], atol=1e-5, rtol=0), f"{kind} sum_pi_squared {fused=}"
 
 
 @pytest.fixture(scope="module")
