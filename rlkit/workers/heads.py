@@ -9,7 +9,7 @@ under sequence parallelism this rank's slice of it, rlkit/workers/model_inputs.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol
 
 import torch
@@ -27,8 +27,7 @@ class ForwardOut:
     sum_pi_squared: torch.Tensor | None = None  # (b, R) float32, sum_v pi_v^2 at the log-probs' temperature
 
     def rows(self, own: slice) -> ForwardOut:
-        return ForwardOut(*(None if t is None else t[own] for t in (self.log_probs, self.entropy, self.values,
-                                                                     self.sum_pi_squared)))
+        return ForwardOut(**{f.name: None if (t := getattr(self, f.name)) is None else t[own] for f in fields(self)})
 
 
 @dataclass(frozen=True)

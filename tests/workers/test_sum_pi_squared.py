@@ -55,13 +55,17 @@ def test_forward_returns_sum_pi_squared_on_every_head_and_layout(process_group, 
     valid = batch["response_mask"].bool()
     model = FSDPModel(str(model_path), FSDPConfig(shard_single_worker=True), torch.device("cpu"))
     args = [batch[k] for k in ("input_ids", "attention_mask", "position_ids")]
+    widths: list[int] = []  # last dim of what the LM head returns: the vocab (plain), 1 (fused: no logits)
+    model.module.get_output_embeddings().register_forward_hook(lambda m, i, out: widths.append(out.shape[-1]))
     for fused, remove_padding in itertools.product((False, True), (False, True)):
+        widths.clear()
         with torch.no_grad():
             out = model.forward(*args, RESPONSE, temperature=TEMPERATURE, with_entropy=True, chunk_size=5,
                                 remove_padding=remove_padding, fused_lm_head=fused, with_sum_pi_squared=True)
             without = model.forward(*args, RESPONSE, temperature=TEMPERATURE, chunk_size=5,
                                     remove_padding=remove_padding, fused_lm_head=fused)
         where = f"fused={fused} remove_padding={remove_padding}"
+        assert widths == [1 if fused else model.config.vocab_size] * 2, where
         assert out.sum_pi_squared.dtype == torch.float32 and out.sum_pi_squared.shape == valid.shape, where
         torch.testing.assert_close(out.sum_pi_squared[valid], want[valid], atol=1e-5, rtol=0,
                                    msg=lambda m, w=where: w + m)
