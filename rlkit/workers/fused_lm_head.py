@@ -10,9 +10,10 @@ and two floats per token.
 chunked torch one below (registered for "cpu", the fallback for any device type without an entry).
 Seam for a maintained kernel: register a function with the same signature under "cuda". Liger's
 `LigerFusedLinearCrossEntropyFunction` is the candidate, but as of this writing it returns no
-entropy, and its per-token (`reduction="none"`) backward was wrong before Liger PR #1298 (every
-token's gradient scaled by the first token's upstream grad), so it needs a version check and an
-entropy term before it can stand in. liger-kernel is CUDA/Triton-only: not installed in the CPU env.
+entropy (nor sum_v p_v^2, which the optimal token baselines read), and its per-token (`reduction="none"`)
+backward was wrong before Liger PR #1298 (every token's gradient scaled by the first token's upstream grad), so
+it needs a version check and those terms before it can stand in. liger-kernel is CUDA/Triton-only: not installed
+in the CPU env.
 """
 
 from __future__ import annotations
