@@ -228,12 +228,14 @@ def precision_meta(threads: int = 2) -> dict:
     `rollout.dtype`."""
     from rlkit.config.rollout import RolloutConfig
     from rlkit.rollout.base import engine_dtype
-    from rlkit.utils.cpu_precision import plan_row, read_isa
+    from rlkit.utils.cpu_precision import auto_cpu_dtype, plan_row, read_isa
 
     engine = f"{RolloutConfig.dtype} -> {engine_dtype(RolloutConfig.dtype, on_gpu=False)}"
     trl = "bf16 autocast (bf16=True)" if trl_best_precision(threads) == "bf16" else "float32"
     return {"isa": read_isa().describe(), "trl_dtype": f"{trl} on trl/trl-kl/trl-defaults",
-            "rlkit_actor_dtype": plan_row("auto", "cpu", threads=threads), "rlkit_engine_dtype": engine}
+            "rlkit_actor_dtype": plan_row("auto", "cpu", threads=threads), "rlkit_engine_dtype": engine,
+            "actor_dtype": str(auto_cpu_dtype()).removeprefix("torch."),
+            "engine_dtype": engine_dtype(RolloutConfig.dtype, on_gpu=False)}
 
 
 def precision_lines(meta: dict) -> str:
@@ -241,6 +243,27 @@ def precision_lines(meta: dict) -> str:
         return "(precision and ISA not recorded in this file)"
     return (f"ISA: {meta['isa']}\nprecision: TRL {meta['trl_dtype']}; rlkit actor {meta['rlkit_actor_dtype']}; "
             f"rlkit engine {meta['rlkit_engine_dtype']}")
+
+
+def measure_peak(path: Path) -> Path:
+    """bench/peak.py on this machine, now (the bounds need this CPU's peak at the load of the run)."""
+    print(f"vs_trl: measuring this machine's peak -> {path}", flush=True)
+    subprocess.run([sys.executable, str(ROOT / "bench" / "peak.py"), "--out", str(path)], check=True)
+    return path
+
+
+def print_bounds(saved: dict, peak_file: str | Path) -> None:
+    """Each rlkit phase against its bound (bench/phase_bounds.py), for the variants whose metric rows were kept."""
+    from phase_bounds import Peak, report_bounds
+    from phase_bounds import table as bound_table
+
+    if "model_dir" not in saved["meta"]:
+        print("(no phase bounds: this file predates them)")
+        return
+    peak = Peak.from_file(peak_file)
+    print(f"\nbounds from {peak.source}")
+    for name, bounds in report_bounds(saved, peak).items():
+        print(bound_table(bounds, f"{name}: each phase against this machine's bound"))
 
 
 def main() -> None:
@@ -251,6 +274,9 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--report", default=None, help="only print the table of a saved JSON")
+    ap.add_argument("--peak", default=None,
+                    help="bench/peak.py's JSON measured on this machine, for the phase-bound table (default: run "
+                         "bench/peak.py first, into the runs folder)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other variants already in --out (rerun a subset after a change)")
     args = ap.parse_args()
@@ -258,6 +284,8 @@ def main() -> None:
         saved = json.loads(Path(args.report).read_text())
         print(precision_lines(saved["meta"]))
         print(table(saved["summary"]))
+        if args.peak:
+            print_bounds(saved, args.peak)
         return
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in VARIANTS]
@@ -268,8 +296,9 @@ def main() -> None:
     out = Path(args.out)
     runs_dir = DATA_CACHE / "runs" / out.stem  # raw per-run JSON + logs (large), outside the repo
     runs_dir.mkdir(parents=True, exist_ok=True)
-    per_round, raw_steps = [], {}
+    per_round, raw_steps, metric_rows = [], {}, {}
     precision = precision_meta()
+    peak_file = args.peak or measure_peak(runs_dir / "peak.json")
     kept: dict[str, dict] = {}
     if args.merge and out.exists():
         previous = json.loads(out.read_text())
@@ -282,8 +311,9 @@ def main() -> None:
         result = {
             "meta": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
                      "model": args.model, "steps": args.steps, "rounds": args.rounds,
-                     "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg": os.getloadavg(), **precision},
-            "summary": combined, "per_round": per_round, "steps": raw_steps,
+                     "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg": os.getloadavg(), **precision,
+                     "model_dir": str(model), "rows": 16, "peak_file": str(peak_file)},
+            "summary": combined, "per_round": per_round, "steps": raw_steps, "metrics": metric_rows,
         }
         out.write_text(json.dumps(result, indent=1))
         return combined
@@ -299,6 +329,8 @@ def main() -> None:
                 continue
             summary[name] = summarize(raw)
             raw_steps.setdefault(name, []).append(_steps(raw))
+            if raw["framework"] != "trl":
+                metric_rows.setdefault(name, []).append(raw["steps"])
             print(f"vs_trl: {name} round {rnd + 1}: step {summary[name]['step_s']:.1f}s "
                   f"(gen {summary[name]['gen_s']:.1f}s, train {summary[name]['train_s']:.1f}s)", flush=True)
             save()  # partial results survive an interrupted run
@@ -306,6 +338,7 @@ def main() -> None:
     print()
     print(precision_lines(precision))
     print(table(combined))
+    print_bounds(json.loads(out.read_text()), peak_file)
     print(f"\nvs_trl: wrote {out} (raw per-run JSON and logs in {runs_dir})")
 
 
