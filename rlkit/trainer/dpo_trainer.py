@@ -20,7 +20,7 @@ from rlkit.data.preference import split_sides
 from rlkit.protocol import Batch
 from rlkit.trainer.sft_trainer import SFTTrainer, SFTWorkers, build_sft_workers
 from rlkit.trainer.step_metrics import reduce_worker_metrics
-from rlkit.workers.micro_batch import MicroBatching, balance_across_ranks
+from rlkit.workers.micro_batch import MicroBatching
 
 
 def dpo_role(cfg: DPOConfig, model_path: str, ref_path: str, total_steps: int) -> ClassWithInitArgs:
@@ -66,12 +66,8 @@ class DPOTrainer(SFTTrainer):
     # ------------------------------------------------------------------ step
     def run_step(self) -> dict[str, float]:
         w = self.workers
-        w.set_step(self.global_step)
-        # 1. the next train_batch_size pairs (one row each: chosen ++ rejected), epoch after epoch, resumable
-        batch = next(self.stream)
-        # 2. equal token counts per worker
-        if self.cfg.trainer.balance_batch:
-            batch.reorder(balance_across_ranks(batch, w.world_size))
+        # 1-2. the next train_batch_size pairs (one row each: chosen ++ rejected), balanced over the workers
+        batch = self.next_balanced_batch()
         # 3. the frozen reference's log-probs of both completions
         start = time.perf_counter()
         batch = batch.union(w.model.compute_ref_log_prob(batch))

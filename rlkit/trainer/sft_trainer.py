@@ -17,6 +17,7 @@ from typing import Any
 from rlkit.config.sft_load import thinking_default, world_size
 from rlkit.config.sft_schema import SFTConfig
 from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, WorkerGroupView
+from rlkit.protocol import Batch
 from rlkit.trainer.rollout_source import PromptStream
 from rlkit.trainer.step_metrics import reduce_worker_metrics
 from rlkit.trainer.trainer_base import TrainerBase
@@ -119,14 +120,19 @@ class SFTTrainer(TrainerBase):
         return build_sft_workers(self.cfg, self.model_path, self.total_steps)
 
     # ------------------------------------------------------------------ step
+    def next_balanced_batch(self) -> Batch:
+        """Phases 1-2 of a step, shared with DPO: the next train_batch_size rows of the stream (epoch after
+        epoch, resumable), reordered so each worker gets an equal token count; the step travels with the calls."""
+        self.workers.set_step(self.global_step)
+        batch = next(self.stream)
+        if self.cfg.trainer.balance_batch:
+            batch.reorder(balance_across_ranks(batch, self.workers.world_size))
+        return batch
+
     def run_step(self) -> dict[str, float]:
         w = self.workers
-        w.set_step(self.global_step)
-        # 1. the next train_batch_size conversations (epoch after epoch, resumable)
-        batch = next(self.stream)
-        # 2. equal token counts per worker (each gets train_batch_size / workers rows)
-        if self.cfg.trainer.balance_batch:
-            batch.reorder(balance_across_ranks(batch, w.world_size))
+        # 1-2. the next train_batch_size conversations, balanced over the workers
+        batch = self.next_balanced_batch()
         # 3. one optimizer step: token cross-entropy over the assistant tokens, the shared update loop
         start = time.perf_counter()
         out = w.model.train_batch(batch)

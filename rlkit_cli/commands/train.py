@@ -104,9 +104,9 @@ def _train(algo: str | None, overrides: list[str], config: Path | None, config_p
     from rlkit.config.load import to_yaml
     from rlkit.trainer.launch import LaunchOptions, print_table, resource_plan, run_training
     from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.trainers import TRAINERS
 
     overrides = list(overrides or [])
-    from rlkit.trainer.trainers import TRAINERS
 
     if algo in TRAINERS:  # sft, dpo: a trainer of its own, not an RL preset
         if debug:
