@@ -211,6 +211,7 @@ def measured_rates(
     isa: CpuIsa | None = None,
     cache_dir: str | Path | None = None,
     measure_fn: Callable[[int], tuple[float, float]] = measure,
+    load_fn: Callable[[], float] = lambda: os.getloadavg()[0],
 ) -> PrecisionChoice:
     """This machine's fp32 and bf16 matmul rates at `threads` (cached per machine, measured if absent) and the
     dtype they decide, whatever the override says: `perf/mfu` divides by the rate of the dtype in use."""
@@ -218,24 +219,41 @@ def measured_rates(
     threads = threads or torch.get_num_threads()
     path, key = cache_path(cache_dir), cache_key(isa, threads)
     hit = _read(path).get(key)
-    if hit:
+    if hit and not _remeasure(hit, load_fn()):
         return decide(hit["fp32_gflops"], hit["bf16_gflops"], isa, threads, "cached")
     try:
         with _locked(path):
             hit = _read(path).get(key)  # another process may have measured while this one waited
-            if hit:
+            load = load_fn()
+            if hit and not _remeasure(hit, load):
                 return decide(hit["fp32_gflops"], hit["bf16_gflops"], isa, threads, "cached")
-            choice = decide(*measure_fn(threads), isa, threads, "measured")
-            _store(path, key, choice)
+            fp32, bf16 = measure_fn(threads)
+            if hit:  # a rate is what the machine can do: keep the best of a busy and a quieter measurement
+                fp32, bf16 = max(fp32, hit["fp32_gflops"]), max(bf16, hit["bf16_gflops"])
+            choice = decide(fp32, bf16, isa, threads, "measured")
+            _store(path, key, choice, load)
     except OSError as exc:  # a read-only home: measure in every process rather than fail the run
         log.warning("precision cache %s not writable (%s); measuring without it", path, exc)
         choice = decide(*measure_fn(threads), isa, threads, "measured")
     return choice
 
 
-def _store(path: Path, key: str, choice: PrecisionChoice) -> None:
+def _busy(load: float) -> bool:
+    """More runnable threads than cores: a matmul timed now measures the sharing, not the CPU."""
+    return load > (os.cpu_count() or 1)
+
+
+def _remeasure(hit: dict, load: float) -> bool:
+    """A cached rate measured on a busy machine (perf/mfu would divide by a fraction of the real peak) is measured
+    again once the load has fallen to half of what it was and below the core count; the better rates are kept."""
+    then = hit.get("load_avg")
+    return then is not None and _busy(then) and not _busy(load) and load < then / 2
+
+
+def _store(path: Path, key: str, choice: PrecisionChoice, load: float) -> None:
     data = _read(path)
     data[key] = {k: v for k, v in asdict(choice).items() if k in ("fp32_gflops", "bf16_gflops", "dtype", "isa")}
+    data[key]["load_avg"] = round(load, 2)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)

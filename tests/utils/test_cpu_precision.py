@@ -5,6 +5,7 @@ per-machine cache and the override; one real (tiny) measurement."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -71,6 +72,20 @@ def test_choose_measures_once_per_machine_and_thread_count(tmp_path, monkeypatch
     monkeypatch.setenv(cp.CACHE_ENV, str(tmp_path))  # the cache dir from the environment
     assert cp.cache_path() == tmp_path / cp.CACHE_FILE
     assert cp.choose(8, isa, measure_fn=fake_measure).reason == "cached"
+
+
+def test_a_rate_measured_on_a_busy_machine_is_measured_again_when_quieter(tmp_path):
+    """perf/mfu divides by the cached rate: one timed while other work shared the cores would flatter every run
+    after it, so it is re-measured once the load has fallen, keeping the better of the two."""
+    isa, busy, quiet = cp.read_isa(AMX, "AVX512"), 4.0 * (os.cpu_count() or 1), 0.2
+    rates = iter([(40.0, 180.0), (190.0, 800.0)])
+    first = cp.measured_rates(2, isa, tmp_path, lambda t: next(rates), load_fn=lambda: busy)
+    assert (first.reason, first.bf16_gflops) == ("measured", 180.0)
+    assert cp.measured_rates(2, isa, tmp_path, lambda t: (0.0, 0.0), load_fn=lambda: busy).reason == "cached"
+    again = cp.measured_rates(2, isa, tmp_path, lambda t: next(rates), load_fn=lambda: quiet)
+    assert (again.reason, again.fp32_gflops, again.bf16_gflops) == ("measured", 190.0, 800.0)
+    worse = cp.measured_rates(2, isa, tmp_path, lambda t: (1.0, 1.0), load_fn=lambda: quiet)
+    assert (worse.reason, worse.bf16_gflops) == ("cached", 800.0)  # measured when quiet: trusted from now on
 
 
 def test_override_env_skips_the_measurement(tmp_path, monkeypatch):
