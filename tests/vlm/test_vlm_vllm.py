@@ -100,7 +100,7 @@ def test_engine_reads_the_images_and_matches_the_trainer_after_a_sync(setup):
                                              .non_tensors[MODEL_INPUTS]), banned)
     for i in range(len(out)):
         got = out["rollout_log_probs"][i][mask[i]]
-        torch.testing.assert_close(got, want[i], atol=1e-4, rtol=0)
+        torch.testing.assert_close(got, want[i], atol=1e-5, rtol=0)
         if rows_images[i] and len(got) > 1:  # other pictures, other log-probs: the engine used these ones
             assert not torch.allclose(got, other[i], atol=1e-3)
 
@@ -121,6 +121,6 @@ def test_engine_reads_the_images_and_matches_the_trainer_after_a_sync(setup):
     with_all = plain_log_probs(trained, out, list(out.non_tensors[MODEL_INPUTS]), banned, full_vocabulary=True)
     for i in range(len(out)):
         got = out["rollout_log_probs"][i][mask[i]]
-        torch.testing.assert_close(got, without[i], atol=1e-4, rtol=0)
+        torch.testing.assert_close(got, without[i], atol=1e-5, rtol=0)
         torch.testing.assert_close(full[i][mask[i]], with_all[i], atol=1e-5, rtol=0)
     assert ENGINE_INPUTS in out.non_tensors
