@@ -139,4 +139,9 @@ class Idefics3ImagePrompt(ImagePrompt):
 
 def image_prompt(tokenizer: Any, processor: Any) -> ImagePrompt:
     """The family entry for `processor` (what `load_image_processor` returned for the model folder)."""
-    return IMAGE_PROMPTS.get(type(processor).__name__)(tokenizer, processor)
+    name = type(processor).__name__
+    if name not in IMAGE_PROMPTS:
+        raise UserError(f"the model's processor {name} is of no vision-language family rlkit knows "
+                        f"({', '.join(IMAGE_PROMPTS.names())}); use a Qwen2-VL/Qwen2.5-VL or Idefics3 (SmolVLM) "
+                        "model, or register its family in rlkit.data.image_prompts.IMAGE_PROMPTS (docs/vlm.md)")
+    return IMAGE_PROMPTS.get(name)(tokenizer, processor)
