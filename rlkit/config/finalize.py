@@ -43,6 +43,7 @@ def derive(cfg: RLConfig) -> None:
     if data.seed is None:
         data.seed = DEFAULT_DATA_SEED
     rollout.batch_rows = min(rollout.max_num_seqs, data.gen_batch_size * rollout.n)
+    rollout.mm_processor_kwargs = dict(data.mm_processor_kwargs)  # the engine processes images as the trainer does
     actor = cfg.actor_rollout_ref.actor
     if actor.clip_ratio_low is None:
         actor.clip_ratio_low = actor.clip_ratio

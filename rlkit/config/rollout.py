@@ -34,6 +34,7 @@ RESERVED_VLLM_KWARGS = {
     "enable_sleep_mode": "the engine sleeps between rollouts (actor_rollout_ref.rollout.free_cache_engine)",
     "skip_tokenizer_init": "rlkit generates token ids in, token ids out",
     "logprobs_mode": "rollout log-probs must be the sampling distribution's (processed_logprobs)",
+    "mm_processor_kwargs": "data.mm_processor_kwargs: the engine's image processor has the trainer's settings",
 }
 LORA_SYNC_MODES = ("merge", "native")
 
@@ -88,6 +89,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5  # vLLM on GPU: fraction of device memory for weights + KV cache
     kv_cache_memory_mb: int | None = None  # vLLM on CPU: KV-cache size; null -> sized from batch_rows x model_len
     batch_rows: int = 64  # most sequences an engine holds at once (set from data.train_batch_size x n, max_num_seqs)
+    mm_processor_kwargs: dict = field(default_factory=dict)  # VLM image settings (set from data.mm_processor_kwargs)
     max_num_seqs: int = 64  # vLLM scheduler batch; HF micro-batch size
     max_num_batched_tokens: int | None = None  # None -> vLLM's default
     enable_chunked_prefill: bool = True  # vLLM: split long prefills into chunks batched with decodes

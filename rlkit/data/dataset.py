@@ -16,14 +16,8 @@ import numpy as np
 import pyarrow as pa
 
 from rlkit.data.collation import collate
-from rlkit.data.images import (
-    ENGINE_INPUTS,
-    MODEL_INPUTS,
-    VisionTokens,
-    decode_image,
-    process_images,
-    with_image_parts,
-)
+from rlkit.data.image_prompts import image_prompt
+from rlkit.data.images import ENGINE_INPUTS, MODEL_INPUTS, decode_image, with_image_parts
 from rlkit.data.schema import data_columns, ensure_valid, read_table
 from rlkit.data.truncation import TRUNCATION
 from rlkit.errors import UserError
@@ -72,8 +66,9 @@ class RLDataset:
     Images (rlkit/data/images.py): a row's `image_key` column (verl's `images`) lists its images and its prompt
     has one `<image>` per image; with an `image_processor` (the VLM's) each such row carries
     `multi_modal_data` ({"image": [PIL images]}, what the rollout engine reads) and `multi_modal_inputs`
-    (the processor's `pixel_values`, `image_grid_thw`: what the trained model reads), and its ids hold each
-    image's pad token widened to its merged patches. Rows without images carry empty ones.
+    (the processor's tensors, e.g. `pixel_values`, `image_grid_thw`: what the trained model reads), and its ids
+    hold each image's token widened as the model's family does it (rlkit/data/image_prompts.py). Rows without
+    images carry empty ones.
     """
 
     def __init__(
@@ -114,7 +109,7 @@ class RLDataset:
         self.pad_token_id = pad_token_id(tokenizer)
         self.image_key = image_key
         self.image_processor = image_processor
-        self._vision = VisionTokens.of(tokenizer, image_processor) if image_processor is not None else None
+        self._vision = image_prompt(tokenizer, image_processor) if image_processor is not None else None
 
         self._ids: list[np.ndarray] = []
         self._columns: dict[str, list[Any]] = {}
@@ -160,10 +155,10 @@ class RLDataset:
         else:
             rendered = [with_image_parts(m, len(im), f"{path} row {r}, column '{self.prompt_key}'")
                         for r, (m, im) in enumerate(zip(messages, images, strict=True))]
-            inputs = [process_images(self.image_processor, im) for im in images]
             assert self._vision is not None
-            ids = [self._vision.expand(seq, x["image_grid_thw"], f"{path} row {r}") if x else seq
-                   for r, (seq, x) in enumerate(zip(self._tokenize(rendered, path), inputs, strict=True))]
+            prepared = [self._vision.prepare(seq, im, f"{path} row {r}")
+                        for r, (seq, im) in enumerate(zip(self._tokenize(rendered, path), images, strict=True))]
+            ids, inputs = [p[0] for p in prepared], [p[1] for p in prepared]
             vision = {ENGINE_INPUTS: [{"image": im} if im else {} for im in images], MODEL_INPUTS: inputs}
         keep: list[int] = []
         dropped = 0

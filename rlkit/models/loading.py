@@ -277,17 +277,30 @@ def load_tokenizer(path: str | Path, padding_side: str = "left") -> Any:
 
 def load_image_processor(path: str | Path, settings: dict | None = None) -> Any:
     """A vision-language model's image processor (`settings`, e.g. min_pixels/max_pixels, over its folder's), or
-    None for a text model."""
+    None for a text model. A family registered in `IMAGE_PROMPTS` under its full processor's class (Idefics3) gets
+    that processor: its prompt expansion reads the processor's settings (`image_seq_len`)."""
     from transformers import AutoConfig, AutoImageProcessor
 
+    from rlkit.data.image_prompts import IMAGE_PROMPTS
     from rlkit.models.vision import is_vision_model
 
     if not is_vision_model(AutoConfig.from_pretrained(str(path))):
         if settings:
             raise UserError(f"data.mm_processor_kwargs is set but {path} is a text model; remove it")
         return None
-    processor = AutoImageProcessor.from_pretrained(str(path), **(settings or {}))
-    return processor
+    if _full_processor_class(path) in IMAGE_PROMPTS:  # a family whose prompt expansion reads the full processor
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(str(path), **(settings or {}))
+    return AutoImageProcessor.from_pretrained(str(path), **(settings or {}))
+
+
+def _full_processor_class(path: str | Path) -> str | None:
+    """The processor class a folder's `processor_config.json` names (None without one)."""
+    file = Path(path) / "processor_config.json"
+    if not file.is_file():
+        return None
+    return json.loads(file.read_text()).get("processor_class")
 
 
 def load_causal_lm(path: str | Path, dtype: Any = "float32", device: Any = "cpu") -> Any:

@@ -1,21 +1,22 @@
 """What a vision-language model's forward reads besides the tokens: the images' pixel patches and grids, and, for
 the Qwen2-VL family, 3-D rotary positions (temporal, height, width) that place each image token on its grid.
 
-The dataset carries each row's processor output (`multi_modal_inputs`: `pixel_values` (patches, dim),
-`image_grid_thw` (images, 3)); `batch_images` joins a micro-batch's in row order, which is the order their
-image tokens take in the padded rows and in the packed row alike (packing keeps every valid token, rows in
-order). `rope_positions` computes the positions with the model's own `get_rope_index` from the token ids,
+The dataset carries each row's processor output (`multi_modal_inputs`; Qwen: `pixel_values` (patches, dim),
+`image_grid_thw` (images, 3); Idefics3: `pixel_values` (tiles, 3, H, W), `pixel_attention_mask` (tiles, H, W));
+`batch_images` joins a micro-batch's in row order (in the layout the family's forward reads), which is the
+order their image tokens take in the padded rows and in the packed row alike (packing keeps every valid token,
+rows in order). `rope_positions` computes the positions with the model's own `get_rope_index` from the token ids,
 the mask and the grids, so the rollout, the log-prob passes and the update see the same ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+from rlkit.registry import Registry
 
 
 def is_vision_model(config: Any) -> bool:
@@ -60,12 +61,34 @@ def freeze_vision_tower(model: torch.nn.Module) -> int:
     return frozen
 
 
-def batch_images(rows: Sequence[Any] | None) -> dict[str, torch.Tensor]:
-    """The rows' processor outputs joined in row order (empty when no row has an image)."""
+IMAGE_BATCH_LAYOUTS: Registry[Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]] = Registry(
+    "image batch layout (model_type)")  # a family whose forward reads the joined images in another layout
+
+
+@IMAGE_BATCH_LAYOUTS.register("idefics3", "smolvlm")
+def _one_batch_of_images(images: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Idefics3's forward reads (batch, images, ...) and drops all-zero padding images: one batch of them all."""
+    return {k: v.unsqueeze(0) for k, v in images.items()}
+
+
+def batch_images(rows: Sequence[Any] | None, config: Any = None) -> dict[str, torch.Tensor]:
+    """The rows' processor outputs (each tensor with images or patches on dim 0) joined in row order, laid out
+    as the forward of `config`'s family reads them (empty when no row has an image)."""
     parts = [r for r in (rows if rows is not None else []) if r]
     if not parts:
         return {}
-    return {key: torch.cat([p[key] for p in parts]) for key in IMAGE_KEYS}
+    joined = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+    model_type = getattr(config, "model_type", None)
+    return IMAGE_BATCH_LAYOUTS.get(model_type)(joined) if model_type in IMAGE_BATCH_LAYOUTS else joined
+
+
+def model_config(module: torch.nn.Module) -> Any:
+    """The HF config of a model, under whatever wraps it (LoRA, FSDP), or None."""
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if config is not None and hasattr(config, "model_type"):
+            return config
+    return None
 
 
 def _rope_owner(module: torch.nn.Module) -> Any:

@@ -31,7 +31,7 @@ from rlkit.config.rollout import RolloutConfig
 from rlkit.data.images import MODEL_INPUTS
 from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids, torch_dtype
 from rlkit.models.moe_router import RouteRecorder
-from rlkit.models.vision import batch_images, causal_lm_class, placeholder_token_ids
+from rlkit.models.vision import batch_images, causal_lm_class, placeholder_token_ids, uses_rope_positions
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output, engine_dtype
 from rlkit.utils.memory_peak import rss_bytes
@@ -156,7 +156,7 @@ class HFRollout(RolloutBackend):
                     sampling,
                     stop_ids,
                     record_routes=routes is not None,
-                    images=batch_images(images[part] if images is not None else None),
+                    images=batch_images(images[part] if images is not None else None, self.model.config),
                 )
                 keep = stop_mask(ids, stop_ids)
                 n = ids.shape[1]
@@ -215,7 +215,8 @@ class HFRollout(RolloutBackend):
         extra = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}  # sampling done by `processors`
         if images:  # which tokens are image pads: the model places its 3-D rotary positions from them
             extra.update({k: v.to(self.device) for k, v in images.items()})
-            extra["mm_token_type_ids"] = (input_ids == self.model.config.image_token_id).int()
+            if uses_rope_positions(self.model):
+                extra["mm_token_type_ids"] = (input_ids == self.model.config.image_token_id).int()
         recording = self.route_recorder.recording() if record_routes else contextlib.nullcontext()
         with recording:
             out = self.model.generate(

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from rlkit.config.rollout import RolloutConfig
+from rlkit.data.images import ENGINE_INPUTS
 from rlkit.errors import UserError
 from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids
 from rlkit.protocol import Batch
@@ -45,6 +46,7 @@ from rlkit.rollout.vllm_compat import (
     restore_kv_cache,
     unique_cpu_shm_names,
 )
+from rlkit.rollout.vllm_images import EngineImages, refuse_unloadable_vlm
 from rlkit.utils.memory_peak import rss_bytes
 from rlkit.utils.vllm_env import prepare_vllm_env
 
@@ -162,6 +164,7 @@ class VLLMRollout(RolloutBackend):
 
         self.config = config
         self.stop_ids, self.pad_id = special_token_ids(model_path, tokenizer)
+        self.images = EngineImages.of(model_path, config.mm_processor_kwargs)  # None for a text model
         self.weight_names = WeightNames.from_folder(model_path)
         self.on_cpu = current_platform.is_cpu()
         self.dtype = engine_dtype(config.dtype, on_gpu=not self.on_cpu)
@@ -177,7 +180,7 @@ class VLLMRollout(RolloutBackend):
             enable_prefix_caching=config.enable_prefix_caching,
             disable_log_stats=config.disable_log_stats,
             load_format=vllm_load_format(config.load_format),
-            skip_tokenizer_init=True,  # token ids in, token ids out
+            skip_tokenizer_init=self.images is None,  # token ids in, token ids out (vLLM's image processor needs it)
             logprobs_mode="processed_logprobs",
             use_tqdm_on_load=use_load_bars(),  # one bar per engine and per weight reload otherwise (RLKIT_VERBOSE)
         )
@@ -190,6 +193,8 @@ class VLLMRollout(RolloutBackend):
         else:
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = True
+        if self.images is not None and config.mm_processor_kwargs:
+            kwargs["mm_processor_kwargs"] = dict(config.mm_processor_kwargs)
         check_vllm_kwargs(config.vllm_kwargs)
         kwargs.update(config.vllm_kwargs)  # the user's (checked: none of the keys rlkit must set)
         kwargs.update(engine_kwargs or {})
@@ -199,7 +204,7 @@ class VLLMRollout(RolloutBackend):
             unique_cpu_shm_names()
         logging.getLogger("vllm.renderers.base").addFilter(_CHAT_WARMUP_FILTER)  # added once
         logging.getLogger("vllm.v1.worker.cpu_worker").addFilter(_CPU_SLEEP_FILTER)
-        with _keep_global_rng():
+        with _keep_global_rng(), refuse_unloadable_vlm(self.images is not None, model_path):
             self.llm = vllm.LLM(**kwargs)
         keep_world_group_on_close(self.llm)
         hf_config = self.llm.llm_engine.model_config.hf_config
@@ -223,6 +228,7 @@ class VLLMRollout(RolloutBackend):
             logprobs=0 if sampling.calculate_log_probs else None,
             detokenize=False,
             seed=seed,
+            logit_bias=self.images.never_sampled if self.images is not None else None,
         )
 
     def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:
@@ -233,6 +239,8 @@ class VLLMRollout(RolloutBackend):
                                "EngineLifecycle wakes it (weights, load, KV cache) before generating")
         ids, attn = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
         requests = [TokensPrompt(prompt_token_ids=row[keep].tolist()) for row, keep in zip(ids, attn)]
+        if self.images is not None:  # the rendered prompt (one image token per image) and its images
+            requests = self.images.requests(requests, prompts.non_tensors.get(ENGINE_INPUTS))
         if sampling.seed is None:
             params = self._sampling_params(sampling, None)
         else:  # one seed per row, or the n copies of a prompt would be identical samples
@@ -273,7 +281,7 @@ class VLLMRollout(RolloutBackend):
             )
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Stream full HF-named tensors into the model runner, then drop the prefix cache (stale KV).
+        """Stream full HF-named tensors into the model runner, then drop the stale caches (`_drop_caches`).
 
         Consumes `named_tensors` lazily (a bucketed generator is never materialised here); names
         and shapes are checked against the model folder and any mismatch raises after the load.
@@ -288,9 +296,16 @@ class VLLMRollout(RolloutBackend):
             if self.repack_moe_after_sync:
                 self.llm.collective_rpc(repack_cpu_moe_experts)
         finally:
-            self.llm.reset_prefix_cache()
+            self._drop_caches()
         self.last_update = stream.finish()
         return int(self.last_update["bytes"])
+
+    def _drop_caches(self) -> None:
+        """After new weights: the prefix cache's KV and, for a VLM, the vision tower's cached image features are
+        stale (vLLM reuses an image's encoder output across requests by the image's hash)."""
+        self.llm.reset_prefix_cache()
+        if self.images is not None:
+            self.llm.llm_engine.reset_encoder_cache()
 
     def load_adapter(self, peft_config: dict, tensors: dict[str, torch.Tensor]) -> int:
         """LoRA, `rollout.lora_sync=native`: later generations use this adapter on the base weights the engine
@@ -315,7 +330,7 @@ class VLLMRollout(RolloutBackend):
             with contextlib.suppress(Exception):  # never loaded (no generation since): nothing to remove
                 self.llm.llm_engine.remove_lora(old.lora_int_id)
             shutil.rmtree(old.lora_path, ignore_errors=True)
-        self.llm.reset_prefix_cache()
+        self._drop_caches()
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     # ------------------------------------------------------------ sleep / wake

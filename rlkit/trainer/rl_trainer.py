@@ -64,9 +64,9 @@ class RLTrainer(TrainerBase):
         self.model_path = str(resolve_model_path(cfg.actor_rollout_ref.model.path))
         self.tokenizer = load_tokenizer(self.model_path)
         d = cfg.data
+        self.image_processor = load_image_processor(self.model_path, d.mm_processor_kwargs)  # None: a text model
         dataset_keys = dict(filter_overlong_prompts=d.filter_overlong_prompts, return_raw_chat=d.return_raw_chat,
-                            image_key=d.image_key,
-                            image_processor=load_image_processor(self.model_path, d.mm_processor_kwargs))
+                            image_key=d.image_key, image_processor=self.image_processor)
         self.train_set = RLDataset(d.train_files, self.tokenizer, d.max_prompt_length, d.truncation, d.prompt_key,
                                    max_samples=d.train_max_samples, **dataset_keys)
         # a loader batch is one generation batch: train_batch_size prompts, or gen_batch_size with dynamic sampling
@@ -275,6 +275,8 @@ class RLTrainer(TrainerBase):
         if self.workers.critic is not None:
             self.workers.critic.save_checkpoint(str(folder / "critic"))
         self.tokenizer.save_pretrained(folder / "actor" / "tokenizer")
+        if self.image_processor is not None:  # what `rlkit train export` copies for AutoProcessor
+            self.image_processor.save_pretrained(folder / "actor" / "tokenizer")
 
     def required_files(self) -> list[str]:
         files = ["actor/.metadata", "actor/hf_config/config.json"]

@@ -29,12 +29,14 @@ import torch
 from rlkit.algo.dapo import dynamic_sampling_filter
 from rlkit.algo.run_needs import run_needs
 from rlkit.config.schema import RLConfig
+from rlkit.data.images import ENGINE_INPUTS, MODEL_INPUTS
 from rlkit.protocol import Batch
 from rlkit.registry import Registry
 from rlkit.rollout.lifecycle import call_seed
 from rlkit.trainer.step_result import Timer
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
+IMAGE_INPUTS = (MODEL_INPUTS, ENGINE_INPUTS)  # a rollout engine generates from the images as the trainer sees them
 
 
 def repeat_with_uids(prompts: Batch, n: int) -> Batch:
@@ -82,12 +84,15 @@ class RolloutContext:
     tokenizer: Any
 
     def rollout_keys(self, gen: Batch) -> list[str]:
-        """Prompt tensors; with multi-turn also the raw messages and tool/interaction kwargs the agent loop reads."""
+        """Prompt tensors and, for a vision-language batch, the rows' images (the HF engine reads the processor's
+        tensors, vLLM the pictures); with multi-turn also the raw messages and tool/interaction kwargs the agent
+        loop reads."""
+        keys = PROMPT_KEYS + [k for k in IMAGE_INPUTS if k in gen.non_tensors]
         if not self.cfg.actor_rollout_ref.rollout.multi_turn.enable:
-            return PROMPT_KEYS
+            return keys
         from rlkit.rollout.agent_rollout import agent_input_keys
 
-        return PROMPT_KEYS + agent_input_keys(gen)
+        return keys + [k for k in agent_input_keys(gen) if k not in keys]
 
 
 class GreedyBaseline:

@@ -6,6 +6,7 @@ group or a cluster (`rlkit train export`, the evaluator).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -18,6 +19,8 @@ from rlkit.models.lora import (
     save_adapter_folder,
 )
 
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "chat_template.jinja")
+
 
 def export_hf(
     checkpoint_actor_dir: Path, out_dir: Path, tokenizer_dir: Path | None = None, adapter_only: bool = False
@@ -27,7 +30,10 @@ def export_hf(
     A LoRA checkpoint (it holds the adapter only) is merged into its base model; `adapter_only`
     writes the PEFT adapter folder instead (`PeftModel.from_pretrained(base, out_dir)` loads it)."""
     import torch.distributed.checkpoint as dcp
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import transformers
+    from transformers import AutoConfig
+
+    from rlkit.models.vision import causal_lm_class
 
     lora_info = read_lora_info(checkpoint_actor_dir)
     if adapter_only and lora_info is None:
@@ -40,7 +46,8 @@ def export_hf(
         export_lora(checkpoint_actor_dir, out_dir, lora_info, adapter_only)
     else:
         config = AutoConfig.from_pretrained(checkpoint_actor_dir / "hf_config")
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        auto = getattr(transformers, causal_lm_class(config))  # a VLM's is the image-text class
+        model = auto.from_config(config, dtype=torch.float32)
         state = {"model": model.state_dict()}
         dcp.load(state, checkpoint_id=str(checkpoint_actor_dir), no_dist=True)
         model.load_state_dict(state["model"])
@@ -49,6 +56,9 @@ def export_hf(
         from transformers import AutoTokenizer
 
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
+        for name in PROCESSOR_FILES:  # a VLM's processor, saved beside the tokenizer by the trainer
+            if (tokenizer_dir / name).is_file():
+                shutil.copyfile(tokenizer_dir / name, out_dir / name)
     return out_dir
 
 
@@ -56,8 +66,11 @@ def export_lora(checkpoint_actor_dir: Path, out_dir: Path, lora_info: dict, adap
     """The adapter of a LoRA checkpoint on its base model (`lora.json` names both): merged HF folder, or the
     PEFT adapter folder alone."""
     import torch.distributed.checkpoint as dcp
+    import transformers
     from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from rlkit.models.vision import causal_lm_class
 
     base = lora_info["base_model"]
     if not Path(base).is_dir():
@@ -65,7 +78,8 @@ def export_lora(checkpoint_actor_dir: Path, out_dir: Path, lora_info: dict, adap
             f"the checkpoint's base model {base} is not a folder here; the LoRA checkpoint holds only "
             "the adapter, so export needs the base it was trained on"
         )
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    auto = getattr(transformers, causal_lm_class(AutoConfig.from_pretrained(base)))
+    model = auto.from_pretrained(base, dtype=torch.float32)
     peft_model = get_peft_model(model, peft_config_from_dict(lora_info["peft_config"]))
     adapter = {k: v for k, v in model.state_dict().items() if ".lora_" in k}
     state = {"model": adapter}

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from rlkit.models.moe_router import RouterTap
-from rlkit.models.vision import batch_images, rope_positions, uses_rope_positions
+from rlkit.models.vision import batch_images, model_config, rope_positions, uses_rope_positions
 from rlkit.workers.packing import PackedRow, left_padding_start
 from rlkit.workers.ulysses import SequenceParallel
 
@@ -80,7 +80,7 @@ class ModelInputs:
     def with_images(self, module: torch.nn.Module, rows: list | None) -> ModelInputs:
         """These inputs with the rows' images (`multi_modal_inputs`, one per row, {} for none) and, for a model
         with 3-D rotary positions, those positions computed from the full rows (before any trimming/packing)."""
-        images = batch_images(rows)
+        images = batch_images(rows, model_config(module))
         extras = dict(self.extras)
         if uses_rope_positions(module):
             positions = rope_positions(module, self.input_ids, self.attention_mask, self.position_ids, images)

@@ -1,11 +1,13 @@
-"""The HF rollout generates from prompts with images (the rows' processor output); what it sampled has the
-trainer's log-probs of a plain transformers forward with the same images, and the engine's are those of the
-same distribution without the image pad tokens (never sampled: they stand for image features)."""
+"""The HF rollout generates from prompts with images (the rows' processor output), Qwen2.5-VL and Idefics3
+alike; what it sampled has the trainer's log-probs of a plain transformers forward with the same images, and the
+engine's are those of the same distribution without the image tokens (never sampled: they stand for image
+features)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import torch
 
 from data_prep.shapes import generate, make_row
@@ -15,6 +17,7 @@ from rlkit.data.dataset import RLDataset
 from rlkit.data.images import MODEL_INPUTS
 from rlkit.data.schema import arrow_schema
 from rlkit.models.loading import load_image_processor, load_tokenizer
+from rlkit.models.vision import batch_images, uses_rope_positions
 from rlkit.rollout.hf_rollout import HFRollout
 from rlkit.testing import save_tiny_vlm
 from rlkit.workers.fsdp_model import FSDPModel
@@ -26,8 +29,8 @@ def plain_log_probs(model, ids, mask, mm, response_length, banned):
     vocabulary, and without the `banned` ones."""
     keep = mask.bool()
     full = ids[keep].unsqueeze(0)
-    kwargs = dict(mm)
-    if mm:
+    kwargs = batch_images([mm], model.config)  # the row's images as the family's forward reads them
+    if mm and uses_rope_positions(model):
         kwargs["mm_token_type_ids"] = (full == model.config.image_token_id).int()
     with torch.no_grad():
         logits = model(input_ids=full, **kwargs).logits[0].float()
@@ -40,10 +43,11 @@ def plain_log_probs(model, ids, mask, mm, response_length, banned):
             torch.log_softmax(without, -1).gather(1, targets).squeeze(1))
 
 
-def test_hf_rollout_with_images_matches_the_trainer(tmp_path):
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "idefics3"])
+def test_hf_rollout_with_images_matches_the_trainer(tmp_path, family):
     from transformers import AutoModelForImageTextToText
 
-    path = save_tiny_vlm(tmp_path / "tiny")
+    path = save_tiny_vlm(tmp_path / "tiny", family=family)
     rows = [make_row(r, "train", i) for i, r in enumerate(generate("train", 4, ["count", "colour"], 0).records)]
     rows[3] = {**rows[3], "prompt": [{"role": "user", "content": "what colour is the shape ?"}], "images": []}
     pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema(images=True)), tmp_path / "d.parquet")
