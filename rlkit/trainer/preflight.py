@@ -82,13 +82,19 @@ def check_dataset(p: Preflight) -> None:
     """The data files load as the run's dataset does (schema, chat template, prompt lengths against
     data.max_prompt_length and data.truncation): the same error before Ray starts as the run's after."""
     from rlkit.data import RLDataset
-    from rlkit.models.loading import load_tokenizer
+    from rlkit.models.loading import load_image_processor, load_tokenizer
 
     d = p.cfg.data
     if p.model_dir is None or any(x.startswith("data.") for x in p.problems):
         return
     tokenizer = load_tokenizer(str(p.model_dir))
-    keys = dict(filter_overlong_prompts=d.filter_overlong_prompts, return_raw_chat=d.return_raw_chat)
+    try:  # a vision-language model's: rows with images load (and their placeholders are checked) as in the run
+        images = load_image_processor(str(p.model_dir), d.mm_processor_kwargs)
+    except UserError as exc:
+        p.problems.append(f"data.mm_processor_kwargs: {exc}")
+        return
+    keys = dict(filter_overlong_prompts=d.filter_overlong_prompts, return_raw_chat=d.return_raw_chat,
+                image_key=d.image_key, image_processor=images)
     for key, files, limit in (("data.train_files", d.train_files, d.train_max_samples),
                               ("data.val_files", d.val_files, d.val_max_samples)):
         if not files:

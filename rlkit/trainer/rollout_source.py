@@ -29,12 +29,14 @@ import torch
 from rlkit.algo.dapo import dynamic_sampling_filter
 from rlkit.algo.run_needs import run_needs
 from rlkit.config.schema import RLConfig
+from rlkit.data.images import ENGINE_INPUTS, MODEL_INPUTS
 from rlkit.protocol import Batch
 from rlkit.registry import Registry
 from rlkit.rollout.lifecycle import call_seed
 from rlkit.trainer.step_result import Timer
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
+IMAGE_INPUT_KEYS = (MODEL_INPUTS, ENGINE_INPUTS)  # a VLM row's processor output (HF engine), PIL images (vLLM)
 
 
 def repeat_with_uids(prompts: Batch, n: int) -> Batch:
@@ -82,12 +84,15 @@ class RolloutContext:
     tokenizer: Any
 
     def rollout_keys(self, gen: Batch) -> list[str]:
-        """Prompt tensors; with multi-turn also the raw messages and tool/interaction kwargs the agent loop reads."""
+        """Prompt tensors and each row's images (a vision-language batch: without them the engine would sample
+        blind, from the image pads' embeddings); with multi-turn also the raw messages and tool/interaction
+        kwargs the agent loop reads."""
+        keys = PROMPT_KEYS + [k for k in IMAGE_INPUT_KEYS if k in gen.non_tensors]
         if not self.cfg.actor_rollout_ref.rollout.multi_turn.enable:
-            return PROMPT_KEYS
+            return keys
         from rlkit.rollout.agent_rollout import agent_input_keys
 
-        return PROMPT_KEYS + agent_input_keys(gen)
+        return keys + agent_input_keys(gen)
 
 
 class GreedyBaseline:
