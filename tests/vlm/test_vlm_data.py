@@ -108,3 +108,21 @@ def test_geo3k_converts_a_local_copy_in_the_published_layout(tmp_path, processor
     assert row["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4]]  # 64x48 -> 56x56 (min_pixels)
     with pytest.raises(UserError, match="--source"):
         command(source=None, out=tmp_path / "none")
+
+
+def test_shapes_fill_shows_the_colour_in_every_image_token_and_fits_colour_questions_only(tmp_path):
+    import numpy as np
+    import typer
+
+    from data_prep.shapes import COLOURS
+    from data_prep.shapes import command as shapes
+
+    for record in generate("train", 8, ["colour"], seed=0, fill=True).records:
+        pixels = np.asarray(Image.open(io.BytesIO(make_row(record, "train", 0)["images"][0]["bytes"])))
+        colour = np.array(COLOURS[record["answer"]])
+        for qy in (0, 28):  # each 28x28 quadrant is one image token after the 2x2 merge of 14-px patches
+            for qx in (0, 28):
+                quadrant = pixels[qy:qy + 28, qx:qx + 28].reshape(-1, 3)
+                assert (quadrant == colour).all(-1).mean() > 0.15, (record, qy, qx)  # a triangle: ~0.23
+    with pytest.raises(typer.BadParameter, match="--questions colour only"):
+        shapes(out=tmp_path / "s", questions="count,colour", fill=True, train_size=2, test_size=2)

@@ -1,0 +1,58 @@
+"""What the trainer hands on for a vision-language run before any model runs: the rollout request carries each
+row's images (without them the engine samples blind, from the image pads' embeddings: GRPO then cannot learn
+to read the picture), and `rlkit train`'s pre-flight check loads image rows with the model's image processor
+(it once refused every image data set) and names a bad row."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data_prep.shapes import command as shapes
+from data_prep.shapes import generate, make_row
+from rlkit.data.dataset import RLDataset
+from rlkit.data.images import ENGINE_INPUTS, MODEL_INPUTS
+from rlkit.data.schema import arrow_schema
+from rlkit.errors import UserError
+from rlkit.models.loading import load_image_processor, load_tokenizer
+from rlkit.testing import save_tiny_vlm
+from rlkit.trainer.preflight import preflight
+from rlkit.trainer.rollout_source import PROMPT_KEYS, RolloutContext, repeat_with_uids
+from rlkit.trainer.run_config import load_config
+from tests.trainer.conftest import toy_overrides
+
+
+@pytest.fixture(scope="module")
+def vlm_and_shapes(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vlm_inputs")
+    shapes(out=tmp / "shapes", questions="colour", fill=True, train_size=8, test_size=4)
+    return save_tiny_vlm(tmp / "vlm"), tmp / "shapes"
+
+
+def test_the_rollout_request_carries_each_rows_images(vlm_and_shapes, tmp_path):
+    model, data = vlm_and_shapes
+    cfg = load_config("grpo", toy_overrides(data, model, tmp_path))
+    prompts = RLDataset(data / "train.parquet", load_tokenizer(model), 32,
+                        image_processor=load_image_processor(model)).get_batch(range(4))
+    gen = repeat_with_uids(prompts, 2)
+    ctx = RolloutContext(cfg, workers=None, reward_fn=None, prompts=None, step=lambda: 1, total_steps=1,
+                         model_path=str(model), tokenizer=None)
+    request = gen.select(ctx.rollout_keys(gen))
+    assert request.keys() == [*PROMPT_KEYS, MODEL_INPUTS, ENGINE_INPUTS]
+    for i in range(len(gen)):  # row i's images are the ones of the prompt it repeats
+        ours, theirs = request.non_tensors[MODEL_INPUTS][i], prompts.non_tensors[MODEL_INPUTS][i // 2]
+        assert ours["pixel_values"].equal(theirs["pixel_values"])
+    text = gen.select(PROMPT_KEYS)
+    assert ctx.rollout_keys(text) == PROMPT_KEYS
+
+
+def test_preflight_loads_image_rows_and_names_a_bad_one(vlm_and_shapes, tmp_path):
+    model, data = vlm_and_shapes
+    preflight(load_config("grpo", toy_overrides(data, model, tmp_path / "ok")))
+
+    rows = [make_row(r, "train", i) for i, r in enumerate(generate("train", 2, ["colour"], 0).records)]
+    rows[1]["images"] = [{"bytes": b"not an image", "path": None}]
+    pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema(images=True)), tmp_path / "train.parquet")
+    with pytest.raises(UserError, match=r"train.parquet row 1, column 'images' image 0: image cannot be decoded"):
+        preflight(load_config("grpo", toy_overrides(tmp_path, model, tmp_path / "bad")))
