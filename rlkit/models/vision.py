@@ -11,7 +11,8 @@ the mask and the grids, so the rollout, the log-prob passes and the update see t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -119,3 +120,42 @@ def rope_positions(module: torch.nn.Module, input_ids: torch.Tensor, attention_m
     rope, _ = owner.get_rope_index(input_ids, mm_token_type_ids=types, image_grid_thw=grid.to(input_ids.device),
                                    attention_mask=attention_mask)
     return torch.cat([position_ids.unsqueeze(0), rope.to(position_ids.dtype)])
+
+
+def gatherable_images(config: Any) -> bool:
+    """Whether a micro-batch's joined images of this family can be joined again across ranks (sequence
+    parallelism): those joined on dim 0 as they are (Qwen2-VL family), not a family with a batch layout."""
+    return getattr(config, "model_type", None) not in IMAGE_BATCH_LAYOUTS
+
+
+TEXT_MODELS = ("language_model", "text_model")  # Qwen2-VL family / Gemma3 / LLaVA; Idefics3/SmolVLM
+
+
+def text_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The language model inside a VLM: what reads the merged (token + image feature) embeddings."""
+    for sub in model.modules():
+        for name in TEXT_MODELS:
+            inner = getattr(sub, name, None)
+            if isinstance(inner, torch.nn.Module):
+                return inner
+    raise ValueError(f"{type(model).__name__} has no language model under {TEXT_MODELS}")
+
+
+@contextlib.contextmanager
+def text_embeddings_sliced(model: torch.nn.Module, lo: int, hi: int) -> Iterator[None]:
+    """Inside: the VLM embeds and merges the image features into the whole row it is given, and its language model
+    reads tokens [lo, hi) of the merged embeddings (sequence parallelism: this rank's slice; the image tokens of a
+    sequence may fall in another rank's slice, so the merge needs the full row). Positions and the other keywords
+    are given already sliced."""
+
+    def take_slice(_module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        embeds = kwargs.get("inputs_embeds")
+        if embeds is None:
+            raise ValueError("the VLM's language model got no inputs_embeds to slice")
+        return args, dict(kwargs, inputs_embeds=embeds[:, lo:hi])
+
+    handle = text_model(model).register_forward_pre_hook(take_slice, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()

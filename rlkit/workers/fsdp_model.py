@@ -26,7 +26,13 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from rlkit.config.schema import FSDPConfig, OptimConfig
 from rlkit.models.lora import LoraModel, lora_enabled, merged_named_tensors, wrap_lora, write_lora_info
 from rlkit.models.moe_router import RouterTap
-from rlkit.models.vision import causal_lm_class, freeze_vision_tower, vision_tower
+from rlkit.models.vision import (
+    causal_lm_class,
+    freeze_vision_tower,
+    is_vision_model,
+    text_embeddings_sliced,
+    vision_tower,
+)
 from rlkit.utils.cpu_precision import auto_cpu_dtype
 from rlkit.utils.lr_schedule import lr_lambda
 from rlkit.workers import layer_compile, ulysses
@@ -144,9 +150,10 @@ class FSDPModel:
         if self.sp is not None:
             if self.varlen_reason is not None:
                 raise ValueError(f"ulysses_sequence_parallel_size > 1 needs the varlen attention: {self.varlen_reason}")
+            text = config.get_text_config()  # a VLM's language model's (the attention split over the group)
             ulysses.check_heads(
-                config.num_attention_heads,
-                getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+                text.num_attention_heads,
+                getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
                 self.sp.size,
                 "",
             )
@@ -278,7 +285,7 @@ class FSDPModel:
         call = HeadCall(response_length, temperature, with_entropy, chunk_size, response_logits_only,
                         with_sum_pi_squared)
         if self.sp is not None:  # the group's micro-batches together, packed and split along the sequence
-            inputs, own = inputs.gather_rows(self.sp)
+            inputs, own = inputs.gather_rows(self.sp, self.config if is_vision_model(self.config) else None)
             return self._packed_forward(inputs, head, call).rows(own)
         if remove_padding:
             return self._packed_forward(inputs, head, call)
@@ -292,14 +299,20 @@ class FSDPModel:
     def _packed_forward(self, inputs: ModelInputs, head: Head, call: HeadCall) -> ForwardOut:
         """The packed row, or under SP this rank's slice of it; outputs gathered back to (b, R)."""
         packed = inputs.pack(self.sp)
-        kwargs = self._model_kwargs(packed.extras, input_ids=packed.input_ids, position_ids=packed.position_ids,
-                                    **inputs.images)
+        # under SP with images the model merges the image features into the whole row, and its language model reads
+        # this rank's slice of the merged embeddings (an image's tokens may lie in several ranks' slices)
+        whole_row = self.sp is not None and bool(inputs.images)
+        kwargs = self._model_kwargs(packed.extras, input_ids=packed.row.input_ids if whole_row else packed.input_ids,
+                                    position_ids=packed.position_ids, **inputs.images)
         if self.varlen_reason is None:
             kwargs.update(packed_kwargs(packed.row.cu_seqlens, packed.row.max_len))
             if self.sp is not None:
                 kwargs[ulysses.GROUP_KWARG] = self.sp.group
         else:
             kwargs["attention_mask"] = pack_mask(inputs.attention_mask, self.param_dtype)
+        if whole_row:
+            with text_embeddings_sliced(self.module, packed.lo, packed.hi):
+                return head.packed(self.module, kwargs, inputs, packed, call)
         return head.packed(self.module, kwargs, inputs, packed, call)
 
     def _model_kwargs(self, extras: dict[str, TokenInput], **kwargs: Any) -> dict[str, Any]:

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
 from rlkit.models.moe_router import RouterTap
-from rlkit.models.vision import batch_images, model_config, rope_positions, uses_rope_positions
+from rlkit.models.vision import batch_images, gatherable_images, model_config, rope_positions, uses_rope_positions
 from rlkit.workers.packing import PackedRow, left_padding_start
 from rlkit.workers.ulysses import SequenceParallel
 
@@ -101,17 +102,29 @@ class ModelInputs:
         first = left_padding_start(self.attention_mask, response_length)
         return self._map(lambda t: t[:, first:])
 
-    def gather_rows(self, sp: SequenceParallel) -> tuple[ModelInputs, slice]:
-        """The SP group's micro-batches stacked in rank order, and this rank's rows in them."""
-        if self.images:
-            raise NotImplementedError("sequence parallelism with images is not in rlkit yet; set "
-                                      "ulysses_sequence_parallel_size=1 for a vision-language model")
+    def gather_rows(self, sp: SequenceParallel, vision_config: Any = None) -> tuple[ModelInputs, slice]:
+        """The SP group's micro-batches stacked in rank order, and this rank's rows in them. A vision-language
+        model (`vision_config`: its HF config) also gets the group's images joined in that order, the order of
+        their image tokens in the packed row (a collective: every rank of the group, with images or not)."""
         names = list(self.extras)
         tensors = [self.input_ids, self.attention_mask, self.position_ids]
         tensors += [self.extras[name].rows_tokens() for name in names]
         gathered, own = sp.gather_rows(*tensors)
         extras = {name: self.extras[name].with_rows_tokens(t) for name, t in zip(names, gathered[3:], strict=True)}
-        return ModelInputs(*gathered[:3], extras), own
+        return ModelInputs(*gathered[:3], extras, self._gather_images(sp, vision_config)), own
+
+    def _gather_images(self, sp: SequenceParallel, vision_config: Any) -> dict[str, torch.Tensor]:
+        if vision_config is None:
+            if self.images:
+                raise ValueError("images given to a model without a vision tower")
+            return {}
+        if not gatherable_images(vision_config):
+            raise NotImplementedError(
+                f"sequence parallelism with images is not in rlkit for {vision_config.model_type} (the Qwen2-VL "
+                "family has it); set ulysses_sequence_parallel_size=1 for this model")
+        parts = sp.gather_objects({k: v.cpu() for k, v in self.images.items()})
+        device = self.input_ids.device
+        return {k: v.to(device) for k, v in batch_images(parts, vision_config).items()}
 
     def pack(self, sp: SequenceParallel | None) -> PackedInputs:
         """The valid tokens in one row (padded to a multiple of the SP size), and this rank's slice of it."""

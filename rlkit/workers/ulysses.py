@@ -78,6 +78,12 @@ class SequenceParallel:
         start = sum(counts_i[: self.rank])
         return out, slice(start, start + counts_i[self.rank])
 
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every group rank's `obj` (picklable, e.g. a dict of CPU tensors of any size) in rank order."""
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
     def gather(self, local: torch.Tensor) -> torch.Tensor:
         """(T/sp, ...) on each rank -> (T, ...) in rank order; backward sums the group's gradients."""
         return _GatherSequence.apply(local, self.group)
