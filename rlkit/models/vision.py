@@ -63,7 +63,7 @@ def freeze_vision_tower(model: torch.nn.Module) -> int:
 
 
 IMAGE_BATCH_LAYOUTS: Registry[Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]] = Registry(
-    "image batch layout (model_type)")  # a family whose forward reads the joined images in another layout
+    "image batch layout (model_type)")  # a family whose forward reads the joined images as one batch (new dim 0)
 
 
 @IMAGE_BATCH_LAYOUTS.register("idefics3", "smolvlm")
@@ -122,10 +122,14 @@ def rope_positions(module: torch.nn.Module, input_ids: torch.Tensor, attention_m
     return torch.cat([position_ids.unsqueeze(0), rope.to(position_ids.dtype)])
 
 
-def gatherable_images(config: Any) -> bool:
-    """Whether a micro-batch's joined images of this family can be joined again across ranks (sequence
-    parallelism): those joined on dim 0 as they are (Qwen2-VL family), not a family with a batch layout."""
-    return getattr(config, "model_type", None) not in IMAGE_BATCH_LAYOUTS
+def join_image_batches(parts: Sequence[dict[str, torch.Tensor]], config: Any) -> dict[str, torch.Tensor]:
+    """Micro-batches' images, each as `batch_images` laid them out, joined in order (sequence parallelism: the
+    group's). A family's layout puts its images in one batch (a new dim 0), so theirs join on dim 1."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return {}
+    dim = 1 if getattr(config, "model_type", None) in IMAGE_BATCH_LAYOUTS else 0
+    return {key: torch.cat([p[key] for p in parts], dim) for key in parts[0]}
 
 
 TEXT_MODELS = ("language_model", "text_model")  # Qwen2-VL family / Gemma3 / LLaVA; Idefics3/SmolVLM

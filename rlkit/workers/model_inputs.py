@@ -12,8 +12,9 @@ per-token input needs no edit there:
 
 A vision-language model also reads its images (`images`: the micro-batch's pixel patches and grids, joined in
 row order, rlkit/models/vision.py); they are no per-token input, and trimming and packing, which keep every valid
-token and the rows' order, keep them as they are. Qwen2-VL's 3-D rotary positions are a `TokenInput` named
-`position_ids` (4, b, S) that stands in for the 1-D ones (`with_images`).
+token and the rows' order, keep them as they are; under SP `gather_rows` gathers the group's with its rows.
+Qwen2-VL's 3-D rotary positions are a `TokenInput` named `position_ids` (4, b, S) that stands in for the 1-D
+ones (`with_images`).
 
 An extra with `to_model` goes to the model's forward under its name; one without (the replayed routes) is handed
 to whoever consumes it (`FSDPModel` asks its `RouterTap` for the names it takes), as the model would see it:
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from rlkit.models.moe_router import RouterTap
-from rlkit.models.vision import batch_images, gatherable_images, model_config, rope_positions, uses_rope_positions
+from rlkit.models.vision import batch_images, join_image_batches, model_config, rope_positions, uses_rope_positions
 from rlkit.workers.packing import PackedRow, left_padding_start
 from rlkit.workers.ulysses import SequenceParallel
 
@@ -118,13 +119,9 @@ class ModelInputs:
             if self.images:
                 raise ValueError("images given to a model without a vision tower")
             return {}
-        if not gatherable_images(vision_config):
-            raise NotImplementedError(
-                f"sequence parallelism with images is not in rlkit for {vision_config.model_type} (the Qwen2-VL "
-                "family has it); set ulysses_sequence_parallel_size=1 for this model")
         parts = sp.gather_objects({k: v.cpu() for k, v in self.images.items()})
         device = self.input_ids.device
-        return {k: v.to(device) for k, v in batch_images(parts, vision_config).items()}
+        return {k: v.to(device) for k, v in join_image_batches(parts, vision_config).items()}
 
     def pack(self, sp: SequenceParallel | None) -> PackedInputs:
         """The valid tokens in one row (padded to a multiple of the SP size), and this rank's slice of it."""

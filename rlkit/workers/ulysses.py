@@ -15,6 +15,10 @@ the output back. Key/value heads: split among the group when their count divides
 every rank's key/value heads are repeated up to the query heads first (replicated: correct, more traffic).
 Log-probs/entropies/values are all-gathered back to the full row (autograd-aware).
 
+Images (a vision-language model): the group's images are gathered with its rows, in rank order (`gather_objects`),
+every rank runs the vision tower and the embedding merge on the whole packed row, and its language model reads
+this rank's slice of the merged embeddings (rlkit/models/vision.py `text_embeddings_sliced`).
+
 Gradients: each rank's loss covers only its own rows, weighted as without SP (`loss_scales`). The
 all-gather's backward sums what every rank's loss sends to a slice, so the group's parameter
 gradients add up to the gradient of the sum of its ranks' losses, exactly what the same ranks
