@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rlkit.algo.run_needs import critic_enabled
 from rlkit.config.schema import RLConfig
@@ -100,9 +101,30 @@ def check_dataset(p: Preflight) -> None:
         if not files:
             continue
         try:
-            RLDataset(files, tokenizer, d.max_prompt_length, d.truncation, d.prompt_key, max_samples=limit, **keys)
+            dataset = RLDataset(files, tokenizer, d.max_prompt_length, d.truncation, d.prompt_key,
+                                max_samples=limit, **keys)
         except UserError as exc:
             p.problems.append(f"{key}: {exc}")
+            continue
+        if key == "data.train_files" and images is not None:
+            _check_image_rows(p, dataset, key)
+
+
+def _check_image_rows(p: Preflight, dataset: Any, key: str) -> None:
+    """A vision-language model trained on several workers needs an image in every training row: the vision
+    tower's FSDP units gather their weights only on ranks whose micro-batch has images, so a rank with none would
+    wait forever on the others (mixed text/image data on one worker is fine)."""
+    from rlkit.data.images import ENGINE_INPUTS
+
+    workers = p.cfg.trainer.n_gpus_per_node * p.cfg.trainer.nnodes
+    if workers <= 1 or ENGINE_INPUTS not in dataset.columns:
+        return
+    for i in range(len(dataset)):
+        if not (dataset[i].get(ENGINE_INPUTS) or {}).get("image"):
+            p.problems.append(f"{key}: row {i} has no image, and a vision-language model on {workers} workers needs "
+                              "one in every training row; drop the text-only rows or train on one worker "
+                              "(trainer.n_gpus_per_node=1)")
+            return
 
 
 def _cached_model(spec: str) -> Path | None:

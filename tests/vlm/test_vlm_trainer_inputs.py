@@ -56,3 +56,18 @@ def test_preflight_loads_image_rows_and_names_a_bad_one(vlm_and_shapes, tmp_path
     pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema(images=True)), tmp_path / "train.parquet")
     with pytest.raises(UserError, match=r"train.parquet row 1, column 'images' image 0: image cannot be decoded"):
         preflight(load_config("grpo", toy_overrides(tmp_path, model, tmp_path / "bad")))
+
+
+def test_preflight_refuses_a_text_only_row_for_a_vlm_on_several_workers(vlm_and_shapes, tmp_path):
+    """The vision tower's FSDP units gather only on ranks whose micro-batch has images: a rank with none would wait
+    forever, so a multi-worker VLM run needs an image in every training row (one worker takes mixed data)."""
+    model, _ = vlm_and_shapes
+    rows = [make_row(r, "train", i) for i, r in enumerate(generate("train", 3, ["colour"], 0).records)]
+    rows[2]["images"] = []
+    for message in rows[2]["prompt"]:
+        message["content"] = message["content"].replace("<image>", "")
+    pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema(images=True)), tmp_path / "train.parquet")
+    preflight(load_config("grpo", toy_overrides(tmp_path, model, tmp_path / "one")))
+    with pytest.raises(UserError, match=r"data.train_files: row 2 has no image.*2 workers.*n_gpus_per_node=1"):
+        preflight(load_config("grpo", [*toy_overrides(tmp_path, model, tmp_path / "two"),
+                                       "trainer.n_gpus_per_node=2"]))
