@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import gc
 import importlib.util
 import logging
@@ -55,7 +54,7 @@ from rlkit.rollout.vllm_compat import (
     restore_weights,
     unique_cpu_shm_names,
 )
-from rlkit.utils.memory_peak import rss_bytes
+from rlkit.utils.memory_peak import rss_bytes, trim_heap
 from rlkit.utils.vllm_env import prepare_vllm_env
 
 GREEDY_EPS = 1e-5  # vLLM decodes greedily below this temperature
@@ -143,10 +142,7 @@ def row_seed(seed: int, row: int) -> int:
 def _trim_host_memory() -> None:
     """Return freed heap pages to the OS (glibc only); no-op elsewhere."""
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim_heap()
 
 
 @ROLLOUT_BACKENDS.register("vllm")

@@ -16,8 +16,10 @@ update, the copies in flight during a weight sync), and the roles `note` the siz
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -52,6 +54,27 @@ def rss_bytes() -> int:
     import psutil
 
     return psutil.Process().memory_info().rss
+
+
+def trim_heap() -> bool:
+    """Hand the heap's free pages back to the OS (glibc `malloc_trim`; False where there is none).
+
+    glibc serves allocations below its mmap threshold (which rises to 32 MB as large blocks are freed, so most
+    tensors of a small model) from the heap and keeps freed pages resident: after an update the freed
+    activations stay in the RSS through the next phases. Measured here: 3 GB of freed 3 MB tensors stay resident
+    until a trim, which returns them in 0.4 s (2 loaded cores); with little to return it takes milliseconds."""
+    trim = _malloc_trim()
+    return trim is not None and trim(0) >= 0
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl)
+        return None
 
 
 def rss_gb() -> float:
@@ -142,5 +165,12 @@ def phase_metrics(per_worker: list[dict[str, dict[str, float]]]) -> dict[str, fl
     return out
 
 
+def is_call_peak(key: str) -> bool:
+    """Whether a `memory/...` key is one worker call's measurement (not a role's noted size, not a process's)."""
+    parts = key.split("/")
+    return len(parts) == 3 and parts[1] not in ("driver", "worker") and parts[2] in CALL_KINDS
+
+
+CALL_KINDS = ("rss_peak_gb", "rss_end_gb", "rss_growth_gb", "cuda_peak_allocated_gb", "cuda_peak_reserved_gb")
 WORKER_PEAK = "memory/worker/rss_peak_gb"
 DRIVER_PEAK = "memory/driver/rss_peak_gb"
