@@ -32,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 DEFAULT_OUT = ROOT / "bench" / "results" / "memory.json"
-TRL_BF16_PEAK_GB = 4.8  # TRL bf16 autocast on this workload, AVX512-BF16 EPYC, 2026-12-01 (issue 36)
+# TRL bf16 autocast on this workload, AVX512-BF16 EPYC, 2026-12-01 (issue 36: "4.8 GB" in vs_trl's MB = MiB)
+TRL_BF16_PEAK_GB = 4800 / 1024
 
 # name -> (config overrides, environment); the default config first
 VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
