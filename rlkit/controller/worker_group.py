@@ -33,7 +33,7 @@ from rlkit.debug.breakpoints import set_step
 from rlkit.debug.stacks import register_worker
 from rlkit.registry import extension_modules, import_plugins
 from rlkit.utils.determinism import apply_deterministic
-from rlkit.utils.memory_peak import PhasePeaks
+from rlkit.utils.memory_peak import PhasePeaks, trim_heap, use_sink
 from rlkit.utils.profiling import ProfilePlan, StepProfiler
 
 # calls too small to be a phase of a step: their memory peaks would only add noise to the metrics
@@ -70,6 +70,7 @@ class _WorkerHost:
         import_plugins(plugins, strict=False)
         self._roles = {}
         self._peaks = PhasePeaks()  # each call's peak memory, popped by the driver once per step
+        use_sink(self._peaks)  # and the sizes the roles note (memory_peak.note: optimizer state, engine weights)
         self._step: int | None = None
         # global_profiler: the listed steps' calls of the selected roles and ranks write a trace each
         self._profiler = StepProfiler(ProfilePlan.from_env(), int(os.environ.get("RANK", "0")))
@@ -93,7 +94,9 @@ class _WorkerHost:
         if method in UNMEASURED_METHODS:
             return getattr(self._roles[role], method)(*args, **kwargs)
         with self._peaks.measure(method), self._profiler.around(role, method, self._step):
-            return getattr(self._roles[role], method)(*args, **kwargs)
+            result = getattr(self._roles[role], method)(*args, **kwargs)
+        trim_heap()  # what the call freed leaves the RSS before the next phase (glibc keeps it otherwise)
+        return result
 
     def pop_memory_peaks(self) -> dict[str, dict[str, float]]:
         """Peak memory per called method since the last pop (rlkit.utils.memory_peak)."""

@@ -83,6 +83,10 @@ class WeightNames:
             else:  # one in-memory tensor may become several (one per expert): each is required
                 self.groups.extend([n] for n in converted[members[0]])
 
+    def nbytes(self, dtype: torch.dtype) -> int:
+        """The model's weights in `dtype`, tied tensors once."""
+        return sum(self.shapes[group[0]].numel() for group in self.groups) * dtype.itemsize
+
     def _convert(self, name: str, tensor: torch.Tensor) -> dict[str, torch.Size]:
         if self.layout is None:
             return {name: tensor.shape}

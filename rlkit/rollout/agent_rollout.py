@@ -94,6 +94,9 @@ class AgentRollout(RolloutBackend):
     def discards_weights(self, level: int) -> bool:
         return self.backend.discards_weights(level)
 
+    def memory_parts(self) -> dict[str, float]:
+        return self.backend.memory_parts()
+
     def __getattr__(self, name: str) -> Any:  # memory_report, close, last_update, ... of the wrapped engine
         if name == "backend":
             raise AttributeError(name)

@@ -88,6 +88,10 @@ class RolloutBackend(ABC):
         """Whether `sleep(level)` forgets the weights, so they must be loaded again before generating."""
         return False
 
+    def memory_parts(self) -> dict[str, float]:
+        """GB this engine holds now, by part (`weights_gb`, `kv_cache_gb`), for `memory/rollout/*`; {} if unknown."""
+        return {}
+
 
 ROLLOUT_BACKENDS: Registry[type[RolloutBackend]] = Registry("rollout backend")
 
@@ -123,6 +127,11 @@ def assemble_output(
         tensors["rollout_log_probs"] = rollout_log_probs.float()
     out = Batch(tensors, prompts.non_tensors, prompts.meta)
     return out
+
+
+def engine_torch_dtype(name: str) -> torch.dtype:
+    """A resolved `engine_dtype` name as a torch dtype."""
+    return getattr(torch, name)
 
 
 def engine_dtype(name: str, on_gpu: bool) -> str:

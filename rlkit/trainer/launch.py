@@ -323,12 +323,18 @@ def summary_table(summary: Any) -> Table:
 PHASE_MEMORY_LINES = {"rss_peak_gb": "peak RSS per phase (GB)", "cuda_peak_allocated_gb": "peak CUDA per phase (GB)"}
 
 
+PROCESS_PEAKS = ("driver", "worker")  # memory/<process>/rss_peak_gb: a whole process's, not one call's
+
+
 def phase_memory_rows(peaks: dict[str, float] | None) -> list[tuple[str, str]]:
-    """Run-summary lines: each worker call's peak memory over the run (the largest worker's), per kind."""
-    rows = []
+    """Run-summary lines: the driver's and the largest worker's peak RSS, then each worker call's peak memory
+    over the run (the largest worker's), per kind."""
+    peaks = peaks or {}
+    procs = [f"{p} {peaks[f'memory/{p}/rss_peak_gb']:.2f}" for p in PROCESS_PEAKS if f"memory/{p}/rss_peak_gb" in peaks]
+    rows = [("peak RSS per process (GB)", ", ".join(procs))] if procs else []
     for name, label in PHASE_MEMORY_LINES.items():
-        cells = [f"{key.split('/')[1]} {value:.2f}" for key, value in sorted((peaks or {}).items())
-                 if key.endswith("/" + name) and key.count("/") == 2]
+        cells = [f"{key.split('/')[1]} {value:.2f}" for key, value in sorted(peaks.items())
+                 if key.endswith("/" + name) and key.count("/") == 2 and key.split("/")[1] not in PROCESS_PEAKS]
         if cells:
             rows.append((label, ", ".join(cells)))
     return rows

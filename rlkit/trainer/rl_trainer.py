@@ -43,6 +43,7 @@ from rlkit.trainer.step_result import StepResult, Timer
 from rlkit.trainer.trainer_base import FitSummary, TrainerBase
 from rlkit.trainer.worker_death import find_death
 from rlkit.trainer.workers_setup import WorkerHandles, build_workers
+from rlkit.utils.memory_peak import is_call_peak
 from rlkit.workers.micro_batch import balance_across_ranks
 
 log = logging.getLogger("rlkit.trainer")
@@ -247,8 +248,9 @@ class RLTrainer(TrainerBase):
                 metrics[f"val/{key}"] = float(np.mean(values))
         metrics["timing_s/validate"] = time.perf_counter() - start
         for key, value in self.memory_metrics().items():  # validation's own peaks, apart from the step's
-            name = "memory/validate/" + key.rsplit("/", 1)[1]
-            metrics[name] = max(metrics.get(name, 0.0), value)
+            if is_call_peak(key):  # the roles' noted sizes are the step's (the same engine, the same actor)
+                name = "memory/validate/" + key.rsplit("/", 1)[1]
+                metrics[name] = max(metrics.get(name, 0.0), value)
         return metrics
 
     def _record_val_generations(self, batch: Batch) -> None:

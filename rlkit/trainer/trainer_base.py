@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from rlkit.trainer.interrupt import raise_if_interrupted
+from rlkit.utils.memory_peak import DRIVER_PEAK, PhasePeaks
 
 log = logging.getLogger("rlkit.trainer")
 
@@ -111,9 +112,13 @@ class TrainerBase:
         """One step of the loop: run it, log its row, validate and checkpoint on their schedules."""
         self.global_step += 1
         start = time.perf_counter()
-        row = self.run_step()
+        driver = PhasePeaks()  # this process's own peak: the batches, the tokenizer, the data it holds
+        with driver.measure("driver"):
+            row = self.run_step()
         step_s = time.perf_counter() - start
         row = self.finish_row(row, step_s)
+        peak = driver.pop()["driver"]
+        row[DRIVER_PEAK] = peak.get("rss_peak_gb", peak.get("rss_end_gb", 0.0))
         summary.record(row, step_s)
         last = self.global_step == self.total_steps
         if self.val_set is not None and (last or _every(self.cfg.trainer.test_freq, self.global_step)):

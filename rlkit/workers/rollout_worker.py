@@ -24,7 +24,14 @@ from rlkit.controller import Dispatch, Worker, register
 from rlkit.debug import maybe_break, set_step
 from rlkit.protocol import Batch
 from rlkit.rollout.base import ROLLOUT_BACKENDS
-from rlkit.rollout.lifecycle import ActorAdapter, ActorWeights, EngineLifecycle, StateDictWeights, sampling_seed
+from rlkit.rollout.lifecycle import (
+    ActorAdapter,
+    ActorWeights,
+    EngineLifecycle,
+    StateDictWeights,
+    default_sleep_level,
+    sampling_seed,
+)
 
 
 class RolloutWorker(Worker):
@@ -56,7 +63,8 @@ class RolloutWorker(Worker):
         if self.actor is not None:  # LoRA native sync: only the adapter moves; merge: the merged weights
             source = ActorAdapter(self.actor) if lora and rollout.lora_sync == "native" else ActorWeights(self.actor)
         self.lifecycle = EngineLifecycle(engine, free_cache_engine=rollout.free_cache_engine,
-                                         sleep_level=rollout.sleep_level, source=source)
+                                         sleep_level=rollout.sleep_level or default_sleep_level(engine, source),
+                                         source=source)
         self.lifecycle.start()
         if lora and self.actor.model_cfg.lora_adapter_path:  # the engine holds the base; start with the adapter
             self.lifecycle.load()

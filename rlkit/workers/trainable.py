@@ -25,6 +25,7 @@ import torch
 from rlkit.controller import Dispatch, register
 from rlkit.debug.anomaly import check_gradients, check_tensor
 from rlkit.protocol import Batch
+from rlkit.utils.memory_peak import note, tensor_gb
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.micro_batch import MicroBatching, loss_scales
 
@@ -69,11 +70,21 @@ class TrainableModelRole:
                     check_gradients(self.model.module, mb, prefix)
                     for key, value in micro_metrics.items():
                         metrics[key].append(value)
+                note(prefix, "grads_gb", tensor_gb(p.grad for p in self.model.trainable_parameters()))
                 metrics[f"{prefix}/grad_norm"].append(self.model.clip_and_step(plan.grad_clip))
         if plan.optimizer_offload:
             self.model.offload_optimizer()
+        self.note_memory(prefix)
         self.finish_update(metrics, prefix)
         return dict(metrics)
+
+    def note_memory(self, prefix: str) -> None:
+        """`memory/<prefix>/params_gb` and `optimizer_state_gb`: this rank's shards (grads: noted before each
+        step, they are freed after it)."""
+        note(prefix, "params_gb", tensor_gb(self.model.module.parameters()))
+        state = self.model.optimizer.state.values() if self.model.optimizer is not None else []
+        note(prefix, "optimizer_state_gb",
+             tensor_gb(v for s in state for v in s.values() if isinstance(v, torch.Tensor)))
 
     def finish_update(self, metrics: dict[str, list[float]], prefix: str) -> None:
         """Record the LR this update used, then advance the schedule (once per update call)."""

@@ -122,6 +122,28 @@ def train_sync_and_compare(tmp_path, steps: int, extra=(), check_group=None, sav
 
 def test_sync_matches_fresh_engine_and_logprobs_agree(tmp_path, ray_local):
     train_sync_and_compare(tmp_path, steps=4)
+    check_memory_metrics(metric_rows(tmp_path), tmp_path / "model")
+
+
+def check_memory_metrics(rows: list[dict], model_dir: Path) -> None:
+    """The memory/* metrics of each step: the processes' peaks and the parts the worker holds, plausible for the
+    tiny float32 model (AdamW: two moments per parameter; the colocated CPU engine's weights dropped asleep)."""
+    from transformers import AutoModelForCausalLM
+
+    params_gb = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters()) * 4 / 2**30
+    steps = [r for r in rows if "memory/worker/rss_peak_gb" in r]
+    assert steps and all("memory/driver/rss_peak_gb" in r for r in steps)
+    for r in steps:
+        calls = [v for k, v in r.items() if k.startswith("memory/") and k.endswith("/rss_peak_gb")
+                 and k.split("/")[1] not in ("driver", "worker")]
+        assert r["memory/worker/rss_peak_gb"] == max(calls)  # the worker process's peak: its largest call's
+        assert 0.05 < r["memory/driver/rss_peak_gb"] < 24 and 0.05 < r["memory/worker/rss_peak_gb"] < 24
+        assert 0 <= r["memory/sync_weights/rss_growth_gb"] < r["memory/sync_weights/rss_peak_gb"]
+        assert r["memory/actor/params_gb"] == pytest.approx(params_gb, rel=1e-6)
+        assert r["memory/actor/grads_gb"] == pytest.approx(params_gb, rel=1e-6)
+        assert 2 * params_gb <= r["memory/actor/optimizer_state_gb"] < 2 * params_gb + 0.001
+        assert r["memory/rollout/weights_gb"] == 0.0  # sleep_level null -> 2: not kept through the update
+        assert r["memory/rollout/kv_cache_gb"] == pytest.approx(64 / 1024, rel=0.05)  # kv_cache_memory_mb=64
 
 
 @pytest.mark.timeout(1800)

@@ -20,7 +20,7 @@ def test_defaults_are_cpu_friendly():
     cfg = RolloutConfig()
     assert cfg.dtype == "auto" and cfg.enforce_eager and cfg.tensor_model_parallel_size == 1
     assert cfg.kv_cache_memory_mb is None and cfg.gpu_memory_utilization == 0.5
-    assert cfg.top_k == -1 and cfg.free_cache_engine and cfg.sleep_level == 1
+    assert cfg.top_k == -1 and cfg.free_cache_engine and cfg.sleep_level is None
     assert cfg.model_len == cfg.prompt_length + cfg.response_length
     assert cfg.val_kwargs.temperature == 0 and not cfg.val_kwargs.do_sample and cfg.val_kwargs.n == 1
 

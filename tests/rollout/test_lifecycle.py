@@ -24,7 +24,7 @@ from tests.rollout.helpers import perturbed_state, reference_log_probs  # noqa: 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning")]
 
 RECORDED = ("sleep", "wake_up", "collective_rpc", "reset_prefix_cache", "generate")
-CPU_KV_CALLS = ("release_kv_cache", "restore_kv_cache")
+CPU_KV_CALLS = ("release_kv_cache", "restore_kv_cache", "release_weights", "restore_weights")
 LOGPROB_TOL = 1e-4  # vLLM's CPU kernels vs one transformers forward in float32 (observed ~1e-6)
 
 
@@ -130,16 +130,20 @@ def test_an_engine_that_never_sleeps(engine, states, prompts, vllm_config, monke
 
 def test_weights_a_level_2_sleep_discarded_are_loaded_before_generating(engine, states, references, prompts,
                                                                         vllm_config, monkeypatch):
-    """On GPU, sleep level 2 frees the weights; the lifecycle reloads them from its source before the KV
-    cache wakes. vLLM on CPU keeps them, so `discards_weights` says what a GPU engine would."""
-    monkeypatch.setattr(engine, "discards_weights", lambda level: level >= 2)
+    """Sleep level 2 frees the weights (on CPU rlkit frees them itself: vllm_compat.release_weights); the
+    lifecycle reloads them from its source before the KV cache wakes, and the engine samples from them."""
+    assert engine.discards_weights(2) and not engine.discards_weights(1)
     calls = record(monkeypatch, engine.llm)
     greedy = vllm_config.to_sampling(greedy=True)
     life = EngineLifecycle(engine, free_cache_engine=True, sleep_level=2, source=StateDictWeights(states[1]))
     life.start()
+    assert engine.memory_parts()["weights_gb"] == 0.0  # memory/rollout/weights_gb while asleep
     out, _ = life.generate(prompts, greedy)
-    assert taken(calls) == [("sleep", 2), ("wake_up", ["weights"]), ("collective_rpc", "reload_weights"),
-                            ("reset_prefix_cache",), ("wake_up", ["kv_cache"]), ("generate",), ("sleep", 2)]
+    assert taken(calls, cpu_kv=True) == [
+        ("sleep", 2), ("cpu_kv", "release_kv_cache"), ("cpu_kv", "release_weights"), ("wake_up", ["weights"]),
+        ("cpu_kv", "restore_weights"), ("collective_rpc", "reload_weights"), ("reset_prefix_cache",),
+        ("wake_up", ["kv_cache"]), ("cpu_kv", "restore_kv_cache"), ("generate",), ("sleep", 2),
+        ("cpu_kv", "release_kv_cache"), ("cpu_kv", "release_weights")]
     ref = reference_log_probs(references[1], out)
     torch.testing.assert_close(out["rollout_log_probs"], ref, atol=LOGPROB_TOL, rtol=0)
 

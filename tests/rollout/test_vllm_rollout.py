@@ -190,3 +190,30 @@ def test_sleep_frees_the_cpu_kv_cache(engine, config, prompts):
         engine.wake_up()
     assert {t.untyped_storage().nbytes() for t in runner.kv_caches} == sizes
     assert torch.equal(engine.generate(prompts, greedy)["responses"], before)
+
+
+def test_sleep_level_2_frees_the_cpu_weights_and_a_load_brings_them_back(engine, config, prompts, ref_model):
+    """vLLM's CPU worker ignores sleep levels; at level 2 rlkit drops the packed GEMM operands and empties the
+    parameter storages (vllm_compat.release_weights): `memory/rollout/weights_gb` is 0 and the RSS falls while
+    asleep; after waking, a full load rebuilds them and the engine samples exactly as before."""
+    greedy = config.to_sampling(greedy=True)
+    engine.update_weights(ref_model.state_dict().items())
+    before = engine.generate(prompts, greedy)["responses"]
+    awake = engine.memory_parts()
+    itemsize = getattr(torch, engine.dtype).itemsize
+    assert awake["weights_gb"] == pytest.approx(sum(p.numel() for p in ref_model.parameters()) * itemsize / 2**30)
+    assert awake["kv_cache_gb"] > 0
+    model = engine.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+    engine.sleep(1)
+    assert engine.memory_parts() == {"weights_gb": awake["weights_gb"], "kv_cache_gb": 0.0}  # level 1 keeps them
+    engine.wake_up()
+    engine.sleep(2)
+    try:
+        assert engine.memory_parts() == {"weights_gb": 0.0, "kv_cache_gb": 0.0}
+        assert {p.untyped_storage().nbytes() for p in model.parameters()} == {0}
+        engine.wake_up(["weights"])
+        assert min(p.untyped_storage().nbytes() for p in model.parameters() if p.numel()) > 0
+        engine.update_weights(ref_model.state_dict().items())
+    finally:
+        engine.wake_up()
+    assert torch.equal(engine.generate(prompts, greedy)["responses"], before)
