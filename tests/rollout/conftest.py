@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from tests.rollout.helpers import VLLM_RESPONSE_LENGTH, make_prompts, save_test_model
@@ -44,3 +46,14 @@ def vllm_engine(model_path, vllm_config):
 
     cleanup_dist_env_and_memory()
     torch.set_num_threads = set_num_threads
+
+
+@pytest.fixture(scope="module", autouse=True)
+def collect_engines_left_by_earlier_modules():
+    """An in-process vLLM engine that an earlier test module dropped without closing is shut down by its
+    finalizer when the garbage collector gets to it, and that shutdown tears down this process's model-parallel
+    groups. Collected here, before this module builds its own engine, not in the middle of its tests
+    (seen as "pipeline model parallel group is not initialized" when a two-process run put such modules
+    before test_lifecycle.py)."""
+    gc.collect()
+    yield
