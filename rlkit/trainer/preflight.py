@@ -111,13 +111,21 @@ def check_dataset(p: Preflight) -> None:
 
 
 def _check_image_rows(p: Preflight, dataset: Any, key: str) -> None:
-    """A vision-language model trained on several workers needs an image in every training row: the vision
+    """Image rows need a single-turn rollout (the agent loop passes no images), and a vision-language model
+    trained on several workers needs an image in every training row: the vision
     tower's FSDP units gather their weights only on ranks whose micro-batch has images, so a rank with none would
     wait forever on the others (mixed text/image data on one worker is fine)."""
     from rlkit.data.images import ENGINE_INPUTS
 
+    if ENGINE_INPUTS not in dataset.columns:
+        return
+    if p.cfg.actor_rollout_ref.rollout.multi_turn.enable:  # the agent loop hands the engine token ids alone
+        p.problems.append(f"{key}: images with rollout.multi_turn.enable=true: rlkit's agent loop does not pass "
+                          "images to the engine yet (it would generate without them); use a single-turn rollout "
+                          "(multi_turn.enable=false) for a vision-language model")
+        return
     workers = p.cfg.trainer.n_gpus_per_node * p.cfg.trainer.nnodes
-    if workers <= 1 or ENGINE_INPUTS not in dataset.columns:
+    if workers <= 1:
         return
     for i in range(len(dataset)):
         if not (dataset[i].get(ENGINE_INPUTS) or {}).get("image"):

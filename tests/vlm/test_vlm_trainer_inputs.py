@@ -71,3 +71,12 @@ def test_preflight_refuses_a_text_only_row_for_a_vlm_on_several_workers(vlm_and_
     with pytest.raises(UserError, match=r"data.train_files: row 2 has no image.*2 workers.*n_gpus_per_node=1"):
         preflight(load_config("grpo", [*toy_overrides(tmp_path, model, tmp_path / "two"),
                                        "trainer.n_gpus_per_node=2"]))
+
+
+def test_preflight_refuses_images_with_a_multi_turn_rollout(vlm_and_shapes, tmp_path):
+    """The agent loop hands the engine token ids alone: it would generate without the pictures, so it is refused."""
+    model, data = vlm_and_shapes
+    with pytest.raises(UserError, match=r"data.train_files: images with rollout.multi_turn.enable=true.*"
+                                        r"multi_turn.enable=false"):
+        preflight(load_config("grpo", [*toy_overrides(data, model, tmp_path),
+                                       "actor_rollout_ref.rollout.multi_turn.enable=true"]))
