@@ -101,6 +101,17 @@ def test_dataset_rows_and_export_loading(folder, tmp_path):
         RLDataset(tmp_path / "bad.parquet", load_tokenizer(folder), 128, image_processor=processor)
 
 
+def idefics3_rows(path) -> tuple[list, int]:
+    """PROMPTS with their images and RESPONSES as (ids, response, processor output) rows, and the pad id."""
+    processor = load_image_processor(path)
+    prompt = image_prompt(processor.tokenizer, processor)
+    rows = []
+    for (text, sizes), response in zip(PROMPTS, RESPONSES, strict=True):
+        ids, mm = prompt.prepare(rendered(processor.tokenizer, text)[0], random_images(sizes), "test")
+        rows.append((ids, response, mm))
+    return rows, processor.tokenizer.pad_token_id
+
+
 def reference_log_probs(model, ids, response, mm):
     full = torch.tensor([ids + response])
     kwargs = {k: v.unsqueeze(0) for k, v in mm.items()}
@@ -116,13 +127,9 @@ def test_trainer_log_probs_equal_a_plain_forward(folder, packed):
 
     processor = load_image_processor(folder)
     prompt = image_prompt(processor.tokenizer, processor)
-    rows = []
-    for (text, sizes), response in zip(PROMPTS, RESPONSES, strict=True):
-        ids, mm = prompt.prepare(rendered(processor.tokenizer, text)[0], random_images(sizes), "test")
-        rows.append((ids, response, mm))
+    rows, pad = idefics3_rows(folder)
     model = FSDPModel(str(folder), FSDPConfig(), torch.device("cpu"))
     plain = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
-    pad = processor.tokenizer.pad_token_id
     prompt_len, resp_len = max(len(r[0]) for r in rows) + 2, max(len(r[1]) for r in rows) + 1
     p_ids, p_mask, p_pos = left_pad([r[0] for r in rows], prompt_len, pad)
     responses = torch.full((len(rows), resp_len), pad)

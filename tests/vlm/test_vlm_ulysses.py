@@ -74,17 +74,9 @@ def qwen_rows(path: str) -> tuple[list, int]:
 
 
 def idefics3_rows(path: str) -> tuple[list, int]:
-    from rlkit.data.image_prompts import image_prompt
-    from rlkit.models.loading import load_image_processor
-    from tests.vlm.test_idefics3 import PROMPTS, RESPONSES, random_images, rendered
+    from tests.vlm.test_idefics3 import idefics3_rows as rows
 
-    processor = load_image_processor(path)
-    prompt = image_prompt(processor.tokenizer, processor)
-    rows = []
-    for (text, sizes), response in zip(PROMPTS, RESPONSES, strict=True):
-        ids, mm = prompt.prepare(rendered(processor.tokenizer, text)[0], random_images(sizes), "test")
-        rows.append((ids, response, mm))
-    return rows, processor.tokenizer.pad_token_id
+    return rows(path)
 
 
 ROWS = {"qwen2_5_vl": qwen_rows, "idefics3": idefics3_rows}
