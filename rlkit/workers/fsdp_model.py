@@ -12,6 +12,7 @@ False): same API, same checkpoints (DCP reshards them for any later world size).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -310,10 +311,9 @@ class FSDPModel:
                 kwargs[ulysses.GROUP_KWARG] = self.sp.group
         else:
             kwargs["attention_mask"] = pack_mask(inputs.attention_mask, self.param_dtype)
-        if whole_row:
-            with text_embeddings_sliced(self.module, packed.lo, packed.hi):
-                return head.packed(self.module, kwargs, inputs, packed, call)
-        return head.packed(self.module, kwargs, inputs, packed, call)
+        sliced = text_embeddings_sliced(self.module, packed.lo, packed.hi) if whole_row else contextlib.nullcontext()
+        with sliced:
+            return head.packed(self.module, kwargs, inputs, packed, call)
 
     def _model_kwargs(self, extras: dict[str, TokenInput], **kwargs: Any) -> dict[str, Any]:
         """The model's forward keywords; extras that are not model keywords go to their consumers (the router
