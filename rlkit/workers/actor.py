@@ -240,9 +240,10 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
     def _topk_forward(self, mb: Batch, response_length: int, with_entropy: bool) -> tuple[ForwardOut, torch.Tensor]:
         """The student's log-probs of the sampled tokens and at the teacher's top-k ids (B, R, K), with grad,
         from one padded forward of the full distribution (rlkit/workers/topk.py)."""
-        logp = response_log_softmax(self.model.module, mb["input_ids"].to(self.device),
-                                    mb["attention_mask"].to(self.device), mb["position_ids"].to(self.device),
-                                    response_length, self.temperature)
+        with self.model.computing():
+            logp = response_log_softmax(self.model.module, mb["input_ids"].to(self.device),
+                                        mb["attention_mask"].to(self.device), mb["position_ids"].to(self.device),
+                                        response_length, self.temperature)
         lp = logp.gather(-1, mb["responses"].to(self.device).unsqueeze(-1)).squeeze(-1)
         ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
         return ForwardOut(lp, ent), logp.gather(-1, mb["teacher_topk_ids"].to(self.device))

@@ -6,8 +6,9 @@ With LoRA (`lora=` the model section, rlkit/models/lora.py) the adapter is injec
 sharding, the base is frozen (stored in the compute dtype: bf16 on GPU, the adapter in float32),
 the optimizer and the checkpoints hold the adapter only, and the weights streamed to the rollout
 engine are the base's HF names with the adapter merged in.
-A single worker computing in float32 keeps the plain module (`self.sharded` is
-False): same API, same checkpoints (DCP reshards them for any later world size).
+A single worker keeps the plain module (`self.sharded` is False; in bf16 it computes on a copy cast once per
+optimizer step, rlkit/workers/compute_copy.py): same API, same checkpoints (DCP reshards them for any later
+world size).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from rlkit.models.vision import (
 from rlkit.utils.cpu_precision import auto_cpu_dtype
 from rlkit.utils.lr_schedule import lr_lambda
 from rlkit.workers import layer_compile, ulysses
+from rlkit.workers.compute_copy import ComputeCopy
 from rlkit.workers.heads import ForwardOut, Head, HeadCall, make_head
 from rlkit.workers.hf_export import export_hf, export_lora  # noqa: F401  (re-exported: callers import them here)
 from rlkit.workers.master_dither import dither_masters
@@ -173,8 +175,12 @@ class FSDPModel:
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])
         offload = CPUOffloadPolicy() if (fsdp.param_offload and device.type == "cuda") else None
         world = dist.get_world_size() if dist.is_initialized() else 1
-        # one worker computing in the storage dtype: FSDP2 would only add copies and hooks
-        self.sharded = fsdp.shard_single_worker or world > 1 or offload is not None or self.param_dtype != torch.float32
+        # one worker: FSDP2 would only add copies and hooks. In bf16 a compute copy casts once per optimizer step
+        # (rlkit/workers/compute_copy.py); gradient checkpointing recomputes outside `computing()`, so FSDP2 there
+        self.sharded = (fsdp.shard_single_worker or world > 1 or offload is not None
+                        or (self.param_dtype != torch.float32 and gradient_checkpointing))
+        self.compute_copy = (ComputeCopy(model, self.param_dtype)
+                             if not self.sharded and self.param_dtype != torch.float32 else None)
         if self.sharded:
             shard_kwargs = {"mp_policy": mp}
             if offload is not None:
@@ -202,6 +208,8 @@ class FSDPModel:
         return [p for p in self.module.parameters() if p.requires_grad]
 
     def setup_optimizer(self, optim: OptimConfig, total_steps: int) -> None:
+        if self.compute_copy is not None:
+            self.compute_copy.replace_frozen = False  # a frozen part (vision tower) stays as checkpoints hold it
         self.optimizer = torch.optim.AdamW(
             self.trainable_parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
         )
@@ -234,7 +242,14 @@ class FSDPModel:
         if math.isfinite(norm_f):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.compute_copy is not None:
+            self.compute_copy.release()  # stale now; the next forward casts the stepped masters
         return norm_f
+
+    def computing(self) -> contextlib.AbstractContextManager:
+        """Around a direct call of `self.module` (outside `forward`): the parameters in the compute dtype, as
+        FSDP2 gathers them inside its forward (a single bf16 worker's compute copy; nothing otherwise)."""
+        return self.compute_copy.active() if self.compute_copy is not None else contextlib.nullcontext()
 
     # ------------------------------------------------------------- forward
     def forward(
@@ -295,7 +310,8 @@ class FSDPModel:
             rows.extras, input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=rows.position_ids,
             **rows.images,
         )
-        return head.padded(self.module, kwargs, rows, call)
+        with self.computing():
+            return head.padded(self.module, kwargs, rows, call)
 
     def _packed_forward(self, inputs: ModelInputs, head: Head, call: HeadCall) -> ForwardOut:
         """The packed row, or under SP this rank's slice of it; outputs gathered back to (b, R)."""
@@ -312,7 +328,7 @@ class FSDPModel:
         else:
             kwargs["attention_mask"] = pack_mask(inputs.attention_mask, self.param_dtype)
         sliced = text_embeddings_sliced(self.module, packed.lo, packed.hi) if whole_row else contextlib.nullcontext()
-        with sliced:
+        with sliced, self.computing():
             return head.packed(self.module, kwargs, inputs, packed, call)
 
     def _model_kwargs(self, extras: dict[str, TokenInput], **kwargs: Any) -> dict[str, Any]:
@@ -325,6 +341,8 @@ class FSDPModel:
                 self._input_consumers[name](extra.value)
             else:
                 raise ValueError(f"{name} given to a model that has nothing consuming it (a dense model: no routers)")
+        if self.compute_copy is not None:  # FSDP2 casts the root's floating inputs (pixel values) to param_dtype
+            kwargs = {k: self.compute_copy.cast_inputs(v) for k, v in kwargs.items()}
         return dict(kwargs, use_cache=False)
 
     # ------------------------------------------------------- weights out

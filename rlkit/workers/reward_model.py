@@ -116,12 +116,13 @@ class RewardModelScorer:
     def _forward(self, mb: RMInputs) -> torch.Tensor:
         device = self.model.device
         self._captured.clear()
-        self.model.module(
-            input_ids=mb.input_ids.to(device),
-            attention_mask=mb.attention_mask.to(device),
-            position_ids=mb.position_ids.to(device),
-            use_cache=False,
-        )
+        with self.model.computing():
+            self.model.module(
+                input_ids=mb.input_ids.to(device),
+                attention_mask=mb.attention_mask.to(device),
+                position_ids=mb.position_ids.to(device),
+                use_cache=False,
+            )
         per_token = self._captured.pop()[..., 0]  # (b, L): the head's output at every position
         return per_token[torch.arange(len(mb)), mb.last.to(per_token.device)].float().cpu()
 

@@ -76,9 +76,10 @@ class TeacherWorker(_PolicyScorer):
         with torch.no_grad():
             micros, order = micro.split(batch.select(FORWARD_KEYS))
             for mb in micros:
-                logp = response_log_softmax(self.model.module, mb["input_ids"].to(self.device),
-                                            mb["attention_mask"].to(self.device), mb["position_ids"].to(self.device),
-                                            response_length, self.temperature)
+                with self.model.computing():
+                    logp = response_log_softmax(self.model.module, mb["input_ids"].to(self.device),
+                                                mb["attention_mask"].to(self.device),
+                                                mb["position_ids"].to(self.device), response_length, self.temperature)
                 lps.append(logp.gather(-1, mb["responses"].to(self.device).unsqueeze(-1)).squeeze(-1).cpu())
                 top = logp.topk(min(k, logp.shape[-1]), dim=-1)
                 tops.append(top.values.cpu())

@@ -181,12 +181,13 @@ def test_adapter_folder_round_trip(tiny, tmp_path):
 
 def test_bf16_base_keeps_float32_adapters(tiny, process_group):
     """param_dtype=bfloat16 (the GPU default): the frozen base is stored in bf16 (no float32 copy), the adapter
-    and its optimizer state stay float32, FSDP2 computes in bf16 and one step trains the adapter only."""
+    and its optimizer state stay float32, the adapter computes on its bf16 copy (one worker: no FSDP2) and one step
+    trains the adapter only."""
     from rlkit.workers.fsdp_model import FSDPModel
 
     model = FSDPModel(str(tiny), FSDPConfig(param_dtype="bfloat16"), torch.device("cpu"), lora=LORA)
     model.setup_optimizer(OptimConfig(lr=1e-2), total_steps=2)
-    assert model.sharded
+    assert not model.sharded and model.compute_copy is not None
     dtypes = {n: p.dtype for n, p in model.module.named_parameters()}
     assert {d for n, d in dtypes.items() if ".lora_" in n} == {torch.float32}
     assert {d for n, d in dtypes.items() if ".lora_" not in n} == {torch.bfloat16}
@@ -194,6 +195,7 @@ def test_bf16_base_keeps_float32_adapters(tiny, process_group):
     model.module.train()
     (-model.forward(*_batch(ids, 3), response_logits_only=False).log_probs.mean()).backward()
     assert torch.isfinite(torch.tensor(model.clip_and_step(1.0)))
+    assert {p.dtype for n, p in model.module.named_parameters() if ".lora_" in n} == {torch.float32}  # masters in place
     states = [v for s in model.optimizer.state.values() for v in s.values() if v.dim() > 0]
     assert states and {v.dtype for v in states} == {torch.float32}
     merged = dict(model.iter_full_params())

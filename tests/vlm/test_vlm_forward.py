@@ -58,14 +58,8 @@ def reference_log_probs(model, ids, response, mm, image_token_id):
     return lp.gather(1, torch.tensor(response).unsqueeze(1)).squeeze(1)
 
 
-@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
-def test_trainer_log_probs_equal_a_plain_forward(vlm, packed):
-    from transformers import AutoModelForImageTextToText
-
-    path, tokenizer, image_processor = vlm
-    rows = rows_of(tokenizer, image_processor)
-    model = FSDPModel(str(path), FSDPConfig(), torch.device("cpu"))
-    plain = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+def batch_of(rows, tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The rows left-padded prompts + right-padded responses: ids, mask, positions, response length."""
     prompt_len, resp_len = max(len(r[0]) for r in rows) + 2, max(len(r[1]) for r in rows) + 1
     p_ids, p_mask, p_pos = left_pad([r[0] for r in rows], prompt_len, tokenizer.pad_token_id)
     responses = torch.full((len(rows), resp_len), tokenizer.pad_token_id)
@@ -76,6 +70,19 @@ def test_trainer_log_probs_equal_a_plain_forward(vlm, packed):
     input_ids = torch.cat([p_ids, responses], 1)
     mask = torch.cat([p_mask, r_mask], 1)
     pos = torch.cat([p_pos, p_pos[:, -1:] + torch.arange(1, resp_len + 1)], 1)
+    return input_ids, mask, pos, resp_len
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_trainer_log_probs_equal_a_plain_forward(vlm, packed):
+    from transformers import AutoModelForImageTextToText
+
+    path, tokenizer, image_processor = vlm
+    rows = rows_of(tokenizer, image_processor)
+    model = FSDPModel(str(path), FSDPConfig(), torch.device("cpu"))
+    plain = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    input_ids, mask, pos, resp_len = batch_of(rows, tokenizer)
+    prompt_len = input_ids.shape[1] - resp_len
     inputs = ModelInputs.of(input_ids, mask, pos).with_images(model.module, [r[2] for r in rows])
     assert inputs.extras["position_ids"].value.shape == (4, len(rows), prompt_len + resp_len)
     with torch.no_grad():
@@ -90,3 +97,32 @@ def test_trainer_log_probs_equal_a_plain_forward(vlm, packed):
         other = model.forward(blind, response_length=resp_len, remove_padding=packed)
     assert not torch.allclose(other.log_probs[2, :6], out.log_probs[2, :6], atol=1e-4)
     torch.testing.assert_close(other.log_probs[0], out.log_probs[0], atol=1e-5, rtol=0)
+
+
+def test_one_bf16_worker_computes_as_fsdp2_with_images(vlm, process_group):
+    """bf16 on one worker (the compute copy, rlkit/workers/compute_copy.py) casts the pixel values as FSDP2 does.
+    The text-only row's log-probs equal FSDP2's to the bit; rows with images differ by bf16 rounding (measured
+    2e-3), because FSDP2 also casts each vision block's inputs (its fp32 rotary tables) where the copy leaves the
+    model's own fp32 rotary maths, as a plain bf16 forward does."""
+    path, tokenizer, image_processor = vlm
+    rows = rows_of(tokenizer, image_processor)
+    input_ids, mask, pos, resp_len = batch_of(rows, tokenizer)
+    results = []
+    for shard in (True, False):
+        model = FSDPModel(str(path), FSDPConfig(param_dtype="bfloat16", shard_single_worker=shard), torch.device("cpu"))
+        assert (model.compute_copy is None) == shard
+        inputs = ModelInputs.of(input_ids, mask, pos).with_images(model.module, [r[2] for r in rows])
+        out = model.forward(inputs, response_length=resp_len)
+        out.log_probs.sum().backward()
+        grads = {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                 for n, p in model.module.named_parameters()}
+        results.append((out.log_probs.detach(), grads))
+    (want_lp, want_grads), (got_lp, got_grads) = results
+    torch.testing.assert_close(got_lp[0], want_lp[0], atol=0, rtol=0)  # no image
+    torch.testing.assert_close(got_lp, want_lp, atol=1e-2, rtol=0)
+    assert not torch.equal(got_lp[1:], want_lp[1:])  # the images did go through the vision tower in bf16
+    assert got_grads.keys() == want_grads.keys()
+    scale = max(g.abs().max() for g in want_grads.values())
+    for name, want in want_grads.items():
+        assert got_grads[name].dtype == torch.float32, name
+        torch.testing.assert_close(got_grads[name], want, atol=2e-2 * scale, rtol=0, msg=name)
