@@ -8,15 +8,34 @@ rows, trimmed padding), and one symbolic-shape graph avoids a recompile per leng
 and the parameter names (checkpoints, weight sync) are unchanged. The varlen attention's per-sequence
 loop runs eagerly inside (`torch.compiler.disable`): the compiled regions are the projections, norms,
 rotary embedding and MLP around it.
+
+The compiled code is cached on disk by torch itself (inductor's FX-graph and AOT-autograd caches), keyed by the
+graph, the shapes' symbols and the versions: a second run of the same model loads it instead of compiling
+(measured on SmolLM2: the first update's extra cost 27 s cold -> 4 s warm). rlkit points that cache at
+$RLKIT_CACHE_DIR/inductor (default ~/.cache/rlkit/inductor) unless $TORCHINDUCTOR_CACHE_DIR is set: torch's own
+default lives under /tmp, which machines clear.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import torch
 
+from rlkit.utils.cpu_precision import CACHE_ENV
+
 log = logging.getLogger(__name__)
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def inductor_cache_dir() -> Path:
+    """Where compiled layers are cached across runs: $TORCHINDUCTOR_CACHE_DIR, set to rlkit's cache when unset."""
+    if not os.environ.get(INDUCTOR_CACHE_ENV):
+        root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rlkit"
+        os.environ[INDUCTOR_CACHE_ENV] = str(Path(root) / "inductor")
+    return Path(os.environ[INDUCTOR_CACHE_ENV])
 
 
 def compile_layers(layers: list[torch.nn.Module]) -> int:
@@ -24,6 +43,7 @@ def compile_layers(layers: list[torch.nn.Module]) -> int:
     if not layers:
         log.warning("use_torch_compile: no repeated decoder layers found in this model; running it eagerly")
         return 0
+    log.info("use_torch_compile: %d layers, compiled code cached in %s", len(layers), inductor_cache_dir())
     for layer in layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
     return len(layers)

@@ -41,3 +41,16 @@ def test_compiled_layers_match_eager_and_compile_once(model_path):
     # one graph per compiled region for both layers and all four shapes; packed and padded rows take
     # different branches (varlen break vs a 2-D mask), so at most two sets of regions
     assert 0 < frames["unique_graphs"] <= 8, dict(frames)
+
+
+def test_the_compile_cache_lives_in_rlkits_cache_unless_torchs_is_set(monkeypatch, tmp_path):
+    from rlkit.workers.layer_compile import inductor_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("RLKIT_CACHE_DIR", str(tmp_path))
+    assert inductor_cache_dir() == tmp_path / "inductor"
+    import os
+
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")  # what inductor reads when it compiles
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert inductor_cache_dir() == tmp_path / "mine"
