@@ -111,7 +111,7 @@ class FSDPModel:
         lora: Any = None,  # the model section (actor_rollout_ref.model): its lora_* keys turn LoRA on
         auto_class: str | None = None,
         ulysses_sequence_parallel_size: int = 1,
-        compile_layers: bool = False,
+        compile_layers: bool | str = False,
         fused_lm_head: bool = False,
         freeze_vision: bool = False,
     ) -> None:
@@ -119,7 +119,7 @@ class FSDPModel:
         `AutoModelForSequenceClassification`); it gets the same wrapping, not `forward`'s heads.
         `ulysses_sequence_parallel_size` > 1: groups of that many consecutive ranks split each packed row
         along the sequence (rlkit/workers/ulysses.py); the caller gives the ranks of a group the same rows.
-        `compile_layers`: torch.compile each decoder layer (rlkit/workers/layer_compile.py).
+        `compile_layers`: torch.compile each decoder layer; "auto": by the model size (rlkit/workers/layer_compile.py).
         `fused_lm_head`: the policy's log-probs from the fused chunked LM head (rlkit/workers/heads.py).
         `freeze_vision`: a vision-language model's image encoder is not trained (verl's freeze_vision_tower)."""
         import transformers
@@ -167,7 +167,7 @@ class FSDPModel:
         self.config = model.config
         self.lora: LoraModel | None = wrap_lora(model, lora, adapter_dtype=torch.float32) if use_lora else None
         self._lora_scalings = self.lora.scalings() if self.lora is not None else {}
-        if compile_layers:
+        if layer_compile.wanted(compile_layers, model):
             layer_compile.compile_layers(_decoder_layers(model))
         if fsdp.dither_master_weights and not use_lora and self.param_dtype != torch.float32:
             moved = dither_masters(model.parameters(), self.param_dtype)

@@ -54,3 +54,18 @@ def test_the_compile_cache_lives_in_rlkits_cache_unless_torchs_is_set(monkeypatc
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")  # what inductor reads when it compiles
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert inductor_cache_dir() == tmp_path / "mine"
+
+
+def test_auto_compiles_models_of_50m_parameters_and_up():
+    import torch
+
+    from rlkit.config.schema import ModelConfig
+    from rlkit.workers.layer_compile import AUTO_MIN_PARAMS, wanted
+
+    small, big = torch.nn.Linear(8, 8), torch.nn.Linear(8000, 6500, bias=False, device="meta")
+    assert sum(p.numel() for p in big.parameters()) >= AUTO_MIN_PARAMS
+    assert (wanted("auto", small), wanted("auto", big)) == (False, True)
+    assert (wanted(True, small), wanted(False, big)) == (True, False)
+    assert ModelConfig().use_torch_compile == "auto"
+    with pytest.raises(ValueError, match="use_torch_compile='yes'"):
+        ModelConfig(use_torch_compile="yes")
