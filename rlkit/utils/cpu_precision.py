@@ -245,9 +245,13 @@ def _busy(load: float) -> bool:
 
 def _remeasure(hit: dict, load: float) -> bool:
     """A cached rate measured on a busy machine (perf/mfu would divide by a fraction of the real peak) is measured
-    again once the load has fallen to half of what it was and below the core count; the better rates are kept."""
+    again once the load has fallen to half of what it was and below the core count; the better rates are kept.
+    An entry that does not say its load (written before rlkit stored it) is measured again once, when idle: one
+    such entry held a quarter of this CPU's bf16 rate and made `perf/mfu` read 1.18."""
     then = hit.get("load_avg")
-    return then is not None and _busy(then) and not _busy(load) and load < then / 2
+    if then is None:
+        return not _busy(load)
+    return _busy(then) and not _busy(load) and load < then / 2
 
 
 def _store(path: Path, key: str, choice: PrecisionChoice, load: float) -> None:

@@ -128,3 +128,16 @@ def test_plan_row_names_the_resolved_dtype_and_why(monkeypatch):
     assert cp.plan_row("auto", "cuda") == "auto -> bfloat16 (GPU)"
     row = cp.plan_row("auto", "cpu", threads=3)
     assert row.startswith("auto -> float32") and cp.OVERRIDE_ENV in row
+
+
+def test_an_entry_without_its_load_is_measured_again_once_when_idle(tmp_path):
+    """Entries written before rlkit stored the load say nothing of how busy the machine was: one held a quarter of
+    the CPU's bf16 rate (perf/mfu read 1.18). Idle, it is measured again once; the better rates are kept."""
+    isa, busy, quiet = cp.read_isa(AMX, "AVX512"), 4.0 * (os.cpu_count() or 1), 0.2
+    key = cp.cache_key(isa, 2)
+    (tmp_path / cp.CACHE_FILE).write_text(json.dumps({key: {"dtype": "bfloat16", "fp32_gflops": 38.7,
+                                                             "bf16_gflops": 179.4, "isa": isa.describe()}}))
+    assert cp.measured_rates(2, isa, tmp_path, lambda t: (0.0, 0.0), load_fn=lambda: busy).reason == "cached"
+    again = cp.measured_rates(2, isa, tmp_path, lambda t: (183.8, 767.1), load_fn=lambda: quiet)
+    assert (again.reason, again.bf16_gflops) == ("measured", 767.1)
+    assert cp.measured_rates(2, isa, tmp_path, lambda t: (1.0, 1.0), load_fn=lambda: quiet).reason == "cached"
