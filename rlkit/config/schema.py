@@ -71,11 +71,6 @@ class ModelConfig:
                                "dynamic shapes, compiled code cached across runs: true | false | auto (on for "
                                "models of >= 50M parameters, where it measured 4-11% off a 16-step run; a tiny "
                                "model only pays the compile time; docs/performance.md)")
-
-    def __post_init__(self) -> None:
-        if self.use_torch_compile not in (True, False, "auto"):
-            raise ValueError(f"actor_rollout_ref.model.use_torch_compile={self.use_torch_compile!r}: expected "
-                             "true, false or auto")
     trust_remote_code: bool = f(False, "allow custom model code from the model folder")
     attn_implementation: str = f("sdpa", "attention kernel passed to transformers")
     lora_rank: int = f(0, "LoRA rank (peft); 0 = full fine-tuning. With LoRA the base is frozen, the optimizer "
@@ -85,6 +80,11 @@ class ModelConfig:
                             "LM head) or a list of module names, e.g. [q_proj, v_proj]")
     exclude_modules: Any = f(None, "module names (list) or a regex that get no adapter; null = none")
     lora_adapter_path: str | None = f(None, "start from this PEFT adapter folder (its rank/alpha/targets win)")
+
+    def __post_init__(self) -> None:
+        if self.use_torch_compile not in (True, False, "auto"):
+            raise ValueError(f"actor_rollout_ref.model.use_torch_compile={self.use_torch_compile!r}: expected "
+                             "true, false or auto")
 
 
 @dataclass
