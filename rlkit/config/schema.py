@@ -16,6 +16,7 @@ from rlkit.config.fsdp import FSDPConfig
 from rlkit.config.profiler import GlobalProfilerConfig, RoleProfilerConfig
 from rlkit.config.reward_model import RewardModelConfig
 from rlkit.config.rollout import RolloutConfig
+from rlkit.errors import UserError
 
 
 def f(default: Any = None, help: str = "", factory: Any = None) -> Any:  # noqa: A002 - "help" reads best in the schema
@@ -83,8 +84,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.use_torch_compile not in (True, False, "auto"):
-            raise ValueError(f"actor_rollout_ref.model.use_torch_compile={self.use_torch_compile!r}: expected "
-                             "true, false or auto")
+            raise UserError(f"actor_rollout_ref.model.use_torch_compile={self.use_torch_compile!r}: expected "
+                            "true, false or auto")
 
 
 @dataclass

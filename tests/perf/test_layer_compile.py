@@ -67,5 +67,7 @@ def test_auto_compiles_models_of_50m_parameters_and_up():
     assert (wanted("auto", small), wanted("auto", big)) == (False, True)
     assert (wanted(True, small), wanted(False, big)) == (True, False)
     assert ModelConfig().use_torch_compile == "auto"
-    with pytest.raises(ValueError, match="use_torch_compile='yes'"):
+    from rlkit.errors import UserError
+
+    with pytest.raises(UserError, match="use_torch_compile='yes'"):
         ModelConfig(use_torch_compile="yes")
