@@ -14,7 +14,6 @@ import torch
 from PIL import Image
 
 from rlkit.config.schema import FSDPConfig
-from rlkit.data.collation import left_pad
 from rlkit.data.dataset import RLDataset
 from rlkit.data.image_prompts import Idefics3ImagePrompt, image_prompt
 from rlkit.data.images import with_image_parts
@@ -24,6 +23,7 @@ from rlkit.models.loading import load_image_processor, load_tokenizer
 from rlkit.testing import build_tiny_idefics3_processor, save_tiny_idefics3
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.model_inputs import ModelInputs
+from tests.vlm.batches import padded_batch
 
 PROMPTS = [  # (user text with one <image> per image, image sizes (w, h))
     ("what colour is the shape ?", []),
@@ -130,16 +130,8 @@ def test_trainer_log_probs_equal_a_plain_forward(folder, packed):
     rows, pad = idefics3_rows(folder)
     model = FSDPModel(str(folder), FSDPConfig(), torch.device("cpu"))
     plain = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
-    prompt_len, resp_len = max(len(r[0]) for r in rows) + 2, max(len(r[1]) for r in rows) + 1
-    p_ids, p_mask, p_pos = left_pad([r[0] for r in rows], prompt_len, pad)
-    responses = torch.full((len(rows), resp_len), pad)
-    r_mask = torch.zeros_like(responses)
-    for i, (_, resp, _) in enumerate(rows):
-        responses[i, : len(resp)] = torch.tensor(resp)
-        r_mask[i, : len(resp)] = 1
-    input_ids = torch.cat([p_ids, responses], 1)
-    mask = torch.cat([p_mask, r_mask], 1)
-    pos = torch.cat([p_pos, p_pos[:, -1:] + torch.arange(1, resp_len + 1)], 1)
+    input_ids, mask, pos, r_mask = padded_batch(rows, pad)
+    resp_len = r_mask.shape[1]
     inputs = ModelInputs.of(input_ids, mask, pos).with_images(model.module, [r[2] for r in rows])
     assert inputs.images["pixel_values"].shape == (1, 3, 3, 56, 56) and not inputs.extras
     with torch.no_grad():

@@ -9,11 +9,11 @@ import torch
 from PIL import Image
 
 from rlkit.config.schema import FSDPConfig
-from rlkit.data.collation import left_pad
 from rlkit.data.images import VisionTokens, process_images
 from rlkit.testing import save_tiny_vlm
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.model_inputs import ModelInputs
+from tests.vlm.batches import padded_batch
 
 PROMPTS = [  # (text, image sizes)
     ("<|im_start|> user what colour is the shape ? <|im_end|> <|im_start|> assistant", []),
@@ -58,21 +58,6 @@ def reference_log_probs(model, ids, response, mm, image_token_id):
     return lp.gather(1, torch.tensor(response).unsqueeze(1)).squeeze(1)
 
 
-def batch_of(rows, tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """The rows left-padded prompts + right-padded responses: ids, mask, positions, response length."""
-    prompt_len, resp_len = max(len(r[0]) for r in rows) + 2, max(len(r[1]) for r in rows) + 1
-    p_ids, p_mask, p_pos = left_pad([r[0] for r in rows], prompt_len, tokenizer.pad_token_id)
-    responses = torch.full((len(rows), resp_len), tokenizer.pad_token_id)
-    r_mask = torch.zeros_like(responses)
-    for i, (_, resp, _) in enumerate(rows):
-        responses[i, : len(resp)] = torch.tensor(resp)
-        r_mask[i, : len(resp)] = 1
-    input_ids = torch.cat([p_ids, responses], 1)
-    mask = torch.cat([p_mask, r_mask], 1)
-    pos = torch.cat([p_pos, p_pos[:, -1:] + torch.arange(1, resp_len + 1)], 1)
-    return input_ids, mask, pos, resp_len
-
-
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
 def test_trainer_log_probs_equal_a_plain_forward(vlm, packed):
     from transformers import AutoModelForImageTextToText
@@ -81,10 +66,10 @@ def test_trainer_log_probs_equal_a_plain_forward(vlm, packed):
     rows = rows_of(tokenizer, image_processor)
     model = FSDPModel(str(path), FSDPConfig(), torch.device("cpu"))
     plain = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
-    input_ids, mask, pos, resp_len = batch_of(rows, tokenizer)
-    prompt_len = input_ids.shape[1] - resp_len
+    input_ids, mask, pos, r_mask = padded_batch(rows, tokenizer.pad_token_id)
+    resp_len = r_mask.shape[1]
     inputs = ModelInputs.of(input_ids, mask, pos).with_images(model.module, [r[2] for r in rows])
-    assert inputs.extras["position_ids"].value.shape == (4, len(rows), prompt_len + resp_len)
+    assert inputs.extras["position_ids"].value.shape == (4, len(rows), input_ids.shape[1])
     with torch.no_grad():
         out = model.forward(inputs, response_length=resp_len, remove_padding=packed)
     image_token = model.config.image_token_id
@@ -106,7 +91,8 @@ def test_one_bf16_worker_computes_as_fsdp2_with_images(vlm, process_group):
     model's own fp32 rotary maths, as a plain bf16 forward does."""
     path, tokenizer, image_processor = vlm
     rows = rows_of(tokenizer, image_processor)
-    input_ids, mask, pos, resp_len = batch_of(rows, tokenizer)
+    input_ids, mask, pos, r_mask = padded_batch(rows, tokenizer.pad_token_id)
+    resp_len = r_mask.shape[1]
     results = []
     for shard in (True, False):
         model = FSDPModel(str(path), FSDPConfig(param_dtype="bfloat16", shard_single_worker=shard), torch.device("cpu"))

@@ -30,20 +30,12 @@ CASES = {  # rows of rank 0, rows of rank 1 (indices into test_vlm_forward's PRO
 
 def micro_batch(model, rows: list, pick: list[int], pad_id: int, advantages: torch.Tensor):
     """ModelInputs of the picked rows (the same columns for any pick), their response mask and advantages."""
-    from rlkit.data.collation import left_pad
     from rlkit.workers.model_inputs import ModelInputs
+    from tests.vlm.batches import padded_batch
 
-    prompt_len, resp_len = max(len(r[0]) for r in rows) + 2, max(len(r[1]) for r in rows) + 1
-    chosen = [rows[i] for i in pick]
-    p_ids, p_mask, p_pos = left_pad([r[0] for r in chosen], prompt_len, pad_id)
-    responses = torch.full((len(chosen), resp_len), pad_id)
-    r_mask = torch.zeros_like(responses)
-    for i, (_, resp, _) in enumerate(chosen):
-        responses[i, : len(resp)] = torch.tensor(resp)
-        r_mask[i, : len(resp)] = 1
-    pos = torch.cat([p_pos, p_pos[:, -1:] + torch.arange(1, resp_len + 1)], 1)
-    inputs = ModelInputs.of(torch.cat([p_ids, responses], 1), torch.cat([p_mask, r_mask], 1), pos)
-    inputs = inputs.with_images(model.module, [r[2] for r in chosen])
+    input_ids, mask, pos, r_mask = padded_batch(rows, pad_id, pick)
+    resp_len = r_mask.shape[1]
+    inputs = ModelInputs.of(input_ids, mask, pos).with_images(model.module, [rows[i][2] for i in pick])
     return inputs, r_mask, advantages.unsqueeze(1).expand(-1, resp_len), resp_len
 
 
