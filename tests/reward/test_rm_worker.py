@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rlkit.config.reward_model import RewardModelConfig, RewardModelModelConfig
+from rlkit.config.schema import FSDPConfig
 from rlkit.reward.rm_inputs import pack, policy_token_rows, truncate_left
 from rlkit.testing import build_tiny_tokenizer, save_tiny_model
 from rlkit.workers.reward_model import RewardModelWorker
@@ -21,12 +22,13 @@ PROMPTS = ["copy the digits : 7", "copy the digits : 1 2", "what is 3 + 4 ?", "r
 RESPONSES = ["7", "1 2", "the answer is 7", "7 8"]
 
 
-def worker(rm_path, input_tokenizer=None, micro=3, max_length=None) -> RewardModelWorker:
+def worker(rm_path, input_tokenizer=None, micro=3, max_length=None, **fsdp) -> RewardModelWorker:
     cfg = RewardModelConfig(
         enable=True,
         micro_batch_size_per_gpu=micro,
         max_length=max_length,
-        model=RewardModelModelConfig(path=str(rm_path), input_tokenizer=input_tokenizer),
+        model=RewardModelModelConfig(path=str(rm_path), input_tokenizer=input_tokenizer,
+                                     fsdp_config=FSDPConfig(**fsdp)),
     )
     w = RewardModelWorker(cfg)
     w.init_model()
@@ -56,6 +58,23 @@ def test_same_tokenizer_matches_plain_forward(tmp_path, process_group):
     assert torch.allclose(rm_scores.sum(-1), want, atol=1e-5, rtol=0), (rm_scores.sum(-1), want)
     assert want.std() > 1e-3  # the rows score differently: a row mix-up would show
     assert "timing_s/compute_rm_score" in out.meta["metrics"]
+
+
+def test_bf16_scores_are_fsdp2_mixed_precisions(tmp_path, process_group):
+    """One bf16 RM worker scores on its compute copy (`FSDPModel.computing()` around the direct module call,
+    rlkit/workers/compute_copy.py): the scores FSDP2's mixed precision gives (`shard_single_worker`), to the bit,
+    and not float32's (the copy is really in bf16)."""
+    rm = save_rm(tmp_path / "rm")
+    batch = policy_batch(PROMPTS, RESPONSES)
+    plain = worker(rm, param_dtype="bfloat16")
+    assert plain.scorer.model.compute_copy is not None
+    scores = plain.compute_rm_score(batch)["rm_scores"]
+    fsdp = worker(rm, param_dtype="bfloat16", shard_single_worker=True)
+    assert fsdp.scorer.model.compute_copy is None
+    torch.testing.assert_close(scores, fsdp.compute_rm_score(batch)["rm_scores"], atol=0, rtol=0)
+    fp32 = worker(rm, param_dtype="float32").compute_rm_score(batch)["rm_scores"]
+    assert not torch.equal(scores, fp32)
+    torch.testing.assert_close(scores, fp32, atol=0.05, rtol=0.05)
 
 
 def test_other_tokenizer_and_template_are_retemplated(tmp_path, policy_dir, process_group):
