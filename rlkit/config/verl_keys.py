@@ -106,7 +106,7 @@ def _rules() -> list[VerlKey]:
         refused(f"{ROLLOUT}.disaggregation.**", "prefill/decode disaggregation is not in rlkit", switch="enabled"),
         alias(f"{ROLLOUT}.enable_rollout_routing_replay", f"{ACTOR}.router_replay"),
         mapped(f"{ROLLOUT}.full_determinism", DETERMINISM_OFF, derive=full_determinism),
-        refused(f"{ROLLOUT}.{{ignore_eos,skip_rollout,over_sample_rate,quantization,"
+        refused(f"{ROLLOUT}.{{skip_rollout,over_sample_rate,quantization,"
                 "quantization_config_file,mtp,moe_load_balance_metrics_interval,qat}",
                 "not in rlkit's rollout; remove it"),
         mapped(f"{ROLLOUT}.{{layered_summon,multi_stage_wake_up,skip_tokenizer_init,skip_dump_dir}}",

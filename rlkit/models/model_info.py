@@ -48,11 +48,6 @@ def special_token_ids(model_path: str | Path, tokenizer=None) -> tuple[list[int]
     return stop, pad_token_id(tokenizer, gen_pad, *stop[:1], where=f"{model_path}: the tokenizer")
 
 
-def merge_stop_ids(*groups: Iterable[int]) -> list[int]:
-    """Union of stop-id lists, order kept (config ids first)."""
-    return list(dict.fromkeys(int(i) for g in groups for i in g))
-
-
 class WeightNames:
     """Parameter names and shapes of a model, with tied names grouped (any one of a group suffices).
 

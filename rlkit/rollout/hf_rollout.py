@@ -29,7 +29,7 @@ import torch
 
 from rlkit.config.rollout import RolloutConfig
 from rlkit.data.images import MODEL_INPUTS
-from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids, torch_dtype
+from rlkit.models.model_info import WeightNames, special_token_ids, torch_dtype
 from rlkit.models.moe_router import RouteRecorder
 from rlkit.models.vision import batch_images, causal_lm_class, placeholder_token_ids, uses_rope_positions
 from rlkit.protocol import Batch
@@ -140,7 +140,7 @@ class HFRollout(RolloutBackend):
         responses = torch.full((rows, length), self.pad_id, dtype=torch.long)
         mask = torch.zeros((rows, length), dtype=torch.long)
         log_probs = torch.zeros((rows, length), dtype=torch.float32) if sampling.calculate_log_probs else None
-        stop_ids = merge_stop_ids(sampling.stop_token_ids, self.stop_ids)
+        stop_ids = sampling.stops(self.stop_ids)
         routes = self._empty_routes(prompts, length) if sampling.return_routed_experts else None
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
         step = self.config.max_num_seqs

@@ -32,7 +32,7 @@ import torch
 from rlkit.config.rollout import RolloutConfig
 from rlkit.data.images import ENGINE_INPUTS
 from rlkit.errors import UserError
-from rlkit.models.model_info import WeightNames, merge_stop_ids, special_token_ids
+from rlkit.models.model_info import WeightNames, special_token_ids
 from rlkit.protocol import Batch
 from rlkit.rollout.base import (
     ROLLOUT_BACKENDS,
@@ -235,7 +235,8 @@ class VLLMRollout(RolloutBackend):
             top_p=1.0 if greedy else sampling.top_p,
             top_k=0 if greedy or sampling.top_k < 1 else sampling.top_k,
             max_tokens=sampling.response_length,
-            stop_token_ids=merge_stop_ids(sampling.stop_token_ids, self.stop_ids),
+            stop_token_ids=sampling.stops(self.stop_ids),
+            ignore_eos=sampling.ignore_eos,
             logprobs=0 if sampling.calculate_log_probs else None,
             detokenize=False,
             seed=seed,

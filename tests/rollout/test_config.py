@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 
@@ -40,6 +41,7 @@ def test_defaults_are_cpu_friendly():
         ({"engine_kwargs": {"tgi": {}}}, "engine_kwargs.tgi: not an engine"),
         ({"engine_kwargs": {"vllm": {"enforce_eager": False}}}, r"engine_kwargs.vllm.enforce_eager: set .*"),
         ({"engine_kwargs": {"vllm": {"logprobs_mode": "raw_logprobs"}}}, "engine_kwargs.vllm.logprobs_mode: rlkit"),
+        ({"ignore_eos": True, "multi_turn": {"enable": True}}, "ignore_eos=true: a multi-turn rollout's turns end"),
     ],
 )
 def test_bad_values_name_the_key(kwargs, key):
@@ -78,6 +80,15 @@ def test_to_sampling():
     assert val.greedy and not val.calculate_log_probs and val.response_length == 7
     sampled_val = RolloutConfig(val_kwargs={"do_sample": True, "temperature": 0.6, "n": 4}).to_val_sampling()
     assert not sampled_val.greedy and sampled_val.temperature == 0.6
+
+
+def test_ignore_eos_drops_the_models_stops_and_keeps_the_callers():
+    cfg = RolloutConfig(ignore_eos=True)
+    train, val = cfg.to_sampling(), cfg.to_val_sampling()
+    assert train.ignore_eos and val.ignore_eos
+    assert dataclasses.replace(train, stop_token_ids=[9]).stops([2, 9, 3]) == [9]
+    plain = RolloutConfig().to_sampling()
+    assert dataclasses.replace(plain, stop_token_ids=[9]).stops([2, 9, 3]) == [9, 2, 3]
 
 
 def test_registry_and_default_backend(monkeypatch):

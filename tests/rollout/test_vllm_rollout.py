@@ -98,6 +98,27 @@ def test_stop_tokens_and_seeds(engine, hf, config, prompts):
     assert not torch.equal(first[0::2], first[1::2]), "each row gets its own seed"
 
 
+def test_ignore_eos_runs_every_row_to_the_full_length(engine, hf, config, prompts, monkeypatch):
+    """rollout.ignore_eos: the model's EOS ids no longer stop a row (vLLM also ignores its tokenizer's EOS); a
+    token that greedy decoding produces stands in for the EOS here, as the random model rarely samples its own."""
+    greedy = config.to_sampling(greedy=True)
+    plain = engine.generate(prompts, greedy)
+    row = plain["responses"][0].tolist()
+    pos = next(i for i in range(2, R) if row[i] not in row[:i])
+    for backend in (engine, hf):
+        monkeypatch.setattr(backend, "stop_ids", [row[pos]])
+    stopped = engine.generate(prompts, greedy)
+    assert int(stopped["response_mask"][0].sum()) == pos + 1, "the stand-in EOS stops a row by default"
+
+    full = dataclasses.replace(greedy, ignore_eos=True)
+    out = engine.generate(prompts, full)
+    assert bool(out["response_mask"].bool().all()), "every row runs to response_length"
+    kept = plain["response_mask"].bool()
+    assert torch.equal(out["responses"][kept], plain["responses"][kept])
+    assert torch.equal(out["responses"], hf.generate(prompts, full)["responses"])
+    assert bool(hf.generate(prompts, full)["response_mask"].bool().all())
+
+
 def test_update_weights_matches_a_fresh_engine(engine, model_path, config, prompts, ref_model, tmp_path):
     greedy = config.to_sampling(greedy=True)
     before = engine.generate(prompts, greedy)
