@@ -25,23 +25,45 @@ def pick_device() -> torch.device:
 
 
 def free_port() -> int:
+    """A port free now, for a process that binds it at once (`reserve_master_port` when a group binds it later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+_RESERVED: dict[tuple[str, int], socket.socket] = {}  # listening sockets rank 0's store takes over
+
+
+def _listening_socket(addr: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((addr, port))
+    sock.listen(128)
+    return sock
+
+
+def reserve_master_port(addr: str) -> int:
+    """A port on `addr` that this process keeps bound and listening until its rank 0 builds the group's store.
+
+    A port only looked up (`free_port`) can be taken by another process before rank 0 binds it, seconds later
+    when the model is built: a parallel test or a second run on the node then fails with 'Address already in use'.
+    """
+    sock = _listening_socket(addr, 0)
+    port = sock.getsockname()[1]
+    _RESERVED[(addr, port)] = sock
+    return port
 
 
 def rendezvous_store(addr: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
     """The TCPStore `init_method="tcp://addr:port"` would make, but rank 0's server listens on `addr` only.
 
     torch's store server binds every interface; given a socket bound to MASTER_ADDR (the node IP:
-    127.0.0.1 on a single-node cluster) it listens where the group needs it and no wider.
+    127.0.0.1 on a single-node cluster) it listens where the group needs it and no wider. Rank 0 takes over
+    the socket `reserve_master_port` kept for the port, when this process reserved it.
     """
     if rank != 0:
         return dist.TCPStore(addr, port, world_size, False, timeout=timeout)
-    sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((addr, port))
-    sock.listen(128)
+    sock = _RESERVED.pop((addr, port), None) or _listening_socket(addr, port)
     return dist.TCPStore(addr, port, world_size, True, timeout=timeout, master_listen_fd=sock.detach())
 
 

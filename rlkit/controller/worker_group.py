@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlkit.controller.decorator import DISPATCH_MODES, DispatchInfo, get_register_spec
 from rlkit.controller.futures import DataFuture, get_with_rank
 from rlkit.controller.resource_pool import ResourcePool
-from rlkit.controller.worker import free_port, node_ip
+from rlkit.controller.worker import node_ip, reserve_master_port
 from rlkit.debug.breakpoints import set_step
 from rlkit.debug.stacks import register_worker
 from rlkit.registry import extension_modules, import_plugins
@@ -109,7 +109,9 @@ class _WorkerHost:
         return save_rng_state()
 
     def master_address(self) -> tuple[str, int]:
-        return node_ip(), free_port()
+        """Rank 0's address and a port it holds until its store takes it over (no other process can take it)."""
+        addr = node_ip()
+        return addr, reserve_master_port(addr)
 
     def set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)
@@ -122,7 +124,7 @@ def local_host(roles: Mapping[str, ClassWithInitArgs]) -> _WorkerHost:
     """The host a Ray worker runs, built in this process as rank 0 of a world of one (its own single-process
     gloo/nccl group): `rlkit debug replay` runs the same role code where pdb and print work."""
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "RLKIT_WORKER_NAME": "replay:0",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(reserve_master_port("127.0.0.1"))}
     return _WorkerHost(env, dict(roles), tuple(extension_modules()))
 
 
