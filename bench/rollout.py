@@ -15,7 +15,8 @@ call, median of `--repeats` calls per batch size, after a warm-up call. Each bac
 its own subprocess: vLLM's CPU worker pins OpenMP threads and patches `torch.set_num_threads`
 for the whole process, which would skew whatever runs after it. "vllm-plain" is `vllm.LLM.generate` with no
 rlkit code around it, so the difference to "vllm" is the framework's overhead (Batch
-assembly, padding strip, per-row output conversion). Also times a full-model weight sync
+assembly, padding strip, per-row output conversion). "vllm-plain-compiled" is the same with vLLM's compiled
+model (`enforce_eager=False`). Also times a full-model weight sync
 into each rlkit backend. Prints a table and writes JSON (`--out`).
 """
 
@@ -89,13 +90,18 @@ def time_backend(name, backend, tokenizer, sizes, sampling, repeats) -> list[dic
     return rows
 
 
-def time_plain_vllm(model, tokenizer, sizes, cfg: RolloutConfig, sampling, repeats) -> list[dict]:
-    """vLLM alone: token-id prompts in, RequestOutputs out, nothing else."""
+def time_plain_vllm(model, tokenizer, sizes, cfg: RolloutConfig, sampling, repeats, eager: bool = True) -> list[dict]:
+    """vLLM alone: token-id prompts in, RequestOutputs out, nothing else. `eager=False`: vLLM's compiled model
+    (on CPU: dynamo traced once, inductor), rlkit's `rollout.enforce_eager=false`; each row records the engine's
+    start time, which the compile adds to."""
     import vllm
 
-    llm = vllm.LLM(model=str(model), dtype=cfg.dtype, enforce_eager=True, seed=cfg.seed,
+    start = time.perf_counter()
+    llm = vllm.LLM(model=str(model), dtype=cfg.dtype, enforce_eager=eager, seed=cfg.seed,
                    max_model_len=cfg.model_len, kv_cache_memory_bytes=cfg.kv_cache_memory_mb << 20,
                    max_num_seqs=cfg.max_num_seqs)
+    engine_start_s = time.perf_counter() - start
+    name = "vllm-plain" if eager else "vllm-plain-compiled"
     params = vllm.SamplingParams(temperature=sampling.temperature, max_tokens=sampling.response_length,
                                  stop_token_ids=[] if sampling.ignore_eos else [tokenizer.eos_token_id],
                                  ignore_eos=sampling.ignore_eos, detokenize=False)
@@ -109,9 +115,9 @@ def time_plain_vllm(model, tokenizer, sizes, cfg: RolloutConfig, sampling, repea
     rows = []
     for size in sizes:
         reqs = prompts_for(size)
-        rows.append(measure("vllm-plain", size, lambda r=reqs: sum(
+        rows.append(measure(name, size, lambda r=reqs: sum(
             len(o.outputs[0].token_ids) for o in llm.generate(r, params, use_tqdm=False)), repeats))
-    return rows
+    return [{**row, "engine_start_s": engine_start_s} for row in rows]
 
 
 def time_sync(backend, model_path) -> dict:
@@ -150,8 +156,9 @@ def run_one(name: str, args, model: Path, tokenizer) -> tuple[list[dict], dict]:
                         temperature=args.temperature, dtype=args.dtype, kv_cache_memory_mb=args.kv_cache_mb,
                         max_num_seqs=max(sizes), ignore_eos=args.fixed_length)
     sampling = cfg.to_sampling()
-    if name == "vllm-plain":
-        return time_plain_vllm(model, tokenizer, sizes, cfg, sampling, args.repeats), {}
+    if name in ("vllm-plain", "vllm-plain-compiled"):
+        eager = name == "vllm-plain"
+        return time_plain_vllm(model, tokenizer, sizes, cfg, sampling, args.repeats, eager=eager), {}
     backend = HFRollout(model, cfg, tokenizer=tokenizer) if name == "hf" else VLLMRollout(model, cfg, tokenizer)
     rows = time_backend(name, backend, tokenizer, sizes, sampling, args.repeats)
     return rows, time_sync(backend, model)
@@ -166,7 +173,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--kv-cache-mb", type=int, default=256)
-    parser.add_argument("--backends", default="hf,vllm,vllm-plain")
+    parser.add_argument("--backends", default="hf,vllm,vllm-plain",
+                        help="comma-separated, timed in this order: hf, vllm, vllm-plain, vllm-plain-compiled")
     parser.add_argument("--repeats", type=int, default=3, help="calls per size; the median is reported")
     parser.add_argument("--out", type=Path, default=Path("bench/results/rollout.json"))
     parser.add_argument("--threads", type=int, default=0,

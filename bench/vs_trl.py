@@ -72,6 +72,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "trl-bf16": ("trl", {"beta": 0.0, "precision": "bf16"}),
     "rlkit-vllm-kl": ("rlkit", {"rollout": "vllm", "kl": KL_COEF}),
     "rlkit-hf-kl": ("rlkit", {"rollout": "hf", "kl": KL_COEF}),
+    # vLLM's compiled model (rollout.enforce_eager=false; rlkit's default is eager): not a default row
+    "rlkit-vllm-compiled": ("rlkit", {"rollout": "vllm", "kl": 0.0, "extra": [
+        "actor_rollout_ref.rollout.enforce_eager=false"]}),
+    "rlkit-vllm-kl-compiled": ("rlkit", {"rollout": "vllm", "kl": KL_COEF, "extra": [
+        "actor_rollout_ref.rollout.enforce_eager=false"]}),
 }
 DEFAULT_VARIANTS = ["trl", "rlkit-vllm", "rlkit-hf", "rlkit-vllm-async", "trl-kl", "rlkit-vllm-kl", "trl-defaults"]
 
