@@ -157,8 +157,7 @@ def run_one(name: str, args, model: Path, tokenizer) -> tuple[list[dict], dict]:
                         max_num_seqs=max(sizes), ignore_eos=args.fixed_length)
     sampling = cfg.to_sampling()
     if name in ("vllm-plain", "vllm-plain-compiled"):
-        eager = name == "vllm-plain"
-        return time_plain_vllm(model, tokenizer, sizes, cfg, sampling, args.repeats, eager=eager), {}
+        return time_plain_vllm(model, tokenizer, sizes, cfg, sampling, args.repeats, eager=name == "vllm-plain"), {}
     backend = HFRollout(model, cfg, tokenizer=tokenizer) if name == "hf" else VLLMRollout(model, cfg, tokenizer)
     rows = time_backend(name, backend, tokenizer, sizes, sampling, args.repeats)
     return rows, time_sync(backend, model)
@@ -174,7 +173,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--kv-cache-mb", type=int, default=256)
     parser.add_argument("--backends", default="hf,vllm,vllm-plain",
-                        help="comma-separated, timed in this order: hf, vllm, vllm-plain, vllm-plain-compiled")
+                        help="comma-separated, timed in the order given, of: hf, vllm, vllm-plain, vllm-plain-compiled")
     parser.add_argument("--repeats", type=int, default=3, help="calls per size; the median is reported")
     parser.add_argument("--out", type=Path, default=Path("bench/results/rollout.json"))
     parser.add_argument("--threads", type=int, default=0,

@@ -58,6 +58,7 @@ TORCH_PIN = "torch==2.13.0"
 DATA_CACHE = Path.home() / ".cache" / "rlkit" / "bench"
 DEFAULT_OUT = BENCH / "results" / "vs_trl.json"
 KL_COEF = 0.04
+COMPILED_ENGINE = ["actor_rollout_ref.rollout.enforce_eager=false"]  # vLLM's compiled model; rlkit's default is eager
 
 # name -> (framework, options); order = run order (TRL and rlkit interleaved to spread machine noise)
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -72,11 +73,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "trl-bf16": ("trl", {"beta": 0.0, "precision": "bf16"}),
     "rlkit-vllm-kl": ("rlkit", {"rollout": "vllm", "kl": KL_COEF}),
     "rlkit-hf-kl": ("rlkit", {"rollout": "hf", "kl": KL_COEF}),
-    # vLLM's compiled model (rollout.enforce_eager=false; rlkit's default is eager): not a default row
-    "rlkit-vllm-compiled": ("rlkit", {"rollout": "vllm", "kl": 0.0, "extra": [
-        "actor_rollout_ref.rollout.enforce_eager=false"]}),
-    "rlkit-vllm-kl-compiled": ("rlkit", {"rollout": "vllm", "kl": KL_COEF, "extra": [
-        "actor_rollout_ref.rollout.enforce_eager=false"]}),
+    "rlkit-vllm-compiled": ("rlkit", {"rollout": "vllm", "kl": 0.0, "extra": COMPILED_ENGINE}),  # not a default row
+    "rlkit-vllm-kl-compiled": ("rlkit", {"rollout": "vllm", "kl": KL_COEF, "extra": COMPILED_ENGINE}),
 }
 DEFAULT_VARIANTS = ["trl", "rlkit-vllm", "rlkit-hf", "rlkit-vllm-async", "trl-kl", "rlkit-vllm-kl", "trl-defaults"]
 
