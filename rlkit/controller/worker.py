@@ -19,9 +19,26 @@ from rlkit.controller.decorator import Dispatch, DispatchInfo, register
 DEFAULT_DIST_TIMEOUT_S = int(os.environ.get("RLKIT_DIST_TIMEOUT_S", "1800"))
 
 
+#: a worker's process-group backend by its device type. A CUDA worker's group takes CPU tensors too (over gloo):
+#: the micro-batch counts, debug flags, `all_gather_object` and the clip norm of CPU-offloaded gradients are CPU
+#: tensors, which an NCCL-only group refuses ("No backend type associated with device type cpu"). verl does the same.
+PROCESS_GROUP_BACKENDS = {"cuda": "cpu:gloo,cuda:nccl", "cpu": "gloo"}
+
+
 def pick_device() -> torch.device:
     """cuda if this process sees a GPU, else cpu."""
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a small tensor for a collective on `group` may live: the CPU when the group has a backend for CPU
+    tensors (gloo, or the CUDA workers' `cpu:gloo,cuda:nccl`), else this process's GPU (a group made as plain
+    "nccl", e.g. by a user's script)."""
+    config = str(dist.get_backend_config(group))  # "cpu:gloo,cuda:nccl", "cuda:nccl", ...
+    device_types = {part.split(":")[0] for part in config.split(",")}
+    if "cpu" in device_types:
+        return torch.device("cpu")
+    return torch.device("cuda")  # the current device (`torch.cuda.set_device` in `init_distributed`)
 
 
 def free_port() -> int:
@@ -98,12 +115,13 @@ class Worker:
         return int(port) if port else None
 
     def init_distributed(self, timeout_s: int | None = None) -> None:
-        """Join the group's process group (nccl on GPU, gloo on CPU); a no-op if already joined."""
+        """Join the group's process group (`PROCESS_GROUP_BACKENDS`: nccl + gloo for CPU tensors on GPU, gloo on
+        CPU); a no-op if already joined."""
         if dist.is_initialized():
             return
         if self.master_addr is None or self.master_port is None:
             raise RuntimeError("MASTER_ADDR/MASTER_PORT are not set; was this worker created by a RayWorkerGroup?")
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        backend = PROCESS_GROUP_BACKENDS[self.device.type]
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         timeout = datetime.timedelta(seconds=timeout_s or DEFAULT_DIST_TIMEOUT_S)

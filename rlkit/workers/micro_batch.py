@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from rlkit.algo.needs import summed
 from rlkit.algo.run_needs import agg_unit
+from rlkit.controller.worker import collective_device
 from rlkit.protocol import Batch
 
 
@@ -40,7 +41,7 @@ def token_partitions(batch: Batch, max_tokens: int) -> list[list[int]]:
     total = sum(lengths)
     k = min(max(1, -(-total // max_tokens)), max(1, len(lengths)))
     if dist.is_initialized() and dist.get_world_size() > 1:
-        t = torch.tensor([k])
+        t = torch.tensor([k], device=collective_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         k = int(t.item())
     # DP shards have equal row counts, so k <= rows on every rank and no bin is empty
@@ -113,5 +114,6 @@ def loss_scales(micro_masks: list[torch.Tensor], loss_agg_mode: str) -> list[flo
     counts = torch.tensor([float(unit(m)) for m in micro_masks], dtype=torch.float64)
     total = counts.sum().reshape(1)
     if world > 1:
+        total = total.to(collective_device())
         dist.all_reduce(total)
-    return (counts * world / total.clamp(min=1.0)).tolist()
+    return (counts * world / total.cpu().clamp(min=1.0)).tolist()

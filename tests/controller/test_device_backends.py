@@ -1,0 +1,68 @@
+"""The process group a worker makes carries CPU tensors on every device (issue 49, defect 1).
+
+NCCL takes CUDA tensors only, so on a GPU node every collective of a CPU tensor (the dynamic-batch count, the
+loss-scale total, a debug flag, the clip norm of CPU-offloaded gradients) failed with "No backend type associated
+with device type cpu" when the group was plain "nccl". CPU stand-in: a gloo backend registered for the `cuda`
+device type only ("cuda:gloo") is such a group on a machine without a GPU: the old layout fails, the one workers
+make now (`PROCESS_GROUP_BACKENDS["cuda"]`, NCCL swapped for gloo as no GPU is here) passes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from rlkit.controller.worker import PROCESS_GROUP_BACKENDS, collective_device
+from rlkit.protocol import Batch
+from tests.gloo_workers import run_on_gloo_workers
+
+NCCL_ONLY_STAND_IN = "cuda:gloo"  # what plain "nccl" is to CPU tensors: no backend for the cpu device type
+
+
+def _batch(rank: int) -> Batch:
+    mask = torch.ones(4, 6, dtype=torch.long)
+    mask[:, : rank + 1] = 0
+    return Batch({"attention_mask": mask, "response_mask": mask[:, 3:]})
+
+
+def _count_collectives(rank: int) -> None:
+    from rlkit.workers.micro_batch import loss_scales, token_partitions
+
+    parts = token_partitions(_batch(rank), max_tokens=5)
+    assert sum(len(p) for p in parts) == 4
+    scales = loss_scales([_batch(rank)["response_mask"]], "token-mean")
+    assert len(scales) == 1 and scales[0] > 0
+
+
+def _worker(rank: int, store_path: str, payload: None, results) -> None:
+    torch.set_num_threads(1)
+    try:
+        store = dist.FileStore(store_path + ".old", 2)
+        dist.init_process_group(NCCL_ONLY_STAND_IN, store=store, rank=rank, world_size=2)
+        try:  # the old code: its counts were CPU tensors, whatever the group
+            dist.all_reduce(torch.tensor([3]), op=dist.ReduceOp.MAX)
+            raise AssertionError("a CPU-tensor collective passed on a group without a cpu backend")
+        except RuntimeError as exc:
+            assert "No backend type associated with device type cpu" in str(exc), exc
+        assert collective_device() == torch.device("cuda")  # now: a plain NCCL group gets its counts on the GPU
+        dist.destroy_process_group()
+
+        fixed = PROCESS_GROUP_BACKENDS["cuda"].replace("nccl", "gloo")  # the CUDA workers' layout, gloo for NCCL
+        dist.init_process_group(fixed, store=dist.FileStore(store_path + ".new", 2), rank=rank, world_size=2)
+        assert collective_device() == torch.device("cpu")
+        _count_collectives(rank)
+        dist.destroy_process_group()
+        results.put((rank, "ok"))
+    except BaseException as exc:  # reported to the parent, which asserts
+        import traceback
+
+        results.put((rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"))
+
+
+def test_cuda_workers_group_takes_cpu_tensors():
+    assert PROCESS_GROUP_BACKENDS["cuda"].split(",")[0] == "cpu:gloo"
+    assert PROCESS_GROUP_BACKENDS["cpu"] == "gloo"
+
+
+def test_cpu_count_collectives_need_a_cpu_backend(tmp_path):
+    run_on_gloo_workers(_worker, None, tmp_path, timeout_s=120)
