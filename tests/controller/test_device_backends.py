@@ -66,3 +66,43 @@ def test_cuda_workers_group_takes_cpu_tensors():
 
 def test_cpu_count_collectives_need_a_cpu_backend(tmp_path):
     run_on_gloo_workers(_worker, None, tmp_path, timeout_s=120)
+
+
+def test_gpu_workers_local_rank_is_zero_cpu_workers_keep_their_slot(monkeypatch):
+    """Defect 2: Ray shows a GPU actor one GPU, so its LOCAL_RANK is 0 whatever its slot on the node (vLLM's
+    external launcher asserts LOCAL_RANK < the visible device count); a CPU worker keeps its slot."""
+    from rlkit.controller.worker import Worker
+    from rlkit.controller.worker_group import rank_env
+
+    for slot in range(4):
+        gpu = rank_env(4 + slot, 8, slot, 4, use_gpu=True)
+        assert (gpu["LOCAL_RANK"], gpu["RLKIT_LOCAL_SLOT"], gpu["RANK"], gpu["RLKIT_DEVICE"]) == (
+            "0", str(slot), str(4 + slot), "cuda")
+        cpu = rank_env(4 + slot, 8, slot, 4, use_gpu=False)
+        assert (cpu["LOCAL_RANK"], cpu["RLKIT_DEVICE"]) == (str(slot), "cpu")
+        for key, value in gpu.items():
+            monkeypatch.setenv(key, value)
+        assert Worker().local_rank == 0
+
+
+def test_cpu_group_never_takes_a_gpu(monkeypatch):
+    """Item 7: a group placed without GPUs computes on the CPU even where the process sees one (Ray 2.60 does not
+    hide the node's GPUs from it)."""
+    from rlkit.controller.worker import DEVICE_ENV, pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU node, as far as pick_device can tell
+    monkeypatch.setenv(DEVICE_ENV, "cpu")
+    assert pick_device() == torch.device("cpu")
+    monkeypatch.setenv(DEVICE_ENV, "cuda")
+    assert pick_device() == torch.device("cuda", 0)
+
+
+def test_tensor_parallel_engines_turn_custom_all_reduce_off():
+    """Defect 3: each TP rank sees one GPU, where vLLM's custom all-reduce fails its start-up check; the keys are
+    ones vllm.LLM takes (checked against the installed vLLM)."""
+    from rlkit.rollout.vllm_rollout import check_vllm_kwargs
+    from rlkit.workers.rollout_worker import TENSOR_PARALLEL_ENGINE_KWARGS
+
+    assert TENSOR_PARALLEL_ENGINE_KWARGS["disable_custom_all_reduce"] is True
+    assert TENSOR_PARALLEL_ENGINE_KWARGS["distributed_executor_backend"] == "external_launcher"
+    check_vllm_kwargs(TENSOR_PARALLEL_ENGINE_KWARGS)
