@@ -64,6 +64,9 @@ def token_level(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return log_ratio
 
 
+token_level.per_token = True  # type: ignore[attr-defined] - batch_sums averages its weights over tokens, not rows
+
+
 @RATIO_LEVELS.register("sequence")
 def sequence_level(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The row's ratio prod_t r_t = exp(sum_t log r_t) over its valid tokens."""
@@ -96,6 +99,7 @@ class RolloutCorrection:
     rs_level: str | None = None
     rs_lower: float = 0.5
     rs_upper: float = 2.0
+    batch_normalize: bool = False  # divide the IS weights by their batch mean (`is_scale`, from `batch_sums`)
 
     def __post_init__(self) -> None:
         for name in (self.is_level, self.rs_level):
@@ -121,12 +125,15 @@ class RolloutCorrection:
             rs_level=rs_level,
             rs_lower=lower,
             rs_upper=upper,
+            batch_normalize=bool(getattr(algo, "rollout_is_batch_normalize", False)) and is_level is not None,
         )
 
     def __call__(
-        self, old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor
+        self, old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
+        is_scale: float = 1.0,
     ) -> Correction:
-        """Weights and rejection mask for one batch of responses (all (B, R)); no gradient flows through them."""
+        """Weights and rejection mask for one batch of responses (all (B, R)); no gradient flows through them.
+        `is_scale`: the batch mean the truncated IS weights are divided by (`batch_normalize`; 1 = none)."""
         with torch.no_grad():
             mask = response_mask.float()
             valid = mask > 0
@@ -139,6 +146,9 @@ class RolloutCorrection:
                 cap = math.log(self.is_threshold)
                 weights = torch.exp(log_w.clamp(max=cap)) * mask
                 metrics.update(_is_metrics(weights, log_w > cap, valid))
+                if self.batch_normalize:
+                    weights = weights / is_scale
+                    metrics[PREFIX + "is_batch_norm_factor"] = float(is_scale)
             kept = valid
             if self.rs_level is not None:
                 stat = RATIO_LEVELS.get(self.rs_level)(log_ratio, mask)
@@ -147,6 +157,31 @@ class RolloutCorrection:
                 weights = weights * kept
                 metrics.update(_rejection_metrics(kept, valid))
         return Correction(weights=weights.detach(), kept=kept, metrics=metrics)
+
+
+    def batch_sums(self, old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
+                   response_mask: torch.Tensor) -> torch.Tensor:
+        """(sum, count) of the truncated IS weights whose mean `batch_normalize` divides by, as verl averages them:
+        over valid tokens at the token level, over rows (one weight each) at a row level. Summed over a batch's
+        shards (ranks), sum / count is `is_scale`."""
+        with torch.no_grad():
+            mask = response_mask.float()
+            valid = mask > 0
+            diff = old_log_prob.float() - rollout_log_prob.float()
+            log_ratio = torch.where(valid, diff, 0.0).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+            log_w = RATIO_LEVELS.get(self.is_level)(log_ratio, mask)
+            weights = torch.exp(log_w.clamp(max=math.log(self.is_threshold))) * mask
+            if getattr(RATIO_LEVELS.get(self.is_level), "per_token", False):
+                return torch.stack([weights.sum(), mask.sum()])
+            rows = valid.any(dim=-1)
+            row_w = masked_mean(weights, mask, dim=-1)
+            return torch.stack([row_w[rows].sum(), rows.sum().float()])
+
+
+def is_scale_of(sums: torch.Tensor) -> float:
+    """The batch mean from `batch_sums` (summed over ranks); 1 when there is nothing to average (verl's guard)."""
+    mean = float(sums[0]) / max(float(sums[1]), 1.0)
+    return mean if mean > 1e-8 else 1.0
 
 
 def _ratio_metrics(log_ratio: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:

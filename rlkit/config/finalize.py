@@ -18,6 +18,7 @@ from rlkit.config.bounds import check_bounds
 from rlkit.config.checks import check_config
 from rlkit.config.distillation import check_distillation
 from rlkit.config.micro_batch_sizes import settle_micro_batches
+from rlkit.config.optim import settle_optim
 from rlkit.config.rollout_correction import check_rollout_correction, settle_rollout_correction
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
@@ -56,10 +57,26 @@ def derive(cfg: RLConfig) -> None:
         critic.ppo_epochs = actor.ppo_epochs
     if critic.model.path is None:
         critic.model.path = cfg.actor_rollout_ref.model.path
+    settle_optim(actor.optim, "actor_rollout_ref.actor.optim")
+    if critic.enable is not False:
+        settle_optim(critic.optim, "critic.optim")
     settle_micro_batches(cfg)
     settle_rollout_correction(cfg)  # algorithm.rollout_is/rollout_rs: a level name or None, rejection bounds
+    settle_pf_ppo_and_is_norm(cfg)
     if isinstance(cfg.trainer.logger, str):  # verl's one-name form: trainer.logger=console
         cfg.trainer.logger = [cfg.trainer.logger]
+
+
+def settle_pf_ppo_and_is_norm(cfg: RLConfig) -> None:
+    """PF-PPO resamples GAE batches only (as verl); batch-normalised IS weights need the old log-probs before the
+    update (their mean over the whole batch), so the old-log-prob forward runs."""
+    algo = cfg.algorithm
+    if algo.use_pf_ppo and algo.adv_estimator != "gae":
+        raise UserError(f"algorithm.use_pf_ppo=true resamples GAE batches (verl applies it only with "
+                        f"adv_estimator=gae; with {algo.adv_estimator} it does nothing): set use_pf_ppo=false or "
+                        "algorithm.adv_estimator=gae")
+    if algo.rollout_is_batch_normalize and algo.rollout_is:
+        cfg.actor_rollout_ref.actor.recompute_old_log_prob = True
 
 
 def apply_modes(cfg: RLConfig) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from rlkit.config.distillation import DistillationConfig
 from rlkit.config.fsdp import FSDPConfig
+from rlkit.config.optim import OptimConfig
 from rlkit.config.profiler import GlobalProfilerConfig, RoleProfilerConfig
 from rlkit.config.reward_model import RewardModelConfig
 from rlkit.config.rollout import RolloutConfig
@@ -86,17 +87,6 @@ class ModelConfig:
         if self.use_torch_compile not in (True, False, "auto"):
             raise UserError(f"actor_rollout_ref.model.use_torch_compile={self.use_torch_compile!r}: expected "
                             "true, false or auto")
-
-
-@dataclass
-class OptimConfig:
-    lr: float = f(1e-6, "peak learning rate")
-    weight_decay: float = f(0.01, "AdamW weight decay")
-    betas: list = f(factory=lambda: [0.9, 0.999], help="AdamW betas")
-    lr_warmup_steps: int = f(-1, "warmup steps; -1 = use lr_warmup_steps_ratio")
-    lr_warmup_steps_ratio: float = f(0.0, "warmup as a fraction of total steps")
-    lr_scheduler_type: str = f("constant", "schedule after warmup (rlkit.utils.lr_schedule.LR_SCHEDULES)")
-    min_lr_ratio: float = f(0.0, "cosine floor as a fraction of lr")
 
 
 @dataclass
@@ -233,6 +223,13 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class PFPPOConfig:
+    reweight_method: str = f("pow", "how a row's summed score becomes its sampling weight "
+                             "(rlkit.algo.pf_ppo.REWEIGHTS)")
+    weight_pow: float = f(2.0, "pow: the weight is |score| ** weight_pow")
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = f("grpo", "advantage estimator (rlkit.algo.ADV_ESTIMATORS); the critic, n >= 2 or "
                            "greedy baseline it declares are provided")
@@ -250,6 +247,11 @@ class AlgorithmConfig:
                                "| geometric) is outside the bounds get weight 0; null = off")
     rollout_rs_threshold: float | None = f(None, "upper rejection bound; null = rollout_is_threshold")
     rollout_rs_threshold_lower: float | None = f(None, "lower rejection bound; null = 1 / upper")
+    rollout_is_batch_normalize: bool = f(False, "divide the truncated importance weights by their mean over the "
+                                         "batch (tokens at level token, rows otherwise), so they average 1")
+    use_pf_ppo: bool = f(False, "PF-PPO: after GAE, resample the batch with replacement, rows weighted by their score "
+                         "(algorithm.pf_ppo; verl applies it with adv_estimator=gae only)")
+    pf_ppo: PFPPOConfig = f(factory=PFPPOConfig, help="PF-PPO's row weights")
     bypass_mode: bool = f(False, "old log-probs are the rollout engine's (no recompute forward; the PPO ratio is "
                           "pi / pi_rollout); needs rollout.calculate_log_probs (verl: rollout_correction.bypass_mode)")
     filter_groups: FilterGroupsConfig = f(factory=FilterGroupsConfig, help="DAPO dynamic sampling")

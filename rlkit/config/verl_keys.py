@@ -216,14 +216,11 @@ def _rules() -> list[VerlKey]:
               "bypass_mode}", "algorithm.{1}"),
         refused("algorithm.rollout_correction.loss_type", "rollout correction weights the PPO-clip loss",
                 inert=only("ppo_clip")),
-        refused("algorithm.rollout_correction.rollout_is_batch_normalize", "importance weights are not "
-                "batch-normalised in rlkit; remove it"),
+        alias("algorithm.rollout_correction.rollout_is_batch_normalize", "algorithm.rollout_is_batch_normalize"),
         mapped("algorithm.filter_groups.metric", "nothing to set: dynamic sampling compares the samples' scores "
                "(for 0/1 rewards acc and score are the same)"),
         mapped("algorithm.filter_groups.max_inflight_gen_batches", "nothing to set: rlkit generates one refill "
                "batch at a time"),
-        refused("algorithm.use_pf_ppo", "preference-feedback PPO reweighting is not in rlkit; remove it"),
-        refused("algorithm.pf_ppo.**", "read only with algorithm.use_pf_ppo=true, which rlkit refuses", inert=ANY),
     ]
     # --- distillation (the group exists in verl's PPO config)
     rules += [mapped("distillation.{_target_}", "nothing to set: verl's dataclass target"),

@@ -5,6 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlkit.config.verl_compute_rules import (
+    MEGATRON_OFFLOAD_OPTIONS,
+    has_megatron_options,
+    megatron_optimizer_name,
+    megatron_optimizer_option,
+    megatron_optimizer_options,
+    optimizer_name,
+)
 from rlkit.config.verl_rules import VerlKey, alias, falsy, mapped, only, refused
 from rlkit.errors import UserError
 
@@ -170,22 +178,26 @@ def optim_rules(prefix: str, role: str) -> list[VerlKey]:
         alias(f"{prefix}.{{warmup_style,lr_decay_style}}", f"{prefix}.lr_scheduler_type"),
         mapped(f"{prefix}.total_training_steps", "nothing to set: the schedule's length is "
                "trainer.total_training_steps (or the epochs' steps), filled in by the trainer as verl does"),
-        refused(f"{prefix}.optimizer", "rlkit's optimizer is AdamW; remove it", inert=only("adamw", "adam")),
-        refused(f"{prefix}.optimizer_impl", "rlkit uses torch.optim.AdamW; remove it", inert=only("torch.optim")),
+        mapped(f"{prefix}.optimizer", "AdamW", derive=optimizer_name, when=megatron_optimizer_name),
+        mapped(f"{prefix}.override_optimizer_config", "Megatron options", derive=megatron_optimizer_options,
+               when=has_megatron_options),
+        mapped(f"{prefix}.override_optimizer_config.{{{','.join(sorted(MEGATRON_OFFLOAD_OPTIONS))}}}",
+               "Megatron options", derive=megatron_optimizer_option, when=ANY),
         refused(f"{prefix}.num_cycles", "rlkit's cosine schedule is one half-cycle; remove it", inert=only(0.5)),
         refused(f"{prefix}.zero_indexed_step", "rlkit's schedules count steps from 0; remove it", inert=only(True)),
         refused(f"{prefix}.{{exp_avg_dtype,exp_avg_sq_dtype,main_grads_dtype}}", "rlkit keeps optimizer state and "
                 "gradients in float32; remove it", inert=only("fp32", "float32")),
         refused(f"{prefix}.weight_decay_incr_style", "rlkit's weight decay is constant", inert=only("constant")),
-        refused(f"{prefix}.{{min_lr,lr_warmup_init}}", "use optim.min_lr_ratio (the floor as a fraction of lr) and "
-                "lr_warmup_steps; remove it"),
+        refused(f"{prefix}.lr_warmup_init", "rlkit's warmup starts from lr / warmup steps (lr_warmup_steps); "
+                "remove it"),
         refused(f"{prefix}.{{lr_decay_steps,lr_wsd_decay_steps}}", "the decay runs over the whole run "
                 "(lr_scheduler_type, min_lr_ratio); remove it"),
         refused(f"{prefix}.lr_wsd_decay_style", "rlkit has no warmup-stable-decay schedule; remove it",
                 inert=only("exponential")),
-        refused(f"{prefix}.{{override_optimizer_config,use_checkpoint_opt_param_scheduler,"
-                "use_layer_wise_distributed_optimizer,use_precision_aware_optimizer}",
-                "a Megatron optimizer option rlkit does not have; remove it"),
+        mapped(f"{prefix}.{{use_checkpoint_opt_param_scheduler,"
+               "use_layer_wise_distributed_optimizer,use_precision_aware_optimizer}",
+               "nothing to set: a Megatron optimizer's memory layout; rlkit's AdamW state is sharded with the FSDP2 "
+               "parameters, in float32, and a resumed run restores its schedule from the checkpoint"),
         refused(f"{prefix}.muon_*", "read only by the Muon optimizer, which rlkit does not have", inert=ANY),
     ]
 

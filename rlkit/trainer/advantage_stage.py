@@ -9,6 +9,7 @@ import torch
 
 from rlkit.algo import ADV_ESTIMATORS, AdvantageInputs
 from rlkit.algo.kl import apply_kl_penalty
+from rlkit.algo.pf_ppo import pf_ppo_resample
 from rlkit.algo.rollout_correction import RolloutCorrection
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
@@ -84,3 +85,5 @@ def compute_advantages(batch: Batch, cfg: RLConfig) -> None:
     ))
     batch["advantages"] = advantages.float()
     batch["returns"] = returns.float()
+    if algo.use_pf_ppo:  # PF-PPO (rlkit.algo.pf_ppo): the batch resampled by score, after its advantages
+        pf_ppo_resample(batch, algo.pf_ppo.reweight_method, algo.pf_ppo.weight_pow)

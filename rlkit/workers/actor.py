@@ -32,6 +32,7 @@ from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.heads import ForwardOut
+from rlkit.workers.is_batch_norm import batch_is_scale
 from rlkit.workers.micro_batch import MicroBatching, in_row_order
 from rlkit.workers.model_inputs import ModelInputs
 from rlkit.workers.topk import response_log_softmax
@@ -113,6 +114,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
         self.actor, self.model_cfg, self.total_steps = actor, model, total_steps
         self.rollout_n, self.temperature, self.seed = rollout_n, temperature, seed
         self.rollout_correction = rollout_correction
+        self.is_scale = 1.0  # the batch mean of the IS weights, set per update (rlkit.workers.is_batch_norm)
         self.update_micro = MicroBatching(actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz,
                                           actor.ppo_max_token_len_per_gpu)
         self.log_prob = log_prob or self.update_micro
@@ -176,6 +178,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
             shuffle_seed=self.seed + self.rank if a.shuffle else None,
             optimizer_offload=a.fsdp_config.optimizer_offload,
         )
+        self.is_scale = batch_is_scale(self.rollout_correction, batch)  # algorithm.rollout_is_batch_normalize
         metrics = self.run_update(batch, plan, self._policy_loss(batch["responses"].shape[1]), "actor")
         return Batch(meta={"metrics": metrics})
 
@@ -205,7 +208,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
                 if "rollout_log_probs" not in mb:
                     raise RuntimeError("algorithm.rollout_is/rollout_rs is on but the batch has no "
                                        "rollout_log_probs (rollout.calculate_log_probs: the engine returned none)")
-                corr = self.rollout_correction(old, mb["rollout_log_probs"].to(self.device), mask)
+                corr = self.rollout_correction(old, mb["rollout_log_probs"].to(self.device), mask, self.is_scale)
                 is_weights = corr.weights
                 metrics.update(corr.metrics)
             pg = pg_loss_fn(

@@ -37,6 +37,7 @@ from rlkit.models.vision import (
 )
 from rlkit.utils.cpu_precision import auto_cpu_dtype
 from rlkit.utils.lr_schedule import lr_lambda
+from rlkit.utils.optimizer import build_optimizer
 from rlkit.workers import layer_compile, ulysses
 from rlkit.workers.compute_copy import ComputeCopy
 from rlkit.workers.heads import ForwardOut, Head, HeadCall, make_head
@@ -210,9 +211,7 @@ class FSDPModel:
     def setup_optimizer(self, optim: OptimConfig, total_steps: int) -> None:
         if self.compute_copy is not None:
             self.compute_copy.replace_frozen = False  # a frozen part (vision tower) stays as checkpoints hold it
-        self.optimizer = torch.optim.AdamW(
-            self.trainable_parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
-        )
+        self.optimizer = build_optimizer(self.trainable_parameters(), optim)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim, total_steps))
 
     def offload_optimizer(self) -> None:
