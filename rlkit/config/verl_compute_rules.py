@@ -4,7 +4,10 @@ verl_role_keys.py use for them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+from rlkit.config.verl_rules import VerlKey, alias, mapped, refused
 
 #: Megatron's optimizer options that only move optimizer state to host memory (verl passes them in
 #: `override_optimizer_config` to megatron.core's OptimizerConfig); torch optimizers take none of them
@@ -51,3 +54,46 @@ def megatron_optimizer_option(value: Any, key: str) -> tuple[dict, str]:
         return {target: True}, f"{target}=true (FSDP2 keeps the optimizer state in host memory)"
     return {}, "nothing to set: a Megatron optimizer-offload tuning option (torch optimizers take none)"
 
+
+
+#: verl's engine names that are FSDP under another launcher or kernel set (`model_engine=`, `*.strategy=`): what
+#: rlkit's FSDP2 does in their place ('' = nothing to say beyond the rule's line)
+FSDP_VARIANTS = {
+    "fsdp2": "",
+    "fsdp": "FSDP2 (rlkit's training engine: the same full sharding as verl's FSDP1, per decoder layer)",
+    "dp": "FSDP2 (verl's data-parallel engine group is FSDP; rlkit's is FSDP2, per decoder layer)",
+    "veomni": "FSDP2 (VeOmni shards with FSDP2 too; its fused kernels are replaced by transformers' modules, "
+              "veomni.* map as their own lines say)",
+    "fsdp_turbo": "FSDP2 (verl's turbo FSDP engine: the same sharding, its speed-ups not applied)",
+    "torchtitan": "FSDP2 (torchtitan's data parallelism is FSDP2; rlkit runs the HF model instead of its own)",
+}
+
+VEOMNI_KERNELS = ("a VeOmni kernel choice: rlkit runs transformers' own modules (attention: "
+                  "actor_rollout_ref.model.attn_implementation)")
+
+
+Derive = Callable[[Any, str], tuple[dict, str]]
+
+
+def veomni_rules(prefix: str, role: str, strategy: Derive, replay: Derive) -> list[VerlKey]:
+    """verl's VeOmni engine section of one role (`prefix`: actor.veomni, ...) on rlkit's FSDP2 (`strategy` and
+    `replay` read the engine name and the routing-replay mode as the other engines' sections do)."""
+    target = f"{role}.fsdp_config"
+    return [
+        alias(f"{prefix}.{{param_offload,optimizer_offload,fsdp_size}}", f"{target}.{{1}}"),
+        alias(f"{prefix}.enable_fsdp_offload", f"{target}.param_offload"),
+        alias(f"{prefix}.ulysses_parallel_size", f"{role}.ulysses_sequence_parallel_size"),
+        mapped(f"{prefix}.strategy", "FSDP2", derive=strategy),
+        mapped(f"{prefix}.expert_parallel_size", "FSDP2 sharding: every expert is sharded over all data-parallel "
+               "workers instead of an expert-parallel split (the same numbers)"),
+        mapped(f"{prefix}.*_implementation", VEOMNI_KERNELS),
+        mapped(f"{prefix}.{{mixed_precision,seed,full_determinism,init_device,enable_full_shard,ckpt_manager,"
+               "forward_prefetch,use_torch_compile,entropy_from_logits_with_chunking,entropy_checkpointing,"
+               "forward_only,enable_reentrant,force_use_huggingface,activation_gpu_limit,basic_modules,"
+               "pad_to_length,pad_to_length_bucket}",
+               "nothing to set: a VeOmni engine setting of speed or memory; rlkit's FSDP2 wraps each decoder layer "
+               "in the role's fsdp_config dtype, seeds from trainer.seed and reads the role's own keys"),
+        mapped(f"{prefix}.router_replay.mode", "nothing to set: routing replay off", derive=replay),
+        refused(f"{prefix}.load_checkpoint_path", "rlkit starts from model.path (or resumes with "
+                "trainer.resume_mode); point model.path at the weights instead"),
+    ]

@@ -9,6 +9,7 @@ from this table (`python -m rlkit.config.verl_doc`).
 from __future__ import annotations
 
 from rlkit.config.trl_loss_types import trl_loss_type
+from rlkit.config.verl_compute_rules import veomni_rules
 from rlkit.config.verl_role_keys import (
     ACTOR,
     ANY,
@@ -41,6 +42,7 @@ def _rules() -> list[VerlKey]:
     rules += [
         mapped(f"{ARR}.{{actor,ref}}.strategy", FSDP2, derive=strategy),
         mapped("{critic,reward_model}.strategy", FSDP2, derive=strategy),
+        mapped("model_engine", FSDP2, derive=strategy),
         mapped(f"{ROLLOUT}.name", "the vLLM engine", derive=rollout_engine,
                when=lambda v: str(v).lower() in ("sglang", "trtllm")),
         refused(f"{ARR}.hybrid_engine", "the actor, rollout and reference always share one process per device in "
@@ -50,6 +52,7 @@ def _rules() -> list[VerlKey]:
     # --- actor
     rules += fsdp_rules(f"{ACTOR}.fsdp_config", ACTOR) + megatron_rules(f"{ACTOR}.megatron", ACTOR, MODEL)
     rules += optim_rules(f"{ACTOR}.optim", ACTOR) + role_common(ACTOR, ACTOR)
+    rules += veomni_rules(f"{ACTOR}.veomni", ACTOR, strategy, router_replay(f"{ACTOR}.router_replay"))
     rules += [
         alias(f"{ACTOR}.policy_loss.loss_mode", f"{ACTOR}.policy_loss"),
         alias(f"{ACTOR}.policy_loss.{{clip_cov_ratio,clip_cov_lb,clip_cov_ub,kl_cov_ratio,ppo_kl_coef,dro_beta}}",
@@ -70,13 +73,16 @@ def _rules() -> list[VerlKey]:
                "sum_pi_squared exactly when algorithm.adv_estimator reads it (the optimal token baselines)"),
         mapped(f"{ACTOR}.sum_pi_squared_checkpointing", "nothing to set: rlkit computes sum_pi_squared only in the "
                "no-grad old-log-prob forward, chunk by chunk, so nothing is kept for backward"),
-        refused(f"{ACTOR}.use_prefix_grouper", "shared-prefix grouping is not in rlkit; remove it"),
+        mapped(f"{ACTOR}.use_prefix_grouper", "nothing to set: each sample's forward runs its own copy of the shared "
+               "prompt instead of one per group (verl's prefix grouper saves that compute); the log-probs are the "
+               "same"),
         mapped(f"{ACTOR}.router_replay.mode", REPLAY_OFF, derive=router_replay(f"{ACTOR}.router_replay")),
         refused(f"{ACTOR}.qat.**", "quantisation-aware training is not in rlkit; remove qat.*", switch="enable"),
     ]
     # --- reference
     rules += fsdp_rules(f"{REF}.fsdp_config", REF) + megatron_rules(f"{REF}.megatron", REF, MODEL)
     rules += role_common(REF, REF)
+    rules += veomni_rules(f"{REF}.veomni", REF, strategy, router_replay(f"{ACTOR}.router_replay"))
     rules += [
         mapped(f"{REF}.{{use_torch_compile,entropy_from_logits_with_chunking,entropy_from_logits_chunk_size,"
                "entropy_checkpointing}", "nothing to set: the reference computes as the actor's keys say"),
@@ -106,9 +112,14 @@ def _rules() -> list[VerlKey]:
         refused(f"{ROLLOUT}.disaggregation.**", "prefill/decode disaggregation is not in rlkit", switch="enabled"),
         alias(f"{ROLLOUT}.enable_rollout_routing_replay", f"{ACTOR}.router_replay"),
         mapped(f"{ROLLOUT}.full_determinism", DETERMINISM_OFF, derive=full_determinism),
-        refused(f"{ROLLOUT}.{{skip_rollout,over_sample_rate,quantization,"
-                "quantization_config_file,mtp,moe_load_balance_metrics_interval,qat}",
+        mapped(f"{ROLLOUT}.over_sample_rate", "nothing to set: verl reads it nowhere since 2025-12 (it was the "
+               "early abort of the last requests of SGLang's removed sync mode); every sample is generated, as in "
+               "verl"),
+        refused(f"{ROLLOUT}.{{skip_rollout,quantization,"
+                "quantization_config_file,mtp,qat}",
                 "not in rlkit's rollout; remove it"),
+        mapped(f"{ROLLOUT}.moe_load_balance_metrics_interval", "nothing to set: the engine's expert-load metrics are "
+               "not collected (the trainer logs its own MoE metrics)"),
         mapped(f"{ROLLOUT}.{{layered_summon,multi_stage_wake_up,skip_tokenizer_init,skip_dump_dir}}",
                "nothing to set: rlkit streams the FSDP state dict layer by layer into the engine and wakes it in "
                "one step on CPU and GPU alike"),
@@ -133,6 +144,7 @@ def _rules() -> list[VerlKey]:
     # --- critic (the new layout's `critic.fsdp`, the older `critic.model.fsdp_config`)
     rules += fsdp_rules("critic.fsdp", "critic") + fsdp_rules("critic.model.fsdp_config", "critic")
     rules += megatron_rules("critic.megatron", "critic", "critic.model")
+    rules += veomni_rules("critic.veomni", "critic", strategy, router_replay(f"{ACTOR}.router_replay"))
     rules += optim_rules("critic.optim", "critic") + role_common("critic", "critic") + model_rules("critic.model")
     rules += [
         refused("critic.model.lora_rank", "LoRA on the critic is not in rlkit; the critic trains all its weights",

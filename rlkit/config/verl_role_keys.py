@@ -3,9 +3,12 @@ as rule builders per section, and the value conversions the rules share; the tab
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from rlkit.config.verl_compute_rules import (
+    FSDP_VARIANTS,
     MEGATRON_OFFLOAD_OPTIONS,
     has_megatron_options,
     megatron_optimizer_name,
@@ -39,15 +42,13 @@ FSDP2 = "FSDP2 (rlkit's training engine for every role)"
 def strategy(value: Any, key: str) -> tuple[dict, str]:
     """`*.strategy`: rlkit trains every role with FSDP2; Megatron's parallel sizes are mapped key by key."""
     name = str(value).lower()
-    if name == "fsdp2":
-        return {}, ""
-    if name == "fsdp":
-        return {}, "FSDP2 (rlkit's training engine: the same full sharding as verl's FSDP1, per decoder layer)"
+    if name in FSDP_VARIANTS:
+        return {}, FSDP_VARIANTS[name]
     if name == "megatron":
         return {}, ("FSDP2: rlkit trains with FSDP2; megatron.* sizes map as their own lines say "
                     "(tensor/pipeline/expert parallel -> FSDP2 sharding, context parallel -> Ulysses SP)")
     raise UserError(f"config key '{key}={value}' is not supported by rlkit: rlkit trains with FSDP2 "
-                    "(strategy fsdp, fsdp2 or megatron are accepted and run as FSDP2)")
+                    f"({', '.join(sorted(FSDP_VARIANTS))} and megatron are accepted and run as FSDP2)")
 
 
 def rollout_engine(value: Any, key: str) -> tuple[dict, str]:
@@ -102,8 +103,13 @@ def checkpoint_contents(value: Any) -> bool:
 
 
 def resume_path(value: Any, key: str) -> tuple[dict, str]:
+    """verl's resume_from_path: rlkit's resume_mode takes the path; a folder that does not exist yet (a script's
+    first run) starts fresh, as verl does."""
     if value in (None, ""):
         return {}, ""
+    if not Path(os.path.expanduser(str(value))).exists():
+        return {"trainer.resume_mode": "disable"}, (f"{value} does not exist yet: the run starts fresh "
+                                                    "(trainer.resume_mode=disable), as verl does")
     return {"trainer.resume_mode": value}, f"trainer.resume_mode={value} (rlkit's resume_mode takes the path itself)"
 
 
@@ -175,6 +181,7 @@ def optim_rules(prefix: str, role: str) -> list[VerlKey]:
     """verl's optimizer keys of one role beyond rlkit's (lr, betas, weight_decay, warmup, scheduler)."""
     return [
         alias(f"{prefix}.clip_grad", f"{role}.grad_clip"),
+        alias(f"{prefix}.lr_min", f"{prefix}.min_lr"),
         alias(f"{prefix}.{{warmup_style,lr_decay_style}}", f"{prefix}.lr_scheduler_type"),
         mapped(f"{prefix}.total_training_steps", "nothing to set: the schedule's length is "
                "trainer.total_training_steps (or the epochs' steps), filled in by the trainer as verl does"),

@@ -1,0 +1,67 @@
+"""verl keys that name engines, resume paths or speed-only switches: each maps onto what rlkit computes, with one
+line (model_engine / strategy FSDP variants and veomni.*, resume_from_path not there yet, over_sample_rate,
+use_prefix_grouper)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlkit.config.load import compose_config
+from rlkit.errors import UserError
+
+HF = ["actor_rollout_ref.rollout.name=hf"]
+ACTOR = "actor_rollout_ref.actor"
+
+
+def _compose(overrides: list[str]) -> tuple[object, str]:
+    notices: list[str] = []
+    cfg = compose_config(None, HF + overrides, notices=notices)
+    return cfg, "\n".join(notices)
+
+
+@pytest.mark.parametrize("engine", ["dp", "veomni", "torchtitan", "megatron"])
+def test_model_engine_names_run_as_fsdp2_with_a_line(engine):
+    _, said = _compose([f"model_engine={engine}"])
+    assert f"model_engine={engine} -> FSDP2" in said
+
+
+@pytest.mark.parametrize("strategy", ["veomni", "fsdp_turbo", "fsdp"])
+def test_fsdp_variant_strategies_run_as_fsdp2(strategy):
+    _, said = _compose([f"{ACTOR}.strategy={strategy}", f"critic.strategy={strategy}"])
+    assert f"{ACTOR}.strategy={strategy} -> FSDP2" in said and f"critic.strategy={strategy} -> FSDP2" in said
+
+
+def test_an_engine_rlkit_does_not_have_is_one_line():
+    with pytest.raises(UserError, match="model_engine=xla.*run as FSDP2"):
+        _compose(["model_engine=xla"])
+
+
+def test_veomni_section_lands_on_rlkits_fsdp_keys():
+    cfg, said = _compose([f"{ACTOR}.veomni.param_offload=true", f"{ACTOR}.veomni.optimizer_offload=true",
+                          f"{ACTOR}.veomni.fsdp_size=2", f"{ACTOR}.veomni.ulysses_parallel_size=2",
+                          f"{ACTOR}.veomni.attn_implementation=flash_attention_2",
+                          f"{ACTOR}.veomni.expert_parallel_size=4", "actor_rollout_ref.ref.veomni.param_offload=true",
+                          f"{ACTOR}.veomni.router_replay.mode=R3"])
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.fsdp_config.param_offload and actor.fsdp_config.optimizer_offload and actor.fsdp_config.fsdp_size == 2
+    assert actor.ulysses_sequence_parallel_size == 2 and actor.router_replay is True
+    assert cfg.actor_rollout_ref.ref.fsdp_config.param_offload is True
+    assert "attn_implementation=flash_attention_2 -> a VeOmni kernel choice" in said
+    assert "expert_parallel_size=4 -> FSDP2 sharding" in said
+    with pytest.raises(UserError, match="load_checkpoint_path"):
+        _compose([f"{ACTOR}.veomni.load_checkpoint_path=/ckpt"])
+
+
+def test_resume_path_that_does_not_exist_yet_starts_fresh(tmp_path):
+    missing = tmp_path / "ckpt" / "global_step_10"
+    cfg, said = _compose(["trainer.resume_mode=resume_path", f"trainer.resume_from_path={missing}"])
+    assert cfg.trainer.resume_mode == "disable" and "does not exist yet: the run starts fresh" in said
+    missing.mkdir(parents=True)
+    cfg, _ = _compose(["trainer.resume_mode=resume_path", f"trainer.resume_from_path={missing}"])
+    assert cfg.trainer.resume_mode == str(missing)
+
+
+def test_speed_only_switches_are_mapped_with_a_line():
+    _, said = _compose([f"{ACTOR}.use_prefix_grouper=true", "actor_rollout_ref.rollout.over_sample_rate=0.1"])
+    assert "use_prefix_grouper=true -> nothing to set" in said and "the log-probs are the same" in said
+    assert "over_sample_rate=0.1 -> nothing to set" in said
