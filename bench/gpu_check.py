@@ -1,7 +1,12 @@
 """The prepared device check: the CUDA paths that CPU CI cannot run, in one short script.
 
-    python bench/gpu_check.py                      # on a GPU machine: NCCL + bf16 + GRPO step + vLLM sync
-    python bench/gpu_check.py --device cpu         # the same checks on CPU/gloo (what CI can prove)
+    python bench/gpu_check.py --host inprocess     # the lent GPU machine (no Ray, no vLLM): docs/gpu.md
+    python bench/gpu_check.py --host inprocess --device cpu    # the same on CPU/gloo, a tiny model (CI runs it)
+    python bench/gpu_check.py                      # a GPU cluster with Ray + vLLM: NCCL + bf16 + GRPO step + vLLM sync
+    python bench/gpu_check.py --device cpu         # the same checks on CPU/gloo
+
+`--host inprocess` runs rlkit's worker roles in this process (bench/_gpu_inprocess.py says what it checks:
+env, numerics, grpo_step, weight_sync); without it (`--host ray`), the checks below.
 
 Four checks, each printed as a row of one table and written to JSON (`--out`):
 
@@ -282,6 +287,8 @@ CHECKS = ("env", "numerics", "grpo_step", "vllm_sync")
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", choices=["ray", "inprocess"], default="ray",
+                    help="inprocess: the roles in this process, no Ray or vLLM needed (the lent GPU machine)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--dtype", choices=list(TOLERANCE), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated subset of {CHECKS}")
@@ -291,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "bench/results"), "gpu_check.json"))
     args = ap.parse_args(argv)
+    if args.host == "inprocess":
+        return _inprocess(args)
     checks = args.checks.split(",")
     if unknown := set(checks) - set(CHECKS):
         print(f"unknown checks {sorted(unknown)}; choose from {CHECKS}", file=sys.stderr)
@@ -322,6 +331,31 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": args.device, "dtype": dtype, "results": results}, indent=1, default=str))
+    print(f"wrote {out}")
+    return 0 if all(r["ok"] for r in results.values()) else 1
+
+
+def _inprocess(args: argparse.Namespace) -> int:
+    """`--host inprocess`: bench/_gpu_inprocess.py's checks, one table row each, and the JSON."""
+    # before torch touches CUDA: NCCL's cuMem buffers off (as verl: they and the sleep mode disagree), and
+    # expandable segments (less fragmentation between the phases' differently shaped allocations)
+    os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    sys.path.insert(0, str(ROOT / "bench"))
+    import _gpu_inprocess as inprocess
+
+    names = list(inprocess.CHECKS) if args.checks == ",".join(CHECKS) else args.checks.split(",")
+    if unknown := set(names) - set(inprocess.CHECKS):
+        print(f"unknown checks {sorted(unknown)}; choose from {tuple(inprocess.CHECKS)}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="rlkit-gpu-check-") as tmp:
+        results = inprocess.run_checks(names, args.device, max(1, args.steps), Path(tmp))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    seconds = round(time.perf_counter() - start, 1)
+    out.write_text(json.dumps({"host": "inprocess", "device": args.device, "seconds": seconds, "results": results},
+                              indent=1, default=str))
     print(f"wrote {out}")
     return 0 if all(r["ok"] for r in results.values()) else 1
 

@@ -1,5 +1,8 @@
 """Worker groups: role classes spawned as Ray actors on a resource pool.
 
+Ray is imported where a group is spawned or called, not with this module: `local_host` (the same host, in this
+process) runs where Ray is not installed (`rlkit debug replay`, bench/gpu_check.py on a bare GPU machine).
+
 Every Ray actor is a `_WorkerHost` that constructs one or more role classes in
 the same process. One role = a plain worker group; several roles = colocation
 (actor + rollout + reference in one process, handing weights over in memory).
@@ -20,14 +23,9 @@ import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from typing import TYPE_CHECKING, Any
 
 from rlkit.controller.decorator import DISPATCH_MODES, DispatchInfo, get_register_spec
-from rlkit.controller.futures import DataFuture, get_with_rank
-from rlkit.controller.resource_pool import ResourcePool
 from rlkit.controller.worker import DEVICE_ENV, node_ip, reserve_master_port
 from rlkit.debug.breakpoints import set_step
 from rlkit.debug.stacks import register_worker
@@ -35,6 +33,9 @@ from rlkit.registry import extension_modules, import_plugins
 from rlkit.utils.determinism import apply_deterministic
 from rlkit.utils.memory_peak import PhasePeaks, trim_heap, use_sink
 from rlkit.utils.profiling import ProfilePlan, StepProfiler
+
+if TYPE_CHECKING:
+    from rlkit.controller.resource_pool import ResourcePool
 
 # calls too small to be a phase of a step: their memory peaks would only add noise to the metrics
 UNMEASURED_METHODS = frozenset({"dispatch_info", "where", "memory_report"})
@@ -168,6 +169,9 @@ class RayWorkerGroup:
         self._views: dict[str, WorkerGroupView] = {}
 
     def _spawn(self, runtime_env: dict | None, max_restarts: int) -> list:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         host = ray.remote(_WorkerHost)
         actors = []
         rank = 0
@@ -208,13 +212,19 @@ class RayWorkerGroup:
 
     def pop_memory_peaks(self) -> list[dict[str, dict[str, float]]]:
         """Each worker's peak memory per called method since the last pop (one dict per rank)."""
+        import ray
+
         return ray.get([a.pop_memory_peaks.remote() for a in self.actors], timeout=self.get_timeout_s)
 
     def rng_states(self) -> list[dict[str, Any]]:
         """Each worker's RNG states (one dict per rank)."""
+        import ray
+
         return ray.get([a.rng_state.remote() for a in self.actors], timeout=self.get_timeout_s)
 
     def shutdown(self) -> None:
+        import ray
+
         for a in self.actors:
             ray.kill(a, no_restart=True)
         self.actors = []
@@ -237,11 +247,15 @@ class WorkerGroupView:
     def dispatch_info(self) -> list[DispatchInfo]:
         """Each worker's data-parallel coordinates (asked once, then cached)."""
         if self._dispatch_info is None:
+            from rlkit.controller.futures import get_with_rank
+
             refs = [a.call.remote(self.role_name, "dispatch_info", None) for a in self.group.actors]
             self._dispatch_info = get_with_rank(refs, list(range(len(refs))), self.name, "dispatch_info")
         return self._dispatch_info
 
     def _invoke(self, method: str, spec: Any, *args: Any, blocking: bool | None = None, **kwargs: Any) -> Any:
+        from rlkit.controller.futures import DataFuture
+
         mode = DISPATCH_MODES.get(spec.dispatch)
         plan = mode.split(self, args, kwargs)
         refs, ranks = [], []
