@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from rlkit.config.bounds import check_bounds
 from rlkit.config.checks import check_config
 from rlkit.config.distillation import check_distillation
+from rlkit.config.lora_section import settle_lora_section
 from rlkit.config.micro_batch_sizes import settle_micro_batches
 from rlkit.config.optim import settle_optim
 from rlkit.config.rollout_correction import check_rollout_correction, settle_rollout_correction
@@ -31,6 +32,7 @@ DEFAULT_DATA_SEED = 1
 def derive(cfg: RLConfig) -> None:
     """Values that follow from others: engine lengths from the data, clip bounds, the critic's defaults, every
     pass's micro-batching (null = the actor's, global sizes per worker)."""
+    settle_lora_section(cfg.actor_rollout_ref.model)  # verl's model.lora.* onto lora_rank/... (read just below)
     rollout = cfg.actor_rollout_ref.rollout
     rollout.prompt_length = cfg.data.max_prompt_length
     rollout.response_length = cfg.data.max_response_length

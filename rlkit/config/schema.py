@@ -82,6 +82,8 @@ class ModelConfig:
                             "LM head) or a list of module names, e.g. [q_proj, v_proj]")
     exclude_modules: Any = f(None, "module names (list) or a regex that get no adapter; null = none")
     lora_adapter_path: str | None = f(None, "start from this PEFT adapter folder (its rank/alpha/targets win)")
+    lora: dict = f(factory=dict, help="verl's newer LoRA section (rank, alpha, target_modules in HF or Megatron "
+                   "names, exclude_modules, adapter_path): read onto the keys above (rlkit.config.lora_section)")
 
     def __post_init__(self) -> None:
         if self.use_torch_compile not in (True, False, "auto"):

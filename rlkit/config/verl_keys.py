@@ -8,6 +8,8 @@ from this table (`python -m rlkit.config.verl_doc`).
 
 from __future__ import annotations
 
+from rlkit.config.lora_section import lora_rules
+from rlkit.config.profiler import REFUSED_TOOLS
 from rlkit.config.trl_loss_types import trl_loss_type
 from rlkit.config.verl_compute_rules import veomni_rules
 from rlkit.config.verl_role_keys import (
@@ -139,6 +141,7 @@ def _rules() -> list[VerlKey]:
                "tokenises each turn once and appends, so no re-tokenisation check is needed"),
     ]
     # --- model
+    rules += lora_rules(MODEL)  # before model_rules: the actor's lora.* section is read (the critic's is refused)
     rules += model_rules(MODEL)
     rules += [alias(f"{MODEL}.use_fused_kernels", f"{MODEL}.fused_lm_head")]
     # --- critic (the new layout's `critic.fsdp`, the older `critic.model.fsdp_config`)

@@ -8,6 +8,7 @@ import pytest
 
 from rlkit.config.load import compose_config
 from rlkit.errors import UserError
+from rlkit.trainer.run_config import load_config
 
 HF = ["actor_rollout_ref.rollout.name=hf"]
 ACTOR = "actor_rollout_ref.actor"
@@ -65,3 +66,44 @@ def test_speed_only_switches_are_mapped_with_a_line():
     _, said = _compose([f"{ACTOR}.use_prefix_grouper=true", "actor_rollout_ref.rollout.over_sample_rate=0.1"])
     assert "use_prefix_grouper=true -> nothing to set" in said and "the log-probs are the same" in said
     assert "over_sample_rate=0.1 -> nothing to set" in said
+
+
+M = "actor_rollout_ref.model"
+
+
+def test_verls_newer_lora_section_sets_rlkits_lora_keys():
+    cfg = load_config(None, HF + [f"{M}.lora.rank=8", f"{M}.lora.alpha=16", f"{M}.lora.merge=true",
+                                  f"{M}.lora.target_modules=[linear_qkv,linear_proj]"])
+    model = cfg.actor_rollout_ref.model
+    assert model.lora_rank == 8 and model.lora_alpha == 16 and cfg.actor_rollout_ref.rollout.max_lora_rank == 8
+    assert model.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    older = load_config(None, HF + [f"{M}.lora_rank=8", f"{M}.lora_alpha=16",
+                                    f"{M}.target_modules=[q_proj,k_proj,v_proj,o_proj]"])
+    assert older.actor_rollout_ref.model == model  # the same LoRA either way
+    alone = load_config(None, HF + [f"{M}.lora.rank=4"]).actor_rollout_ref.model
+    assert alone.lora_alpha == 32  # verl's section's own default alpha
+
+
+def test_both_lora_spellings_set_differently_is_one_line_and_tuning_keys_say_so():
+    with pytest.raises(UserError, match="lora.rank=8 and actor_rollout_ref.model.lora_rank=16 set LoRA twice"):
+        load_config(None, HF + [f"{M}.lora.rank=8", f"{M}.lora_rank=16"])
+    same = load_config(None, HF + [f"{M}.lora.rank=8", f"{M}.lora_rank=8"])
+    assert same.actor_rollout_ref.model.lora_rank == 8
+    notices: list[str] = []
+    load_config(None, HF + [f"{M}.lora.rank=8", f"{M}.lora.lora_A_init_method=xavier", f"{M}.lora.type=lora"],
+                notices=notices)
+    assert any("lora.lora_A_init_method=xavier -> nothing to set" in n for n in notices)
+    with pytest.raises(UserError, match="lora.dropout=0.1.*no dropout"):
+        load_config(None, HF + [f"{M}.lora.rank=8", f"{M}.lora.dropout=0.1"])
+    with pytest.raises(UserError, match="lora.type=dora"):
+        load_config(None, HF + [f"{M}.lora.rank=8", f"{M}.lora.type=dora"])
+
+
+def test_the_lora_section_from_a_yaml_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(f"actor_rollout_ref:\n  model:\n    lora: {{rank: 4, alpha: 8, merge: true, dropout: 0.0, "
+                    f"exclude_modules: []}}\n  rollout: {{name: hf}}\n")
+    notices: list[str] = []
+    model = load_config(None, [], config_file=str(path), notices=notices).actor_rollout_ref.model
+    assert (model.lora_rank, model.lora_alpha, model.exclude_modules) == (4, 8, None)
+    assert any("nothing to set for dropout, merge" in n for n in notices)
