@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("rlkit.rollout",),
     ("rlkit.workers",),
     ("rlkit.eval",),
+    ("rlkit.runs",),
     ("rlkit.trainer",),
     ("rlkit_cli",),
 ]

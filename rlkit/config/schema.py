@@ -82,8 +82,6 @@ class ModelConfig:
                             "LM head) or a list of module names, e.g. [q_proj, v_proj]")
     exclude_modules: Any = f(None, "module names (list) or a regex that get no adapter; null = none")
     lora_adapter_path: str | None = f(None, "start from this PEFT adapter folder (its rank/alpha/targets win)")
-    lora: dict = f(factory=dict, help="verl's newer LoRA section (rank, alpha, target_modules in HF or Megatron "
-                   "names, exclude_modules, adapter_path): read onto the keys above (rlkit.config.lora_section)")
 
     def __post_init__(self) -> None:
         if self.use_torch_compile not in (True, False, "auto"):
@@ -280,11 +278,21 @@ class DebugConfig:
 
 
 @dataclass
+class PrometheusConfig:
+    port: int | None = f(None, "serve the run's metrics for Prometheus at http://<host>:<port>/metrics (0 = any free "
+                               "port, written to status.json); null = no endpoint")
+    host: str = f("127.0.0.1", "address the endpoint binds; any other than loopback needs the token")
+    token_env: str = f("RLKIT_PROMETHEUS_TOKEN", "environment variable holding the bearer token scrapes must send "
+                                                 "(required when host is not loopback; never put in the config)")
+
+
+@dataclass
 class TrainerConfig:
     project_name: str = f("rlkit", "tracker project")
     experiment_name: str = f("run", "tracker run name")
     logger: Any = f(factory=lambda: ["console", "file"], help="tracker name or list of them (rlkit.utils.tracker_base."
-                    "TRACKERS): console, file, tensorboard, wandb, mlflow, swanlab; a missing package fails pre-flight")
+                    "TRACKERS): console, file, tensorboard, wandb, mlflow, swanlab, trackio; a missing package fails "
+                    "pre-flight")
     log_val_generations: int = f(0, "validation generations (input, output, score) logged to every tracker per "
                                     "validation, the same N each time (verl's pick: sorted by input, shuffled with "
                                     "seed 42); 0 = none")
@@ -315,11 +323,6 @@ class TrainerConfig:
     max_worker_restarts: int = f(3, "a worker process that dies (SIGKILL, OOM kill, segfault) restarts the worker "
                                     "groups from the last complete checkpoint, at most this many times a run; "
                                     "0 = stop at the first death")
-    hang_timeout_s: float | None = f(600.0, "a phase of a step (gen, update_actor, a validation call, a checkpoint "
-                                     "save, ...) that makes no progress for max(this, 5 x its slowest time so far; "
-                                     "2 x this before it first finished) is a hang: every process's stack goes to "
-                                     "<log dir>/hang_step<N>.txt, the line names the rank and the collective or call "
-                                     "it waits in, and the run stops with the resume command; null or 0 = never")
     critic_warmup: int = f(0, "train only the critic for the first k steps: the actor's update and the weight sync "
                            "start at step k + 1 (verl documents k warm-up steps; its code updates the actor from "
                            "step k, one step early)")
@@ -346,6 +349,8 @@ class TrainerConfig:
     plugins: list = f(factory=list, help="modules imported first, by the driver and every worker: register your "
                       "own estimators, losses, reward managers there (dotted names, found from the current dir)")
     debug: DebugConfig = f(factory=DebugConfig, help="debugging switches")
+    prometheus: PrometheusConfig = f(factory=PrometheusConfig, help="an optional Prometheus /metrics endpoint of the "
+                                     "run (docs/watching.md)")
 
     @property
     def separate_rollout(self) -> bool:

@@ -23,6 +23,7 @@ from rlkit.debug import set_step
 from rlkit.debug.anomaly import check_tensor
 from rlkit.protocol import Batch
 from rlkit.reward.mix import build_reward_fn
+from rlkit.runs.status import PhaseTimer
 from rlkit.trainer.advantage_stage import compute_advantages, shape_rewards
 from rlkit.trainer.fully_async import FullyAsyncRollout
 from rlkit.trainer.generations import dump, generations, pick
@@ -129,8 +130,7 @@ class RLTrainer(TrainerBase):
         return row
 
     def train_step(self) -> StepResult:
-        cfg, w, timer = self.cfg, self.workers, Timer()
-        timer = self.hang_watch.watch(timer)  # trainer.hang_timeout_s: a phase that makes no progress is named
+        cfg, w, timer = self.cfg, self.workers, PhaseTimer(Timer(), getattr(self, "status", None))  # phase: status.json
         # 1. generate and score: the rollout source's next batch (n samples per prompt, rewarded)
         with timer("gen"):
             batch, gen_metrics = self.source.next_batch(timer)
@@ -234,9 +234,8 @@ class RLTrainer(TrainerBase):
             end = min(i + bs, total)
             prompts = self.val_set.get_batch(order[i:end])
             gen = repeat_with_uids(prompts, n)
-            with self.hang_watch.phase("validate"):
-                out = self.workers.rollout.generate_sequences(gen.select(self.rollout_ctx.rollout_keys(gen)),
-                                                              validate=True, stay_awake=end < total)  # one wake/sleep
+            out = self.workers.rollout.generate_sequences(gen.select(self.rollout_ctx.rollout_keys(gen)), validate=True,
+                                                          stay_awake=end < total)  # one wake/sleep per pass
             out.non_tensors.update(gen.non_tensors)
             out.union(self.reward_fn(out))
             outs.append(out)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +31,9 @@ from typing import Any
 
 import torch
 
-from rlkit.trainer.hang_watch import OFF as HANG_WATCH_OFF
-from rlkit.trainer.hang_watch import HangStopped, HangWatch
+from rlkit.runs.publish import begin_run_status
+from rlkit.runs.status import RunStatus
+from rlkit.trainer.interrupt import _ACTIVE as interrupt_watches
 from rlkit.trainer.interrupt import raise_if_interrupted
 from rlkit.utils.memory_peak import DRIVER_PEAK, PhasePeaks
 
@@ -80,21 +82,22 @@ class TrainerBase:
     ckpt_root: Path
 
     last_checkpoint: Path | None = None  # the newest complete checkpoint of this run (saved or resumed)
-    hang_watch: HangWatch = HANG_WATCH_OFF  # trainer.hang_timeout_s: a phase that makes no progress is named (fit)
+    status: RunStatus  # what `rlkit runs` / `rlkit top` read (rlkit/runs/status.py), from fit's start
     restart_seconds: list[float]  # how long each worker restart took (trainer.max_worker_restarts)
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> FitSummary:
         summary = FitSummary()
         self.restart_seconds = []
-        self.hang_watch = self._hang_watch().start()
+        self.status = begin_run_status(self)  # <default_local_dir>/status.json for `rlkit runs` / `rlkit top`
         try:
             resumed = self._maybe_resume()
             start = self._snapshot()  # where a worker restart before the first checkpoint goes back to
             # after a resume the checkpoint's step already has its row: validating "before training" would log a
             # second row of that step, so only a run from step 0 validates first
             if self.val_set is not None and self.cfg.trainer.val_before_train and resumed is None:
-                summary.first_val = self.validate()
+                with self.status.phased("validate"):
+                    summary.first_val = self.validate()
                 self._log(summary.first_val)
             died_at: int | None = None
             while self.global_step < self.total_steps:
@@ -102,19 +105,15 @@ class TrainerBase:
                 try:
                     self._fit_step(summary)
                 except Exception as exc:
-                    if self.hang_watch.fired is not None:
-                        raise  # the hang watch stopped the workers: named below, never restarted
                     death = self.worker_death(exc)
                     if death is None or not self._may_restart(death, died_at):
                         raise
                     died_at = self.global_step
                     self._restart(start, summary)
-        except BaseException as exc:
-            self._raise_if_hung(exc)
-            raise
+            self.status.end(None)
         finally:
-            self.hang_watch.stop()
             self.close()
+            self.status.end(sys.exc_info()[1], interrupted=any(w.hit for w in interrupt_watches))
         summary.steps = self.global_step
         return summary
 
@@ -123,7 +122,7 @@ class TrainerBase:
         self.global_step += 1
         start = time.perf_counter()
         driver = PhasePeaks()  # this process's own peak: the batches, the tokenizer, the data it holds
-        with driver.measure("driver"), self.hang_watch.phase("step"):
+        with driver.measure("driver"):
             row = self.run_step()
         step_s = time.perf_counter() - start
         row = self.finish_row(row, step_s)
@@ -132,11 +131,13 @@ class TrainerBase:
         summary.record(row, step_s)
         last = self.global_step == self.total_steps
         if self.val_set is not None and (last or _every(self.cfg.trainer.test_freq, self.global_step)):
-            summary.last_val = self.validate()
+            with self.status.phased("validate"):
+                summary.last_val = self.validate()
             row.update(summary.last_val)
         self._log(row)  # before the save: a stop in between replays (and rewinds) this step, never loses it
         if last or _every(self.cfg.trainer.save_freq, self.global_step):
-            summary.checkpoint = str(self.save_checkpoint())
+            with self.status.phased("checkpoint"):
+                summary.checkpoint = str(self.save_checkpoint())
 
     # ------------------------------------------------------- worker restarts
     def worker_death(self, exc: BaseException) -> str | None:
@@ -176,33 +177,6 @@ class TrainerBase:
                     self.restart_seconds[-1], len(self.restart_seconds), self.cfg.trainer.max_worker_restarts,
                     self.last_checkpoint or "the run's start", died_at, self.global_step + 1)
 
-    # ------------------------------------------------------------- hangs
-    def _hang_watch(self) -> HangWatch:
-        """The watch of this run's phases (off where the config has no trainer.hang_timeout_s, or it is 0/null)."""
-        from rlkit.trainer.preflight import log_dir_of
-
-        timeout = getattr(self.cfg.trainer, "hang_timeout_s", None)
-        return HangWatch(timeout, Path(log_dir_of(self.cfg)) if timeout else None, processes=self.watched_processes,
-                         on_hang=self.stop_for_hang, step=lambda: self.global_step)
-
-    def watched_processes(self) -> list[tuple[int, str, int | None]]:
-        """(pid, label, rank) of every worker process: whose stacks a hang report reads."""
-        groups = getattr(getattr(self, "workers", None), "groups", None) or []
-        return [(pid, f"{'+'.join(r or 'worker' for r in g.roles)} rank {rank} ({g.name_prefix}:{rank})", rank)
-                for g in groups for rank, pid in enumerate(g.pids)]
-
-    def stop_for_hang(self) -> None:
-        """Stop every worker process (called from the hang watch's thread): the driver's wait on them ends."""
-        workers = getattr(self, "workers", None)
-        if workers is not None:
-            workers.shutdown()
-
-    def _raise_if_hung(self, exc: BaseException) -> None:
-        """A failure caused by the hang watch stopping the workers is the hang it named."""
-        report = self.hang_watch.fired
-        if report is not None and not isinstance(exc, HangStopped):
-            raise HangStopped(report, self.total_steps, self.last_checkpoint) from exc
-
     def run_step(self) -> Any:
         raise NotImplementedError
 
@@ -241,8 +215,7 @@ class TrainerBase:
         from rlkit.utils.checkpoint_io import begin_checkpoint, commit_checkpoint, save_rng_state
 
         tmp = begin_checkpoint(self.ckpt_root, self.global_step)
-        with self.hang_watch.phase("save_checkpoint"):
-            self.save_state(tmp)
+        self.save_state(tmp)
         state = {
             "global_step": self.global_step,
             "dataloader": self.train_loader.state_dict(),
@@ -297,6 +270,7 @@ class TrainerBase:
     def _log(self, metrics: dict[str, Any]) -> None:
         if self.tracker is not None:
             self.tracker.log(metrics, step=self.global_step)
+        self.status.logged(metrics, self.global_step)
 
 
 def _every(freq: int, step: int) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 import rlkit.utils.console_tracker  # noqa: F401  (registers "console")
 import rlkit.utils.tracker_backends  # noqa: F401  (registers the other built-in trackers)
+import rlkit.utils.tracker_trackio  # noqa: F401  (registers "trackio")
 from rlkit.utils.tracker_base import (
     TRACKERS,
     Generation,
