@@ -82,6 +82,8 @@ class ModelConfig:
                             "LM head) or a list of module names, e.g. [q_proj, v_proj]")
     exclude_modules: Any = f(None, "module names (list) or a regex that get no adapter; null = none")
     lora_adapter_path: str | None = f(None, "start from this PEFT adapter folder (its rank/alpha/targets win)")
+    lora: dict = f(factory=dict, help="verl's newer LoRA section (rank, alpha, target_modules in HF or Megatron "
+                   "names, exclude_modules, adapter_path): read onto the keys above (rlkit.config.lora_section)")
 
     def __post_init__(self) -> None:
         if self.use_torch_compile not in (True, False, "auto"):
@@ -323,6 +325,11 @@ class TrainerConfig:
     max_worker_restarts: int = f(3, "a worker process that dies (SIGKILL, OOM kill, segfault) restarts the worker "
                                     "groups from the last complete checkpoint, at most this many times a run; "
                                     "0 = stop at the first death")
+    hang_timeout_s: float | None = f(600.0, "a phase of a step (gen, update_actor, a validation call, a checkpoint "
+                                     "save, ...) that makes no progress for max(this, 5 x its slowest time so far; "
+                                     "2 x this before it first finished) is a hang: every process's stack goes to "
+                                     "<log dir>/hang_step<N>.txt, the line names the rank and the collective or call "
+                                     "it waits in, and the run stops with the resume command; null or 0 = never")
     critic_warmup: int = f(0, "train only the critic for the first k steps: the actor's update and the weight sync "
                            "start at step k + 1 (verl documents k warm-up steps; its code updates the actor from "
                            "step k, one step early)")

@@ -131,6 +131,7 @@ class RLTrainer(TrainerBase):
 
     def train_step(self) -> StepResult:
         cfg, w, timer = self.cfg, self.workers, PhaseTimer(Timer(), getattr(self, "status", None))  # phase: status.json
+        timer = self.hang_watch.watch(timer)  # trainer.hang_timeout_s: a phase that makes no progress is named
         # 1. generate and score: the rollout source's next batch (n samples per prompt, rewarded)
         with timer("gen"):
             batch, gen_metrics = self.source.next_batch(timer)
@@ -234,8 +235,9 @@ class RLTrainer(TrainerBase):
             end = min(i + bs, total)
             prompts = self.val_set.get_batch(order[i:end])
             gen = repeat_with_uids(prompts, n)
-            out = self.workers.rollout.generate_sequences(gen.select(self.rollout_ctx.rollout_keys(gen)), validate=True,
-                                                          stay_awake=end < total)  # one wake/sleep per pass
+            with self.hang_watch.phase("validate"):
+                out = self.workers.rollout.generate_sequences(gen.select(self.rollout_ctx.rollout_keys(gen)),
+                                                              validate=True, stay_awake=end < total)  # one wake/sleep
             out.non_tensors.update(gen.non_tensors)
             out.union(self.reward_fn(out))
             outs.append(out)

@@ -33,6 +33,8 @@ import torch
 
 from rlkit.runs.publish import begin_run_status
 from rlkit.runs.status import RunStatus
+from rlkit.trainer.hang_watch import OFF as HANG_WATCH_OFF
+from rlkit.trainer.hang_watch import HangStopped, HangWatch
 from rlkit.trainer.interrupt import _ACTIVE as interrupt_watches
 from rlkit.trainer.interrupt import raise_if_interrupted
 from rlkit.utils.memory_peak import DRIVER_PEAK, PhasePeaks
@@ -82,6 +84,7 @@ class TrainerBase:
     ckpt_root: Path
 
     last_checkpoint: Path | None = None  # the newest complete checkpoint of this run (saved or resumed)
+    hang_watch: HangWatch = HANG_WATCH_OFF  # trainer.hang_timeout_s: a phase that makes no progress is named (fit)
     status: RunStatus  # what `rlkit runs` / `rlkit top` read (rlkit/runs/status.py), from fit's start
     restart_seconds: list[float]  # how long each worker restart took (trainer.max_worker_restarts)
 
@@ -89,6 +92,7 @@ class TrainerBase:
     def fit(self) -> FitSummary:
         summary = FitSummary()
         self.restart_seconds = []
+        self.hang_watch = self._hang_watch().start()
         self.status = begin_run_status(self)  # <default_local_dir>/status.json for `rlkit runs` / `rlkit top`
         try:
             resumed = self._maybe_resume()
@@ -105,13 +109,19 @@ class TrainerBase:
                 try:
                     self._fit_step(summary)
                 except Exception as exc:
+                    if self.hang_watch.fired is not None:
+                        raise  # the hang watch stopped the workers: named below, never restarted
                     death = self.worker_death(exc)
                     if death is None or not self._may_restart(death, died_at):
                         raise
                     died_at = self.global_step
                     self._restart(start, summary)
             self.status.end(None)
+        except BaseException as exc:
+            self._raise_if_hung(exc)
+            raise
         finally:
+            self.hang_watch.stop()
             self.close()
             self.status.end(sys.exc_info()[1], interrupted=any(w.hit for w in interrupt_watches))
         summary.steps = self.global_step
@@ -122,7 +132,7 @@ class TrainerBase:
         self.global_step += 1
         start = time.perf_counter()
         driver = PhasePeaks()  # this process's own peak: the batches, the tokenizer, the data it holds
-        with driver.measure("driver"):
+        with driver.measure("driver"), self.hang_watch.phase("step"):
             row = self.run_step()
         step_s = time.perf_counter() - start
         row = self.finish_row(row, step_s)
@@ -177,6 +187,33 @@ class TrainerBase:
                     self.restart_seconds[-1], len(self.restart_seconds), self.cfg.trainer.max_worker_restarts,
                     self.last_checkpoint or "the run's start", died_at, self.global_step + 1)
 
+    # ------------------------------------------------------------- hangs
+    def _hang_watch(self) -> HangWatch:
+        """The watch of this run's phases (off where the config has no trainer.hang_timeout_s, or it is 0/null)."""
+        from rlkit.trainer.preflight import log_dir_of
+
+        timeout = getattr(self.cfg.trainer, "hang_timeout_s", None)
+        return HangWatch(timeout, Path(log_dir_of(self.cfg)) if timeout else None, processes=self.watched_processes,
+                         on_hang=self.stop_for_hang, step=lambda: self.global_step)
+
+    def watched_processes(self) -> list[tuple[int, str, int | None]]:
+        """(pid, label, rank) of every worker process: whose stacks a hang report reads."""
+        groups = getattr(getattr(self, "workers", None), "groups", None) or []
+        return [(pid, f"{'+'.join(r or 'worker' for r in g.roles)} rank {rank} ({g.name_prefix}:{rank})", rank)
+                for g in groups for rank, pid in enumerate(g.pids)]
+
+    def stop_for_hang(self) -> None:
+        """Stop every worker process (called from the hang watch's thread): the driver's wait on them ends."""
+        workers = getattr(self, "workers", None)
+        if workers is not None:
+            workers.shutdown()
+
+    def _raise_if_hung(self, exc: BaseException) -> None:
+        """A failure caused by the hang watch stopping the workers is the hang it named."""
+        report = self.hang_watch.fired
+        if report is not None and not isinstance(exc, HangStopped):
+            raise HangStopped(report, self.total_steps, self.last_checkpoint) from exc
+
     def run_step(self) -> Any:
         raise NotImplementedError
 
@@ -215,7 +252,8 @@ class TrainerBase:
         from rlkit.utils.checkpoint_io import begin_checkpoint, commit_checkpoint, save_rng_state
 
         tmp = begin_checkpoint(self.ckpt_root, self.global_step)
-        self.save_state(tmp)
+        with self.hang_watch.phase("save_checkpoint"):
+            self.save_state(tmp)
         state = {
             "global_step": self.global_step,
             "dataloader": self.train_loader.state_dict(),
