@@ -2,7 +2,9 @@
 `rlkit data pairs` and the DPO loader; no torch, so `rlkit data` stays light.
 
 prompt: a string (one user turn) or a list of {role, content} messages; chosen / rejected: a string or a list
-of assistant messages (TRL's standard and conversational formats). Problems carry their row and column.
+of assistant messages (TRL's standard and conversational formats). Without a prompt column the prompt is implicit
+(TRL's "implicit prompt" preference format): the part both completions share at their start, messages for
+conversations, text up to a word boundary for strings. Problems carry their row and column.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def messages_of(value: Any) -> list[dict[str, Any]] | None:
 
 
 def _prompt_problems(row: int, value: Any) -> list[Problem]:
+    if value is None:
+        return [Problem(row, "prompt", "is null; give a prompt column, or (implicit prompt) completions that start "
+                        "alike: the same first messages or words")]
     messages = messages_of(value)
     if messages is None:
         return [Problem(row, "prompt", 'expected a string or a list of {"role", "content"} messages')]
@@ -55,8 +60,44 @@ def _side_problems(row: int, side: str, value: Any) -> list[Problem]:
                     "(put earlier turns in prompt)") for j, m in enumerate(messages) if m.get("role") != "assistant"]
 
 
+def _shared_start(chosen: Any, rejected: Any) -> int:
+    """How much of both completions' start is the same: messages of two conversations, characters of two strings
+    (for strings, up to the last space before they part, so a word both only begin stays with the completions)."""
+    n = 0
+    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+        n += 1
+    if isinstance(chosen, str) and " " in chosen[:n]:
+        n = chosen.rindex(" ", 0, n)
+    return n
+
+
+def split_implicit_prompt(chosen: Any, rejected: Any) -> tuple[Any, Any, Any] | None:
+    """(prompt, chosen, rejected) of an implicit-prompt pair; None when they share no start or one is all shared."""
+    if type(chosen) is not type(rejected) or not isinstance(chosen, (str, list)) or chosen == rejected:
+        return None
+    n = _shared_start(chosen, rejected)
+    if n == 0 or n >= len(chosen) or n >= len(rejected):
+        return None
+    return chosen[:n], chosen[n:], rejected[n:]
+
+
+def with_prompts(table: pa.Table) -> pa.Table:
+    """A preference table with its prompt column: the table itself, or the implicit prompts split off (rows that
+    do not split keep a null prompt, which the validator reports with its row)."""
+    columns = data_columns(table)
+    if "prompt" in columns or not all(c in columns for c in SIDES):
+        return table
+    rows = []
+    for record in table.select(list(SIDES)).to_pylist():
+        split = split_implicit_prompt(record["chosen"], record["rejected"])
+        prompt, chosen, rejected = split or (None, record["chosen"], record["rejected"])
+        rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+    return pa.Table.from_pylist(rows)
+
+
 def validate_preference_table(table: pa.Table) -> list[Problem]:
     """Every problem of a preference file, with its row and column (as `rlkit.data.schema.validate_table`)."""
+    table = with_prompts(table)
     columns = data_columns(table)
     problems = [Problem(None, c, f"column is missing; a preference file has {', '.join(PREFERENCE_COLUMNS)}")
                 for c in PREFERENCE_COLUMNS if c not in columns]
@@ -83,4 +124,4 @@ def read_preference_table(path: str | Path) -> pa.Table:
     if errors:
         more = f" (and {len(errors) - 1} more; see `rlkit data inspect {path}`)" if len(errors) > 1 else ""
         raise UserError(f"{path}: {errors[0]}{more}")
-    return table
+    return with_prompts(table)

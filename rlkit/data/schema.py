@@ -83,7 +83,7 @@ class Problem:
 
 # ------------------------------------------------------------------ reading
 def read_table(path: str | Path) -> pa.Table:
-    """Read a parquet file, turning the usual failures into one-line UserErrors."""
+    """Read a parquet (or .jsonl/.json) file, turning the usual failures into one-line UserErrors."""
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"{path}: file not found; check the path (make one with `rlkit data gsm8k --out DIR`)")
@@ -91,6 +91,10 @@ def read_table(path: str | Path) -> pa.Table:
         raise UserError(f"{path}: is a directory; pass a .parquet file inside it")
     if path.stat().st_size == 0:
         raise UserError(f"{path}: file is empty (0 bytes); regenerate it, e.g. `rlkit data gsm8k --force`")
+    from rlkit.data.table_files import is_json_file, read_json_table
+
+    if is_json_file(path):  # JSON Lines / JSON, as TRL users keep preference and SFT data
+        return read_json_table(path)
     try:
         return pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:

@@ -1,11 +1,12 @@
-"""The SFT dataset: parquet rows of conversations -> token ids and the assistant-only loss mask, at load time.
+"""The SFT dataset: rows of conversations (parquet, .jsonl or .json) -> token ids and the assistant-only loss mask.
 
-A file holds either multi-turn conversations (the `data.messages_key` column: lists of {role, content}, with an
-optional `data.tools_key` column of tool schemas and `data.enable_thinking_key`), or single-turn
-`data.prompt_key` / `data.response_key` columns (strings, chat message lists for the prompt, or dicts read by
-`prompt_dict_keys` / `response_dict_keys`, verl's fsdp_sft_trainer layout) that become one user turn and one
-assistant turn. Every conversation is rendered with the model's chat template (rlkit.data.chat_mask: the mask
-rule). A batch is right-padded rows plus the targets the SFT worker reads (rlkit/workers/sft_worker.py).
+A file holds multi-turn conversations (the `data.messages_key` column: lists of {role, content}, with an optional
+`data.tools_key` column of tool schemas and `data.enable_thinking_key`), or single-turn `data.prompt_key` /
+`data.response_key` columns (strings, chat message lists for the prompt, or dicts read by `prompt_dict_keys` /
+`response_dict_keys`, verl's fsdp_sft_trainer layout; TRL's `prompt`/`completion` too, the completion a string or
+assistant messages) that become user and assistant turns, or TRL's `text` column (plain language modeling: every
+token a target, no chat template). Conversations are rendered with the model's chat template (rlkit.data.chat_mask:
+the mask rule). A batch is right-padded rows plus the targets the SFT worker reads (rlkit/workers/sft_worker.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from rlkit.protocol import Batch
 from rlkit.utils.tokens import pad_token_id
 
 logger = logging.getLogger(__name__)
+
+TRL_COMPLETION = "completion"  # TRL's prompt-completion column, read when the file has no data.response_key column
+TRL_TEXT = "text"  # TRL's standard language-modeling column
 
 
 class SFTDataset:
@@ -67,19 +71,22 @@ class SFTDataset:
     def _load(self, table: Any, path: Path) -> None:
         d = self.data
         names = data_columns(table)
-        if d.messages_key in names:
-            convs = [[_message(m) for m in row or []] for row in table.column(d.messages_key).to_pylist()]
-            what = f"column '{d.messages_key}'"
-        elif d.prompt_key in names and d.response_key in names:
-            prompts = table.column(d.prompt_key).to_pylist()
-            responses = table.column(d.response_key).to_pylist()
+        layout = sft_layout(names, d)
+        if layout is None:
+            raise UserError(f"{path}: {no_layout_message(names, d)}")
+        kind, columns = layout
+        if kind == "text":  # TRL's standard language modeling: every token of the text is a target
+            for row, text in enumerate(table.column(TRL_TEXT).to_pylist()):
+                ids = self._text_ids(text, path, row)
+                self._keep(ids, np.ones_like(ids), path, row)
+            return
+        if kind == "messages":
+            convs = [[_message(m) for m in row or []] for row in table.column(columns[0]).to_pylist()]
+        else:
+            prompts, responses = (table.column(c).to_pylist() for c in columns)
             convs = [single_turn(p, r, d.prompt_dict_keys, d.response_dict_keys, path, i)
                      for i, (p, r) in enumerate(zip(prompts, responses))]
-            what = f"columns '{d.prompt_key}'/'{d.response_key}'"
-        else:
-            raise UserError(f"{path}: no data.messages_key column '{d.messages_key}' (nor data.prompt_key/"
-                            f"response_key '{d.prompt_key}'/'{d.response_key}'); its columns are {names}: set "
-                            "data.messages_key=<column> (or prompt_key/response_key)")
+        what = "column " + "/".join(f"'{c}'" for c in columns)
         tools = table.column(d.tools_key).to_pylist() if d.tools_key in names else [None] * len(convs)
         thinking = (table.column(d.enable_thinking_key).to_pylist() if d.enable_thinking_key in names
                     else [None] * len(convs))
@@ -94,6 +101,17 @@ class SFTDataset:
                 raise UserError(f"{path} row {row}: the conversation in {what} has no assistant turn; every row "
                                 "needs at least one {role: assistant} message to train on") from None
             self._keep(r.input_ids, r.loss_mask, path, row)
+
+    def _text_ids(self, text: Any, path: Path, row: int) -> np.ndarray:
+        """A plain text's tokens (the tokenizer's special tokens, and EOS at the end, as TRL's SFT adds it)."""
+        if not isinstance(text, str) or not text.strip():
+            raise UserError(f"{path} row {row}: column '{TRL_TEXT}' is empty or not a string; every row needs the text "
+                            "to train on")
+        ids = list(self.tokenizer(text)["input_ids"])
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is not None and (not ids or ids[-1] != eos):
+            ids.append(eos)
+        return np.asarray(ids, dtype=np.int64)
 
     def _keep(self, ids: np.ndarray, mask: np.ndarray, path: Path, row: int) -> None:
         d = self.data
@@ -141,6 +159,25 @@ class SFTDataset:
                       "response_mask": loss[:, 1:] * attn[:, 1:]})
 
 
+def sft_layout(names: Sequence[str], data: Any) -> tuple[str, tuple[str, ...]] | None:
+    """How a file with columns `names` is read: ("messages", (column,)), ("single_turn", (prompt, completion)) or
+    ("text", ("text",)); None when it has none of them."""
+    if data.messages_key in names:
+        return "messages", (data.messages_key,)
+    completion = data.response_key if data.response_key in names else TRL_COMPLETION
+    if data.prompt_key in names and completion in names:
+        return "single_turn", (data.prompt_key, completion)
+    if TRL_TEXT in names:
+        return "text", (TRL_TEXT,)
+    return None
+
+
+def no_layout_message(names: Sequence[str], data: Any) -> str:
+    return (f"no data.messages_key column '{data.messages_key}' (nor data.prompt_key/response_key '{data.prompt_key}'/"
+            f"'{data.response_key}', TRL's prompt/completion or text); its columns are {list(names)}: set "
+            "data.messages_key=<column> (or data.prompt_key/data.response_key)")
+
+
 def single_turn(prompt: Any, response: Any, prompt_keys: Any, response_keys: Any, path: Path,
                 row: int) -> list[dict[str, Any]]:
     """verl's single-turn row as a conversation: the prompt (a string, a message list or a dict read by
@@ -149,6 +186,8 @@ def single_turn(prompt: Any, response: Any, prompt_keys: Any, response_keys: Any
         messages = [_clean_message(m) for m in prompt]
     else:
         messages = [{"role": "user", "content": _text(prompt, prompt_keys, "prompt", path, row)}]
+    if isinstance(response, list):  # a conversational completion: the assistant's message(s)
+        return messages + [_message(m) for m in response]
     answer = _text(response, response_keys, "response", path, row)
     return messages + ([{"role": "assistant", "content": answer}] if answer else [])
 

@@ -31,7 +31,6 @@ import torch
 
 from rlkit.config.rollout import RolloutConfig
 from rlkit.data.images import ENGINE_INPUTS
-from rlkit.errors import UserError
 from rlkit.models.model_info import WeightNames, special_token_ids
 from rlkit.protocol import Batch
 from rlkit.rollout.base import (
@@ -119,19 +118,15 @@ def vllm_load_format(load_format: str) -> str:
     return "auto" if load_format in VERL_SYNC_LOAD_FORMATS else load_format
 
 
-def check_vllm_kwargs(kwargs: dict[str, Any]) -> None:
-    """UserError naming an `engine_kwargs.vllm` key that `vllm.LLM` does not take (e.g. a server-only flag)."""
-    import dataclasses
-    import inspect
+def check_vllm_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`engine_kwargs.vllm` as the installed vLLM takes them: an older vLLM's argument mapped to its new name (one
+    warning), UserError naming one vLLM does not take (e.g. a server-only flag) with the closest it does."""
+    from rlkit.rollout.vllm_args import map_engine_kwargs
 
-    import vllm
-    from vllm.engine.arg_utils import EngineArgs
-
-    known = set(inspect.signature(vllm.LLM.__init__).parameters) | {f.name for f in dataclasses.fields(EngineArgs)}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise UserError(f"actor_rollout_ref.rollout.engine_kwargs.vllm: {unknown} are not vllm.LLM arguments in "
-                        f"vLLM {vllm.__version__}; remove them (tool-call parsing is multi_turn.format's job here)")
+    mapped, notices = map_engine_kwargs(kwargs)
+    for line in notices:
+        logging.getLogger(__name__).warning(line)
+    return mapped
 
 
 def row_seed(seed: int, row: int) -> int:
@@ -201,8 +196,7 @@ class VLLMRollout(RolloutBackend):
             kwargs["enable_sleep_mode"] = True
         if self.images is not None and config.mm_processor_kwargs:
             kwargs["mm_processor_kwargs"] = dict(config.mm_processor_kwargs)
-        check_vllm_kwargs(config.vllm_kwargs)
-        kwargs.update(config.vllm_kwargs)  # the user's (checked: none of the keys rlkit must set)
+        kwargs.update(check_vllm_kwargs(config.vllm_kwargs))  # the user's (checked: none of the keys rlkit must set)
         kwargs.update(engine_kwargs or {})
         if config.lora_sync == "native" and config.max_lora_rank > 0:  # LoRA: adapters as LoRARequests
             kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(config.max_lora_rank), max_loras=1)

@@ -28,11 +28,11 @@ def dpo_plan(cfg: DPOConfig) -> Table:
 
 
 def dpo_preflight(cfg: DPOConfig, allow_download: bool = False) -> list[str]:
-    """The SFT checks (data files, model, checkpoint folder) and the reference model's."""
+    """The SFT checks (preference files, model, checkpoint folder) and the reference model's."""
     from rlkit.models.resolve import resolve_model_path
     from rlkit.trainer.sft_launch import sft_preflight
 
-    notes = sft_preflight(cfg, allow_download)
+    notes = sft_preflight(cfg, allow_download, kind="dpo")
     ref = cfg.dpo.ref.model_path
     if ref:
         found = resolve_model_path(ref) if allow_download or Path(ref).expanduser().is_dir() else f"{ref} (resolved "\

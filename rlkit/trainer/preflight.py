@@ -18,6 +18,7 @@ from typing import Any
 from rlkit.algo.run_needs import critic_enabled
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
+from rlkit.trainer.preflight_engine import check_engine_architecture, check_engine_kwargs, check_positions
 from rlkit.utils.fs_checks import free_bytes, human_bytes, writable_dir_problem
 
 BYTES_PER_PARAM_IN_CHECKPOINT = 4 + 8  # fp32 weights + AdamW's two fp32 moments (what FSDPModel.save writes)
@@ -31,6 +32,7 @@ class Preflight:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     model_dir: Path | None = None
+    train_rows: int | None = None  # rows of data.train_files the run reads (after train_max_samples and filtering)
 
 
 Check = Callable[[Preflight], None]
@@ -77,6 +79,10 @@ def check_data(p: Preflight) -> None:
                                   "set data.prompt_key or regenerate it with `rlkit data`")
             elif rows == 0:
                 p.problems.append(f"{key}: {path} has no rows")
+            elif key == "data.train_files":
+                p.train_rows = (p.train_rows or 0) + rows
+    if p.train_rows is not None and d.train_max_samples is not None and d.train_max_samples > 0:
+        p.train_rows = min(p.train_rows, d.train_max_samples)
 
 
 def check_dataset(p: Preflight) -> None:
@@ -106,8 +112,21 @@ def check_dataset(p: Preflight) -> None:
         except UserError as exc:
             p.problems.append(f"{key}: {exc}")
             continue
-        if key == "data.train_files" and images is not None:
-            _check_image_rows(p, dataset, key)
+        if key == "data.train_files":
+            p.train_rows = len(dataset)  # what filter_overlong_prompts left
+            if images is not None:
+                _check_image_rows(p, dataset, key)
+
+
+def check_batch_rows(p: Preflight) -> None:
+    """One generation batch fits in the training rows (the loader drops a last partial batch, verl's drop_last)."""
+    from rlkit.trainer.preflight_data import batch_rows_problem
+
+    d = p.cfg.data
+    key = "data.gen_batch_size" if d.gen_batch_size != d.train_batch_size else "data.train_batch_size"
+    problem = batch_rows_problem(p.train_rows, d.gen_batch_size, key, "prompts")
+    if problem:
+        p.problems.append(problem)
 
 
 def _check_image_rows(p: Preflight, dataset: Any, key: str) -> None:
@@ -305,8 +324,9 @@ def check_sequence_parallel(p: Preflight) -> None:
 
 
 CHECKS: list[Check] = [
-    check_data, check_model, check_dataset, check_output_dirs, check_disk, check_resume, check_custom_reward,
-    check_sequence_parallel, check_trackers,
+    check_data, check_model, check_dataset, check_batch_rows, check_output_dirs, check_disk, check_resume,
+    check_custom_reward, check_sequence_parallel, check_trackers, check_engine_kwargs, check_engine_architecture,
+    check_positions,
 ]
 
 

@@ -3,7 +3,6 @@ Ctrl-C, the run summary)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -11,7 +10,6 @@ from rich.table import Table
 
 from rlkit.config.sft_load import world_size
 from rlkit.config.sft_schema import SFTConfig
-from rlkit.errors import UserError
 
 
 def sft_plan(cfg: SFTConfig) -> Table:
@@ -32,26 +30,12 @@ def sft_plan(cfg: SFTConfig) -> Table:
     return table
 
 
-def sft_preflight(cfg: SFTConfig, allow_download: bool = False) -> list[str]:
-    """The data files exist, the model resolves without a download, the checkpoint folder is writable."""
-    from rlkit.data.dataset import expand_files
-    from rlkit.models.resolve import resolve_model_path
-    from rlkit.utils.fs_checks import ensure_writable_dir
+def sft_preflight(cfg: SFTConfig, allow_download: bool = False, kind: str = "sft") -> list[str]:
+    """The data files as the `kind` trainer reads them (format, layout, rows against the batch), the model (resolved
+    without a download unless allowed), the checkpoint folder, the trackers (rlkit/trainer/preflight_data.py)."""
+    from rlkit.trainer.preflight_data import supervised_preflight
 
-    files = []
-    for key in ("train_files", "val_files"):
-        value = getattr(cfg.data, key)
-        if value:
-            for path in expand_files(value):
-                if not path.is_file():
-                    raise UserError(f"data.{key}: {path} does not exist; make one with `rlkit data gsm8k --format "
-                                    "sft` or `rlkit data messages FILE.jsonl`")
-                files.append(path)
-    spec = cfg.model.path
-    model = resolve_model_path(spec) if allow_download or Path(spec).expanduser().is_dir() else f"{spec} (resolved "\
-        "at start)"
-    ensure_writable_dir(Path(cfg.trainer.default_local_dir).expanduser(), "trainer.default_local_dir")
-    return [f"{len(files)} data file(s)", f"model {model}"]
+    return supervised_preflight(cfg, kind, allow_download)
 
 
 def run_sft(cfg: SFTConfig, opts: Any, console: Console | None = None, trainer_cls: type | None = None,

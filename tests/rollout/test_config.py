@@ -63,7 +63,7 @@ def test_vllm_kwargs_vllm_does_not_take_are_named():
     from rlkit.rollout.vllm_rollout import check_vllm_kwargs, vllm_load_format
 
     check_vllm_kwargs({"max_logprobs": 5, "compilation_config": {"cudagraph_mode": "FULL"}})
-    with pytest.raises(UserError, match=r"engine_kwargs.vllm: \['tool_call_parser'\] are not vllm.LLM arguments"):
+    with pytest.raises(UserError, match=r"engine_kwargs.vllm.tool_call_parser: not an argument of vLLM .*'s engine"):
         check_vllm_kwargs({"max_logprobs": 5, "tool_call_parser": "hermes"})
     assert [vllm_load_format(f) for f in ("dummy", "dummy_dtensor", "safetensors", "auto")] == [
         "auto", "auto", "safetensors", "auto"]
