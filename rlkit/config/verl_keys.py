@@ -9,7 +9,6 @@ from this table (`python -m rlkit.config.verl_doc`).
 from __future__ import annotations
 
 from rlkit.config.lora_section import lora_rules
-from rlkit.config.profiler import REFUSED_TOOLS
 from rlkit.config.trl_loss_types import trl_loss_type
 from rlkit.config.verl_compute_rules import veomni_rules
 from rlkit.config.verl_role_keys import (

@@ -101,8 +101,8 @@ def test_both_lora_spellings_set_differently_is_one_line_and_tuning_keys_say_so(
 
 def test_the_lora_section_from_a_yaml_file(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text(f"actor_rollout_ref:\n  model:\n    lora: {{rank: 4, alpha: 8, merge: true, dropout: 0.0, "
-                    f"exclude_modules: []}}\n  rollout: {{name: hf}}\n")
+    path.write_text("actor_rollout_ref:\n  model:\n    lora: {rank: 4, alpha: 8, merge: true, dropout: 0.0, "
+                    "exclude_modules: []}\n  rollout: {name: hf}\n")
     notices: list[str] = []
     model = load_config(None, [], config_file=str(path), notices=notices).actor_rollout_ref.model
     assert (model.lora_rank, model.lora_alpha, model.exclude_modules) == (4, 8, None)
