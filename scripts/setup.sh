@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install rlkit with its extras. Idempotent: a second run with an
 # unchanged pyproject.toml returns in about a second.
-#   RLKIT_EXTRAS   extras to install (default: vllm,test,tracking)
+#   RLKIT_EXTRAS   extras to install (default: vllm,test,tracking; tracking holds tensorboard, mlflow, wandb)
 #   RLKIT_TORCH    torch requirement installed first (default: torch==2.13.0, the CPU wheel)
 set -euo pipefail
 cd "$(dirname "$0")/.."

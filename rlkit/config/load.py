@@ -35,7 +35,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlkit.config.schema import REMOVED_KEYS, RLConfig
 from rlkit.config.verl_keys import VERL_KEYS
-from rlkit.config.verl_rules import VerlKey, find_rule, flatten, translate, unflatten
+from rlkit.config.verl_rules import VerlKey
+from rlkit.config.verl_translate import CLI, VerlReader, is_known, translate_overrides
 from rlkit.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -43,7 +44,6 @@ BASE = "rlkit"  # conf/rlkit.yaml: schema defaults + the algorithm group
 SCHEMA_NODE = "rlkit_schema"
 RUN_NODE = "_rlkit_run"  # generated primary config when a user config sits over the base
 FILE_NODE = "_rlkit_config_file"  # the content of --config FILE
-CLI = "command line"
 MAIN_PPO = "_main_ppo"  # the preset of `rlkit train` without one: verl's main_ppo defaults (adv_estimator gae)
 VERL_BASES = ("ppo_trainer", "ppo_megatron_trainer")  # verl's built-in config names, as rlkit's base
 
@@ -118,10 +118,6 @@ def unknown_key_error(dotted: str, source: str, known: Iterable[str],
     return UserError(f"unknown config key '{dotted}' (from {source}).{hint}")
 
 
-def _is_known(dotted: str, known: set[str], mappings: list[str]) -> bool:
-    return dotted in known or any(dotted.startswith(m + ".") for m in mappings)
-
-
 def _check_known(cfg: dict, source: Any, known: set[str], prefix: str = "",
                  removed: Mapping[str, str] = REMOVED_KEYS) -> None:
     """Raise for the first key the schema does not know; `source` is a name or a key -> name function."""
@@ -133,75 +129,6 @@ def _check_known(cfg: dict, source: Any, known: set[str], prefix: str = "",
             _check_known(value, source, known, dotted + ".", removed)
             continue
         raise unknown_key_error(dotted, source(dotted) if callable(source) else source, known, removed)
-
-
-# ----------------------------------------------------------------------------------------- verl's keys
-class _Verl:
-    """verl's keys of the user's layers in rlkit's terms (rlkit.config.verl_keys), and the notices that says."""
-
-    def __init__(self, known: set[str], space: ConfigSpace = RL_SPACE) -> None:
-        self.known = known
-        self.mappings = mapping_keys(space.schema)
-        self.rules = space.rules
-        self.notices: list[str] = []
-
-    def is_rlkit(self, key: str) -> bool:
-        return _is_known(key, self.known, self.mappings)
-
-    def keep_whole(self, key: str) -> bool:
-        """A free-form mapping of rlkit's stays one value when a layer is flattened."""
-        return key in self.mappings
-
-    def claims(self, key: str, value: Any) -> bool:
-        """Whether a rule reads this key (a verl key; or rlkit's own key with a value spelled as verl does)."""
-        hit = find_rule(key, self.rules)
-        return hit is not None and (not self.is_rlkit(key) or (hit[0].when is not None and hit[0].when(value)))
-
-    def layer(self, tree: dict, source: str) -> dict:
-        """A nested layer with its verl keys translated (a refused one raises, naming `source`)."""
-        flat = flatten(tree, keep=self.keep_whole)
-        if not any(self.claims(k, v) for k, v in flat.items()):
-            return tree
-        done = translate(flat, self.rules, self.is_rlkit, source)
-        self.say(done.notices)
-        return unflatten(done.values)
-
-    def say(self, notices: Iterable[str]) -> None:
-        self.notices.extend(n for n in notices if n not in self.notices)
-
-
-def _hydra_literal(value: Any) -> str:
-    """A Python value written in Hydra's override grammar (quoted strings, [lists], {dicts}, null)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(_hydra_literal(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{_hydra_literal(v)}" for k, v in value.items()) + "}"
-    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
-    return f"'{text}'"
-
-
-def _translate_overrides(parsed: list[Any], verl: _Verl) -> list[Any]:
-    """The command line's verl keys as rlkit overrides (`++key=value`), the rest as given."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    out, parser = [], OverridesParser.create()
-    for o in parsed:
-        key = o.key_or_group
-        if not key or o.is_delete() or not verl.claims(key, o.value()):
-            if o.is_delete() and key and not verl.is_rlkit(key) and find_rule(key, verl.rules):
-                continue  # `~verl_key`: back to verl's default, which asks nothing of rlkit
-            out.append(o)
-            continue
-        done = translate({key: o.value()}, verl.rules, verl.is_rlkit, f"{CLI} '{o.input_line}'")
-        verl.say(done.notices)
-        out += [parser.parse_override(f"++{k}={_hydra_literal(v)}") for k, v in done.values.items()]
-    return out
 
 
 # ----------------------------------------------------------------------------------------- overrides
@@ -273,7 +200,7 @@ def _hydra_overrides(algo: str | None, parsed: list[Any], known: set[str],
                                 f"(`rlkit train {o.value()} ...`), not an override")
             raise UserError(f"override '{o.input_line}' is not supported: rlkit composes the config itself")
         plain = not o.is_add() and not o.is_force_add()
-        if plain and not _is_known(key, known, mappings):  # +key / ++key may add; the result is checked below
+        if plain and not is_known(key, known, mappings):  # +key / ++key may add; the result is checked below
             raise unknown_key_error(key, f"{CLI} '{o.input_line}'", known, space.removed)
         text = o.input_line
         if plain and not o.is_delete() and any(key == m or key.startswith(m + ".") for m in mappings):
@@ -385,8 +312,8 @@ def compose_config(algo: str | None = "grpo", overrides: list[str] | None = None
     elif bool(config_path) != bool(config_name):
         raise UserError("--config-path and --config-name go together (a folder and the name of a YAML file in it)")
     known = set(schema_keys(space.schema))
-    verl = _Verl(known, space)
-    parsed = _translate_overrides(_parse_overrides(list(overrides or [])), verl)
+    verl = VerlReader(known, mapping_keys(space.schema), space.rules)
+    parsed = translate_overrides(_parse_overrides(list(overrides or [])), verl)
     layers: list[tuple[str, dict]] = []
     if algo is not None:
         layers.append((f"preset {algo}.yaml", _user_yaml(CONF_DIR / "algorithm" / f"{algo}.yaml")))

@@ -15,6 +15,7 @@ from rlkit.config.distillation import DistillationConfig
 from rlkit.config.fsdp import FSDPConfig
 from rlkit.config.optim import OptimConfig
 from rlkit.config.profiler import GlobalProfilerConfig, RoleProfilerConfig
+from rlkit.config.ray_kwargs import RayKwargsConfig
 from rlkit.config.reward_model import RewardModelConfig
 from rlkit.config.rollout import RolloutConfig
 from rlkit.errors import UserError
@@ -378,6 +379,7 @@ class RLConfig:
                                               "of the worker calls (docs/performance.md)")
     distillation: DistillationConfig = f(factory=DistillationConfig, help="on-policy distillation from teachers "
                                          "(docs/distillation.md)")
+    ray_kwargs: RayKwargsConfig = f(factory=RayKwargsConfig, help="what the run passes to ray.init (verl's keys)")
 
 
 #: keys that did nothing and were removed; naming one is an error that says what to do instead

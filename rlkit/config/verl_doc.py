@@ -34,6 +34,16 @@ python3 -m verl.trainer.main_ppo \\          rlkit train \\
   - *refused*: one error line names the key, why, and what to use instead; a refused key set to a value that asks
     for nothing (the feature's switch off, e.g. `profiler.enable=false`) is accepted with a line.
   Nothing is accepted and silently ignored; a key verl does not have either is an error naming the closest keys.
+- **What is refused, and what is not.** A key is refused only when its value would change *what is computed* and
+  rlkit cannot compute it: an accelerator rlkit does not drive (`trainer.device=npu`), an algorithm or data it
+  lacks (quantisation-aware training, audio, raw-logit rollout log-probs, a verl tool class). A key that tunes
+  speed, memory, the parallel layout, logging, profiling, checkpoint housekeeping or the launcher is accepted:
+  implemented where rlkit has the equivalent (e.g. `ray_kwargs.ray_init.*` goes to `ray.init`, `runtime_env`
+  included), else mapped with one line saying what rlkit does instead (e.g. `rollout.cudagraph_capture_sizes`,
+  `rollout.engine_kwargs.sglang`, `global_profiler.tool=nsys`, `trainer.default_hdfs_dir`). Every refused row
+  below is such a computation, or a parameter of one.
+- **Trackers.** `trainer.logger=['console','wandb']` works out of the box: wandb is installed by the default
+  set-up, and without an API key or network it logs offline with one line giving the `wandb sync` command.
 - **Run it with `--dry-run` first**: it prints the mapped keys' lines, the resolved config and the resource plan,
   and runs the pre-flight checks.
 

@@ -9,6 +9,7 @@ from this table (`python -m rlkit.config.verl_doc`).
 from __future__ import annotations
 
 from rlkit.config.lora_section import lora_rules
+from rlkit.config.profiler import REFUSED_TOOLS
 from rlkit.config.trl_loss_types import trl_loss_type
 from rlkit.config.verl_compute_rules import veomni_rules
 from rlkit.config.verl_role_keys import (
@@ -18,16 +19,21 @@ from rlkit.config.verl_role_keys import (
     DETERMINISM_OFF,
     FSDP2,
     MODEL,
+    OTHER_ENGINE,
+    PROFILER_OFF,
     REF,
     REPLAY_OFF,
     ROLLOUT,
+    drop_other_engines,
     fsdp_rules,
     full_determinism,
     global_profiler_rules,
     megatron_rules,
     model_rules,
+    names_other_engine,
     optim_rules,
     profiler_rules,
+    profiler_tool,
     resume_path,
     role_common,
     rollout_engine,
@@ -46,8 +52,8 @@ def _rules() -> list[VerlKey]:
         mapped("model_engine", FSDP2, derive=strategy),
         mapped(f"{ROLLOUT}.name", "the vLLM engine", derive=rollout_engine,
                when=lambda v: str(v).lower() in ("sglang", "trtllm")),
-        refused(f"{ARR}.hybrid_engine", "the actor, rollout and reference always share one process per device in "
-                "rlkit; for a rollout group of its own set trainer.one_step_off_policy=true", inert=only(True)),
+        mapped(f"{ARR}.hybrid_engine", "nothing to set: the actor, rollout and reference share one process per "
+               "device in rlkit (the same computation); a rollout group of its own is trainer.one_step_off_policy"),
         mapped(f"{ARR}.nccl_timeout", "nothing to set: torch.distributed's default timeout applies"),
     ]
     # --- actor
@@ -99,18 +105,21 @@ def _rules() -> list[VerlKey]:
                 "in trainer.plugins (rlkit.rollout.agent registries; docs/agents.md)"),
         refused(f"{ROLLOUT}.agent.custom_async_server.**", "custom async servers are not in rlkit; use "
                 "multi_turn.external_agent for an agent against rlkit's OpenAI endpoint", switch="path"),
-        refused(f"{ROLLOUT}.checkpoint_engine.backend", "rlkit syncs weights in memory (colocated) or through Ray's "
-                "object store (separate rollout group)", inert=only("naive")),
+        mapped(f"{ROLLOUT}.checkpoint_engine.{{backend,engine_kwargs,custom_backend_module}}", "nothing to set: "
+               "rlkit syncs weights in memory (colocated) or through Ray's object store (separate rollout group)"),
         mapped(f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", "nothing to set: rlkit's weight sync "
                "streams tensor by tensor, with no bucket size"),
-        refused(f"{ROLLOUT}.checkpoint_engine.{{engine_kwargs,custom_backend_module}}", "custom weight-sync "
-                "backends are not in rlkit"),
-        refused(f"{ROLLOUT}.cudagraph_capture_sizes", "pass vLLM options in rollout.engine_kwargs.vllm "
-                "(e.g. compilation_config)"),
-        refused(f"{ROLLOUT}.{{data_parallel_size,expert_parallel_size,pipeline_model_parallel_size}}",
-                "rlkit runs one engine per tensor-parallel group of workers; use tensor_model_parallel_size",
-                inert=only(1)),
-        refused(f"{ROLLOUT}.disaggregation.**", "prefill/decode disaggregation is not in rlkit", switch="enabled"),
+        mapped(f"{ROLLOUT}.engine_kwargs", OTHER_ENGINE, derive=drop_other_engines, when=names_other_engine),
+        mapped(f"{ROLLOUT}.engine_kwargs.{{sglang,trtllm}}", OTHER_ENGINE, when=bool),
+        mapped(f"{ROLLOUT}.engine_kwargs.{{sglang,trtllm}}.**", OTHER_ENGINE, when=ANY),
+        mapped(f"{ROLLOUT}.sglang_rollout_mode", "nothing to set: rlkit's vLLM engine runs inside each rollout worker "
+               "(no SGLang server mode); the samples are the same"),
+        mapped(f"{ROLLOUT}.cudagraph_capture_sizes", "nothing to set: vLLM chooses its CUDA-graph batch sizes "
+               "(rollout.engine_kwargs.vllm.compilation_config sets them)"),
+        mapped(f"{ROLLOUT}.{{data_parallel_size,expert_parallel_size,pipeline_model_parallel_size}}",
+               "nothing to set: rlkit runs one engine per tensor-parallel group of workers "
+               "(rollout.tensor_model_parallel_size); the split changes speed, not the samples"),
+        mapped(f"{ROLLOUT}.disaggregation.**", "nothing to set: prefill and decode run in one vLLM engine"),
         alias(f"{ROLLOUT}.enable_rollout_routing_replay", f"{ACTOR}.router_replay"),
         mapped(f"{ROLLOUT}.full_determinism", DETERMINISM_OFF, derive=full_determinism),
         mapped(f"{ROLLOUT}.over_sample_rate", "nothing to set: verl reads it nowhere since 2025-12 (it was the "
@@ -128,12 +137,12 @@ def _rules() -> list[VerlKey]:
                 "distribution the tokens were sampled from", inert=only("processed_logprobs")),
         mapped(f"{ROLLOUT}.{{nnodes,n_gpus_per_node}}", "nothing to set: the rollout shares the actor's workers; "
                "a separate rollout group is trainer.rollout_workers_per_node with trainer.one_step_off_policy"),
-        refused(f"{ROLLOUT}.prometheus.**", "rlkit exports no Prometheus metrics; the trackers get every "
-                "rollout metric", switch="enable"),
-        refused(f"{ROLLOUT}.scheduling_policy", "vLLM's scheduling stays first-come-first-served",
-                inert=only("fcfs")),
-        refused(f"{ROLLOUT}.trace.**", "rollout tracing backends (weave, mlflow traces) are not in rlkit; "
-                "trainer.rollout_data_dir dumps generations", switch="backend"),
+        mapped(f"{ROLLOUT}.prometheus.**", "nothing to set: the engine's own Prometheus exporter is not started; "
+               "the trackers get every rollout metric (a run's /metrics endpoint: trainer.prometheus)"),
+        mapped(f"{ROLLOUT}.scheduling_policy", "nothing to set: vLLM's scheduling stays first-come-first-served "
+               "(the order requests are served in, not what is sampled)"),
+        mapped(f"{ROLLOUT}.trace.**", "nothing to set: rollout traces (weave, mlflow) are not written; "
+               "trainer.rollout_data_dir dumps the generations"),
         refused(f"{ROLLOUT}.multi_turn.{{function_tool_path,num_repeat_rollouts,use_inference_chat_template}}",
                 "not in rlkit's agent loop; tools are registered in rlkit.rollout.agent.TOOLS (docs/agents.md)"),
         mapped(f"{ROLLOUT}.multi_turn.tokenization_sanity_check_mode", "nothing to set: rlkit's agent loop "
@@ -176,8 +185,8 @@ def _rules() -> list[VerlKey]:
                 "(preprocessor_config.json: patch_size); set it there", inert=ANY),
         mapped("data.return_multi_modal_inputs", "nothing to set: rlkit always carries each row's processor "
                "output (multi_modal_inputs) for the trainer's forward"),
-        refused("data.{return_raw_input_ids,return_full_prompt}", "rlkit's batch carries the prompt ids and "
-                "(data.return_raw_chat) the messages; remove it"),
+        mapped("data.{return_raw_input_ids,return_full_prompt}", "nothing to set: rlkit's batch carries the prompt "
+               "ids and (data.return_raw_chat) the messages, from which a reward model renders its own input"),
         refused("data.apply_chat_template_kwargs", "rlkit renders prompts with the chat template's defaults; "
                 "remove it"),
         refused("data.custom_cls.**", "custom dataset classes are not in rlkit: convert the data to the common "
@@ -186,8 +195,8 @@ def _rules() -> list[VerlKey]:
         refused("data.sampler.**", "custom samplers are not in rlkit (data.shuffle, data.seed)", switch="class_path"),
     ]
     # --- rewards: the current layout's `reward.*`, then the older top-level `reward_model.*` / `reward_manager.*`
-    sandbox = ("SandboxFusion is not used: rlkit runs code rewards in its own local sandbox (rlkit.sandbox); "
-               "remove the url")
+    sandbox = ("nothing to set: code rewards run the same tests in rlkit's local sandbox (rlkit.sandbox) instead of "
+               "a SandboxFusion server")
     rules += [
         alias("reward.custom_reward_function.{path,name}", "custom_reward_function.{1}"),
         alias("reward.num_workers", "reward_model.num_workers"),
@@ -200,8 +209,8 @@ def _rules() -> list[VerlKey]:
         alias("reward.reward_model.model_path", "reward_model.model.path"),
         refused("reward.reward_model.rollout.**", "a generative reward model served by vLLM: use "
                 "reward_model.style=judge with reward_model.judge.* (docs/rewards.md)", switch="name"),
-        refused("{reward,reward_model}.sandbox_fusion.**", sandbox, switch="url"),
-        refused("sandbox_fusion.**", sandbox, switch="url"),
+        mapped("{reward,reward_model}.sandbox_fusion.**", sandbox),
+        mapped("sandbox_fusion.**", sandbox),
         alias("reward_manager.name", "reward_model.reward_manager"),
         refused("reward_manager.source", "reward managers are looked up by name; register your own in a module "
                 "named in trainer.plugins", inert=only("register")),
@@ -210,8 +219,8 @@ def _rules() -> list[VerlKey]:
         alias("reward_model.micro_batch_size", "reward_model.micro_batch_size_per_gpu"),
         refused("reward_model.rollout.**", "a generative reward model served by vLLM: use reward_model.style=judge "
                 "with reward_model.judge.* (docs/rewards.md)", switch="name"),
-        refused("reward_model.launch_reward_fn_async", "rlkit scores on the driver's thread pool while nothing else "
-                "waits on it; remove it"),
+        mapped("reward_model.launch_reward_fn_async", "nothing to set: rlkit scores on the driver's thread pool "
+               "while nothing else waits on it"),
         mapped("reward_model.{use_dynamic_bsz,forward_max_token_len_per_gpu,ulysses_sequence_parallel_size,"
                "use_reward_loop,reward_loop_source,reward_loop_module_path,reward_loop_class_name}",
                "nothing to set: rlkit's reward model scores in micro-batches of reward_model.micro_batch_size_per_gpu "
@@ -248,26 +257,21 @@ def _rules() -> list[VerlKey]:
                 inert=lambda v: False, when=lambda v: str(v).lower() == "npu"),
         mapped("trainer.max_critic_ckpt_to_keep", "nothing to set: one checkpoint holds every role, kept as "
                "trainer.max_actor_ckpt_to_keep says"),
-        refused("trainer.default_hdfs_dir", "rlkit writes checkpoints to trainer.default_local_dir only; copy them "
-                "with your own tools"),
-        refused("trainer.del_local_ckpt_after_load", "rlkit keeps checkpoints until rotation "
-                "(trainer.max_actor_ckpt_to_keep); remove it"),
+        mapped("trainer.default_hdfs_dir", "nothing to set: checkpoints are written to trainer.default_local_dir "
+               "only; copy them to HDFS with your own tools"),
+        mapped("trainer.del_local_ckpt_after_load", "nothing to set: rlkit keeps local checkpoints until rotation "
+               "(trainer.max_actor_ckpt_to_keep)"),
         refused("trainer.val_only", "use `rlkit eval CKPT --data FILE` (the same rollout and scoring as "
                 "validation)"),
         mapped("trainer.{esi_redundant_time,ray_wait_register_center_timeout,use_legacy_worker_impl,use_v1}",
                "nothing to set: verl's worker-implementation and elastic-training switches have no counterpart"),
         mapped("trainer.v1.**", "nothing to set: verl's v1 trainer modes; rlkit's modes are "
                "trainer.one_step_off_policy and trainer.fully_async"),
-        refused("transfer_queue.**", "verl's transfer queue is not in rlkit: batches travel through Ray's object "
-                "store", switch="enable"),
+        mapped("transfer_queue.**", "nothing to set: batches travel through Ray's object store"),
         refused("skip.*.**", "skipping rollouts with dumped generations is not in rlkit", switch="enable"),
+        mapped("global_profiler.tool", PROFILER_OFF, derive=profiler_tool,
+               when=lambda v: str(v).lower() in REFUSED_TOOLS),
         *global_profiler_rules(),
-        refused("ray_kwargs.ray_init.num_cpus", "pass --num-cpus N to `rlkit train` (or start `rlkit cluster up "
-                "--num-cpus N`)"),
-        refused("ray_kwargs.ray_init.runtime_env.**", "rlkit sets Ray's runtime env itself (the debugger's in "
-                "--debug mode); remove it"),
-        refused("ray_kwargs.timeline_json_file", "Ray timelines are not written by rlkit; `ray timeline` on a "
-                "running cluster does it"),
     ]
     return rules
 

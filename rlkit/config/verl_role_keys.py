@@ -51,6 +51,33 @@ def strategy(value: Any, key: str) -> tuple[dict, str]:
                     f"({', '.join(sorted(FSDP_VARIANTS))} and megatron are accepted and run as FSDP2)")
 
 
+OTHER_ENGINES = ("sglang", "trtllm")
+OTHER_ENGINE = ("nothing to set: these arguments configure an engine rlkit does not run (rlkit generates with vLLM, "
+                "whose arguments go under rollout.engine_kwargs.vllm)")
+
+
+def names_other_engine(value: Any) -> bool:
+    """An `engine_kwargs` mapping with arguments for SGLang or TensorRT-LLM."""
+    return isinstance(value, dict) and any(value.get(name) for name in OTHER_ENGINES)
+
+
+def drop_other_engines(value: Any, key: str) -> tuple[dict, str]:
+    """`rollout.engine_kwargs` as a whole: the vLLM arguments kept, SGLang's and TensorRT-LLM's dropped with a line."""
+    kept = {name: ({} if name in OTHER_ENGINES else args) for name, args in value.items()}
+    dropped = " and ".join(f"{name}" for name in OTHER_ENGINES if value.get(name))
+    return {key: kept}, f"the {dropped} arguments dropped: {OTHER_ENGINE.removeprefix('nothing to set: ')}"
+
+
+PROFILER_OFF = "no profiler runs"
+
+
+def profiler_tool(value: Any, key: str) -> tuple[dict, str]:
+    """`global_profiler.tool` naming a profiler rlkit does not run (nsys, npu, ...): profiling off, with why."""
+    from rlkit.config.profiler import REFUSED_TOOLS
+
+    return {key: None}, f"{key}=null, {PROFILER_OFF}: {REFUSED_TOOLS[str(value).lower()]}"
+
+
 def rollout_engine(value: Any, key: str) -> tuple[dict, str]:
     """`rollout.name`: SGLang / TensorRT-LLM scripts run on the vLLM engine with the same sampling settings."""
     return {key: "vllm"}, f"{key}=vllm (rlkit's engines are vllm and hf; the sampling settings are kept)"
@@ -136,11 +163,10 @@ def fsdp_rules(prefix: str, role: str) -> list[VerlKey]:
                "every data-parallel worker"),
         refused(f"{prefix}.model_dtype", "rlkit keeps float32 master weights and optimizer state (param_dtype "
                 "is the compute dtype); remove it", inert=only("fp32", "float32")),
-        refused(f"{prefix}.reshard_after_forward", "rlkit's FSDP2 units always reshard after forward; remove it",
-                inert=only(True)),
+        mapped(f"{prefix}.reshard_after_forward", "nothing to set: rlkit's FSDP2 units reshard after forward "
+               "(less memory, one more all-gather; the same numbers)"),
         mapped(f"{prefix}.full_determinism", DETERMINISM_OFF, derive=full_determinism),
-        refused(f"{prefix}.pad_to_length", "rlkit packs sequences (model.use_remove_padding) or trims padding; "
-                "remove it"),
+        mapped(f"{prefix}.pad_to_length", PAD_NOTICE),
         refused(f"{prefix}.qat.**", "quantisation-aware training is not in rlkit; remove qat.*", switch="enable"),
     ]
 
@@ -192,8 +218,8 @@ def optim_rules(prefix: str, role: str) -> list[VerlKey]:
                "Megatron options", derive=megatron_optimizer_option, when=ANY),
         refused(f"{prefix}.num_cycles", "rlkit's cosine schedule is one half-cycle; remove it", inert=only(0.5)),
         refused(f"{prefix}.zero_indexed_step", "rlkit's schedules count steps from 0; remove it", inert=only(True)),
-        refused(f"{prefix}.{{exp_avg_dtype,exp_avg_sq_dtype,main_grads_dtype}}", "rlkit keeps optimizer state and "
-                "gradients in float32; remove it", inert=only("fp32", "float32")),
+        mapped(f"{prefix}.{{exp_avg_dtype,exp_avg_sq_dtype,main_grads_dtype}}", "nothing to set: rlkit keeps "
+               "optimizer state and gradients in float32 (more memory than a lower precision, no less exact)"),
         refused(f"{prefix}.weight_decay_incr_style", "rlkit's weight decay is constant", inert=only("constant")),
         refused(f"{prefix}.lr_warmup_init", "rlkit's warmup starts from lr / warmup steps (lr_warmup_steps); "
                 "remove it"),
@@ -218,17 +244,18 @@ def model_rules(prefix: str) -> list[VerlKey]:
         mapped(f"{prefix}.use_shm", "nothing to set: the model is read from local disk (rlkit never downloads at "
                "run time)"),
         mapped(f"{prefix}.fused_kernel_options.**", "nothing to set: rlkit's fused LM head is pure torch"),
-        refused(f"{prefix}.use_liger", "Liger kernels are CUDA-only; use model.use_fused_kernels (rlkit's fused "
-                "log-prob head)"),
+        mapped(f"{prefix}.use_liger", "nothing to set: Liger's fused kernels are not loaded; the same layers run as "
+               "transformers' own (model.use_fused_kernels is rlkit's fused log-prob head)"),
         refused(f"{prefix}.{{tokenizer_path,hf_config_path}}", "rlkit reads the tokenizer and config from "
                 "model.path; put them in that folder"),
         refused(f"{prefix}.custom_chat_template", "rlkit uses the tokenizer's own chat template; edit "
                 "tokenizer_config.json in the model folder"),
         refused(f"{prefix}.override_config", "rlkit loads the model with its own config.json; edit it in the model "
                 "folder"),
-        refused(f"{prefix}.enable_activation_offload", "use model.enable_gradient_checkpointing to save activation "
-                "memory"),
-        refused(f"{prefix}.tiled_mlp.**", "tiled MLP is not in rlkit", switch="enabled"),
+        mapped(f"{prefix}.enable_activation_offload", "nothing to set: activations stay on the device "
+               "(model.enable_gradient_checkpointing is rlkit's way to save activation memory)"),
+        mapped(f"{prefix}.tiled_mlp.**", "nothing to set: the MLP runs untiled (the same numbers, more peak "
+               "memory on long sequences)"),
         refused(f"{prefix}.mtp.**", "multi-token prediction is not in rlkit", switch="enable"),
         refused(f"{prefix}.lora.**", "this is Megatron's LoRA section: use model.lora_rank / lora_alpha / "
                 "target_modules (rlkit's PEFT LoRA)", switch="rank"),
@@ -240,23 +267,29 @@ def role_common(prefix: str, role: str) -> list[VerlKey]:
     return [
         refused(f"{prefix}.checkpoint.{{save_contents,load_contents}}", "rlkit's checkpoints always hold the model, "
                 "the optimizer and the run state; for an HF folder use `rlkit export`", inert=checkpoint_contents),
-        refused(f"{prefix}.checkpoint.async_save", "rlkit saves checkpoints synchronously (atomic, verified); "
-                "remove it"),
+        mapped(f"{prefix}.checkpoint.async_save", "nothing to set: rlkit saves checkpoints synchronously "
+               "(atomic, verified)"),
         refused(f"{prefix}.checkpoint.strict", "rlkit loads checkpoints strictly", inert=only(True)),
-        refused(f"{prefix}.checkpoint.mbridge_config", "Megatron bridge checkpoints are not in rlkit"),
+        mapped(f"{prefix}.checkpoint.mbridge_config", "nothing to set: rlkit's checkpoints hold HF-format weights "
+               "directly (no Megatron bridge)"),
         *profiler_rules(prefix),
         mapped(f"{prefix}.{{rollout_n,nccl_timeout,data_loader_seed,shuffle}}", "nothing to set: rollout.n, "
                "trainer.seed and actor.shuffle already say it, and torch.distributed's default timeout applies"),
         refused(f"{prefix}.loss_scale_factor", "rlkit normalises losses by loss_agg_mode alone; remove it"),
         refused(f"{prefix}.router_replay.{{record_file,replay_file}}", "rlkit replays routes in memory from the "
                 "rollout of the same step; there are no route files"),
-        refused(f"{prefix}.pad_to_length", "rlkit packs sequences (model.use_remove_padding) or trims padding; "
-                "remove it"),
+        mapped(f"{prefix}.pad_to_length", PAD_NOTICE),
     ]
 
 
-PROFILER_HOOKS = ("copying traces elsewhere and running a command after profiling are not in rlkit: the traces are "
-                  "files under global_profiler.save_path; copy them yourself")
+PAD_NOTICE = ("nothing to set: rlkit packs sequences (model.use_remove_padding) or trims padding instead of padding "
+              "to a fixed length (the same numbers)")
+PROFILER_HOOKS = ("nothing to set: traces are not copied and no command runs after profiling; the traces are files "
+                  "under global_profiler.save_path")
+
+
+PRECISION_DEBUGGER = ("nothing to set: verl's precision debugger (Ascend's msprobe) does not run; for non-finite "
+                      "values use `rlkit train --debug nan`")
 
 
 def profiler_rules(prefix: str) -> list[VerlKey]:
@@ -269,17 +302,16 @@ def profiler_rules(prefix: str) -> list[VerlKey]:
                "reads each role's own"),
         mapped(f"{p}.tool_config.torch.discrete", "nothing to set: rlkit writes one trace per worker call (as verl's "
                "discrete=true)"),
-        refused(f"{p}.tool_config.torch.schedule.**", "rlkit traces each step of global_profiler.steps whole: list "
-                "the steps there instead of a schedule"),
-        refused(f"{p}.tool_config.torch.{{profile_token_start,profile_token_end}}", "rlkit traces a rollout call "
-                "whole, not a token range; remove it"),
+        mapped(f"{p}.tool_config.torch.schedule.**", "nothing to set: rlkit traces each step of "
+               "global_profiler.steps whole (list the steps there) instead of following a schedule"),
+        mapped(f"{p}.tool_config.torch.{{profile_token_start,profile_token_end}}", "nothing to set: rlkit traces a "
+               "rollout call whole, not a token range"),
         mapped(f"{p}.tool_config.torch_memory.**", "nothing to set: rlkit reads "
                "global_profiler.global_tool_config.torch_memory"),
         mapped(f"{p}.tool_config.{{nsys,npu}}.**", "nothing to set: read only by the nsys/npu tools, which rlkit "
                "refuses"),
-        refused(f"{p}.tool_config.precision_debugger.**", "verl's precision debugger (msprobe, Ascend) is not in "
-                "rlkit: for non-finite values use `rlkit train --debug nan`"),
-        refused(f"{p}.{{relocate_results,finish_hook_cmd,finish_hook_all_ranks,finish_hook_ranks}}", PROFILER_HOOKS),
+        mapped(f"{p}.tool_config.precision_debugger.**", PRECISION_DEBUGGER),
+        mapped(f"{p}.{{relocate_results,finish_hook_cmd,finish_hook_all_ranks,finish_hook_ranks}}", PROFILER_HOOKS),
     ]
 
 
@@ -287,15 +319,14 @@ def global_profiler_rules() -> list[VerlKey]:
     """`global_profiler` keys rlkit's schema does not hold (it holds tool, steps, save_path, torch_memory's options)."""
     g = "global_profiler"
     return [
-        refused(f"{g}.profile_continuous_steps", "rlkit writes one trace per worker call of each step in "
-                "global_profiler.steps; remove it"),
-        refused(f"{g}.{{relocate_results,finish_hook_cmd,finish_hook_all_ranks,finish_hook_ranks}}", PROFILER_HOOKS),
+        mapped(f"{g}.profile_continuous_steps", "nothing to set: rlkit writes one trace per worker call of each step "
+               "in global_profiler.steps"),
+        mapped(f"{g}.{{relocate_results,finish_hook_cmd,finish_hook_all_ranks,finish_hook_ranks}}", PROFILER_HOOKS),
         mapped(f"{g}.global_tool_config.nsys.**", "nothing to set: read only by global_profiler.tool=nsys, which "
                "rlkit refuses (torch traces show CUDA kernels too)"),
         mapped(f"{g}.global_tool_config.torch_memory.stack_depth", "nothing to set: torch records whole stacks "
                "(global_profiler.global_tool_config.torch_memory.stacks: python | all)"),
-        refused(f"{g}.global_tool_config.torch_memory.kw_args", "rlkit passes context, stacks and "
-                "trace_alloc_max_entries to torch.cuda.memory._record_memory_history; remove it"),
-        refused(f"{g}.global_tool_config.precision_debugger.**", "verl's precision debugger (msprobe, Ascend) is not "
-                "in rlkit: for non-finite values use `rlkit train --debug nan`"),
+        mapped(f"{g}.global_tool_config.torch_memory.kw_args", "nothing to set: rlkit passes context, stacks and "
+               "trace_alloc_max_entries to torch.cuda.memory._record_memory_history"),
+        mapped(f"{g}.global_tool_config.precision_debugger.**", PRECISION_DEBUGGER),
     ]

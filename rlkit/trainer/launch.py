@@ -110,6 +110,7 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
     )
     from rlkit.debug.listeners import use_loopback_node
     from rlkit.debug.stacks import run_env
+    from rlkit.trainer.ray_init_kwargs import merge_ray_init
     from rlkit.utils.quiet import verbose, worker_env
 
     settings = debug_settings(opts.debug)
@@ -136,6 +137,10 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
                        **settings.ray_init_kwargs()})  # fmt: skip
     else:
         kwargs["address"] = target.address
+    ray_init = getattr(getattr(cfg, "ray_kwargs", None), "ray_init", None)  # verl's ray_kwargs.ray_init, on top
+    kwargs, ignored = merge_ray_init(kwargs, ray_init, joining=not target.private, cli_num_cpus=opts.num_cpus)
+    if ignored:
+        console.print(ignored, markup=False, highlight=False, soft_wrap=True)
     if target.joined is not None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # how `rlkit cluster up` started it
         console.print(f"joining the cluster from `rlkit cluster up` at {target.address} (dashboard "
@@ -197,6 +202,7 @@ def run_fit(cfg: Any, opts: LaunchOptions, console: Console, start: Callable[[],
 
     from rlkit.trainer.interrupt import InterruptWatch, TrainingInterrupted
     from rlkit.trainer.preflight import log_dir_of
+    from rlkit.trainer.ray_init_kwargs import write_timeline
     from rlkit.utils.checkpoint_io import find_latest_checkpoint
     from rlkit.utils.status_line import waiting
     from rlkit.utils.tracking import Tracking
@@ -216,6 +222,7 @@ def run_fit(cfg: Any, opts: LaunchOptions, console: Console, start: Callable[[],
                           trainer.total_steps, cfg) as tracker:
                 trainer.tracker = tracker
                 summary = trainer.fit()
+            write_timeline(getattr(getattr(cfg, "ray_kwargs", None), "timeline_json_file", None))
             summary.log_dir = log_dir
             describe(trainer, summary)
             summary.wall_s = time.perf_counter() - started  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ so this module imports cheaply.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -137,24 +138,24 @@ class TensorboardTracker:
 
 @TRACKERS.register("wandb")
 class WandbTracker:
-    """Weights & Biases, only when installed and asked for; offline mode when wandb.ai is unreachable
-    (sync later with `wandb sync <log_dir>/wandb/offline-run-*`)."""
+    """Weights & Biases (installed by rlkit's default set-up). Without an API key or a reachable server it logs
+    offline under `<log_dir>/wandb/` and says in one line how to upload it (rlkit.utils.wandb_mode)."""
 
     packages = ("wandb",)
     install = "pip install 'rlkit[wandb]' (or pip install wandb)"
 
     def __init__(self, run: RunInfo) -> None:
         wandb = import_backend("wandb", type(self))
-        from rlkit.utils.network import network_disabled, url_reachable
+        from rlkit.utils.wandb_mode import choose_mode, offline_line
 
-        mode = os.environ.get("WANDB_MODE")
-        if mode is None:
-            online = not network_disabled() and url_reachable(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
-            mode = "online" if online else "offline"
+        mode, why = choose_mode()
         run.log_dir.mkdir(parents=True, exist_ok=True)
         self._wandb = wandb
         self._run = wandb.init(project=run.project, name=run.experiment, config=run.config,
                                dir=str(run.log_dir), mode=mode)
+        self.run_dir = Path(self._run.dir).parent  # <log_dir>/wandb/<offline-run-...>: what `wandb sync` takes
+        if mode == "offline":
+            logging.getLogger("rlkit.tracking").warning(offline_line(why, self.run_dir))
         self._generations: list[list[Any]] = []
 
     def log(self, metrics: dict[str, float], step: int) -> None:

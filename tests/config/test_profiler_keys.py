@@ -28,16 +28,12 @@ def test_the_plan_selects_enabled_roles_their_ranks_and_an_absolute_folder(tmp_p
 
 
 @pytest.mark.parametrize(("overrides", "fix"), [
-    (["global_profiler.tool=nsys"], "set global_profiler.tool=torch"),
     (["global_profiler.tool=torch_memory", "global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=true"],
      "contents=[memory]"),
     (["global_profiler.tool=torch", "actor_rollout_ref.actor.profiler.enable=true"], "global_profiler.steps=[1,2]"),
     (["global_profiler.tool=torch", "global_profiler.steps=[1]"], "profiler.enable=true"),
     (["global_profiler.tool=torch", "global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=true",
       "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cpu,flops]"], "unknown ['flops']"),
-    (["global_profiler.tool=torch", "global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=true",
-      "+actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=3"], "list the steps there"),
-    (["+global_profiler.profile_continuous_steps=true"], "one trace per worker call"),
 ])
 def test_what_cannot_run_says_the_fix_in_one_line(overrides, fix):
     with pytest.raises(UserError) as err:

@@ -107,3 +107,21 @@ def test_the_lora_section_from_a_yaml_file(tmp_path):
     model = load_config(None, [], config_file=str(path), notices=notices).actor_rollout_ref.model
     assert (model.lora_rank, model.lora_alpha, model.exclude_modules) == (4, 8, None)
     assert any("nothing to set for dropout, merge" in n for n in notices)
+
+
+def test_precision_keys_land_on_rlkits_fsdp_dtypes():
+    fsdp = f"{ACTOR}.fsdp_config"
+    cfg, said = _compose([f"+{fsdp}.mixed_precision.param_dtype=bf16", f"+{fsdp}.mixed_precision.reduce_dtype=bf16",
+                          f"+{fsdp}.mixed_precision.buffer_dtype=fp32", f"{fsdp}.model_dtype=bfloat16",
+                          f"+{M}.torch_dtype=bfloat16"])
+    actor_fsdp = cfg.actor_rollout_ref.actor.fsdp_config
+    assert actor_fsdp.param_dtype == "bfloat16" and actor_fsdp.reduce_dtype == "bfloat16"
+    assert "model_dtype=bfloat16 -> nothing to set: rlkit keeps float32 master weights" in said
+    assert "buffer_dtype=fp32 -> nothing to set" in said and "torch_dtype=bfloat16 -> nothing to set" in said
+
+
+def test_mtp_is_refused_only_when_it_trains():
+    _, said = _compose([f"+{M}.mtp.enable=true", f"+{M}.mtp.enable_rollout=true", f"+{M}.mtp.enable_train=false"])
+    assert "mtp.enable_rollout=true -> nothing to set" in said
+    with pytest.raises(UserError, match="mtp.enable_train=true.*objective"):
+        _compose([f"+{M}.mtp.enable=true", f"+{M}.mtp.enable_train=true"])

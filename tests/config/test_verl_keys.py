@@ -113,9 +113,8 @@ def test_mapped_keys_set_rlkit_keys_and_say_so():
 
 @pytest.mark.parametrize("override, fix", [
     ("trainer.device=npu", "trainer.device=cuda, cpu or auto"),
-    ("actor_rollout_ref.hybrid_engine=false", "trainer.one_step_off_policy=true"),
-    ("actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=2", "list the steps there"),
-    ("actor_rollout_ref.actor.fsdp_config.model_dtype=bf16", "float32 master weights"),
+    ("actor_rollout_ref.actor.qat.enable=true", "quantisation-aware training"),
+    ("actor_rollout_ref.model.mtp.enable_train=true", "set enable_train=false"),
     ("data.video_key=clips", "data.image_key"),
 ])
 def test_refused_keys_name_the_key_and_the_fix(override, fix):
