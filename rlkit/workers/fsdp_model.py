@@ -175,6 +175,8 @@ class FSDPModel:
             log.info("%s compute: %.1f%% of the fp32 masters dithered off the grid", self.param_dtype, 100 * moved)
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])
         offload = CPUOffloadPolicy() if (fsdp.param_offload and device.type == "cuda") else None
+        # FSDP2 keeps offloaded parameters (and their gradients) on the host and steps the optimizer there
+        self.params_offloaded = offload is not None
         world = dist.get_world_size() if dist.is_initialized() else 1
         # one worker: FSDP2 would only add copies and hooks. In bf16 a compute copy casts once per optimizer step
         # (rlkit/workers/compute_copy.py); gradient checkpointing recomputes outside `computing()`, so FSDP2 there
@@ -222,8 +224,8 @@ class FSDPModel:
         self._move_optimizer(self.device)
 
     def _move_optimizer(self, device: torch.device) -> None:
-        if self.optimizer is None or self.device.type == "cpu":
-            return  # on CPU the state already lives in host memory
+        if self.optimizer is None or self.device.type == "cpu" or self.params_offloaded:
+            return  # on CPU, or with offloaded parameters (stepped on the host), the state stays in host memory
         for state in self.optimizer.state.values():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
@@ -360,8 +362,17 @@ class FSDPModel:
             if adapter_only and ".lora_" not in name:
                 continue
             if hasattr(tensor, "full_tensor"):
-                tensor = tensor.full_tensor()
+                tensor = self._on_device(tensor).full_tensor()
             yield name, tensor.detach()
+
+    def _on_device(self, shard: Any) -> Any:
+        """A CPU-offloaded DTensor shard moved to the device first, so the gather runs on NCCL, not over gloo."""
+        if shard.device.type == self.device.type:
+            return shard
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(shard.to_local().to(self.device, non_blocking=True), shard.device_mesh,
+                                  shard.placements, shape=shard.shape, stride=shard.stride())
 
     def memory_report(self) -> dict[str, float]:
         """Parameters (all / trained), this rank's optimizer-state and gradient bytes (the run summary)."""
