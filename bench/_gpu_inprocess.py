@@ -64,6 +64,18 @@ def save_qwen_shaped(path: Path, device: str, seed: int = 0) -> Path:
     return path
 
 
+def join_group() -> None:
+    """This process as rank 0 of a one-rank group, made as a worker makes it (`Worker.init_distributed`: NCCL for
+    CUDA tensors and gloo for CPU ones on a GPU, gloo on CPU); the host's roles then find it joined."""
+    import os
+
+    from rlkit.controller.worker import Worker, reserve_master_port
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(reserve_master_port("127.0.0.1")))
+    Worker().init_distributed()
+
+
 # ------------------------------------------------------------------------------------------------ env
 def check_env(device: str) -> dict:
     import torch
@@ -82,6 +94,9 @@ def check_env(device: str) -> dict:
     info["rlkit_imports_failed"] = failed
     info["optional_absent"] = [m for m in OPTIONAL if importlib.util.find_spec(m) is None]
     info["ray_or_vllm_imported"] = sorted(m for m in ("ray", "vllm") if m in sys.modules)
+    import torch.distributed as dist
+
+    info["process_group"] = str(dist.get_backend_config()) if dist.is_initialized() else None
     ok = not failed and not info["ray_or_vllm_imported"] and (device == "cpu" or torch.cuda.is_available())
     return {"ok": ok, **info}
 
@@ -128,8 +143,8 @@ def check_numerics(model_path: Path, device: str) -> dict:
     valid = mask[:, -response:].bool()
     rows: dict[str, Any] = {}
     ok = True
-    for dtype in ("bfloat16", "float32"):
-        model = FSDPModel(str(model_path), FSDPConfig(param_dtype=dtype), dev)
+    for dtype in ("bfloat16", "float32"):  # FSDP2 (a one-rank group) even for one worker: the multi-GPU path
+        model = FSDPModel(str(model_path), FSDPConfig(param_dtype=dtype, shard_single_worker=True), dev)
         mean_tol, max_tol = TOLERANCE[dtype]
         for fused in (False, True):
             with torch.no_grad():
@@ -148,7 +163,7 @@ def check_numerics(model_path: Path, device: str) -> dict:
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
-    return {"ok": ok, "tolerance": TOLERANCE, "tokens": int(valid.sum()), "diffs_mean_max": rows}
+    return {"ok": ok, "fsdp2": True, "tolerance": TOLERANCE, "tokens": int(valid.sum()), "diffs_mean_max": rows}
 
 
 # ------------------------------------------------------------------------------------------------ the host
@@ -355,6 +370,33 @@ def check_weight_sync(model_path: Path, device: str) -> dict:
             "stream": finish}
 
 
+def _summary(name: str, r: dict) -> str:
+    """The table's key numbers of one check (the JSON has them all)."""
+    if "error" in r:
+        return r["error"].strip().splitlines()[-1][:100]
+    if name == "env":
+        return (f"torch {r['torch']} cuda {r.get('cuda')} nccl {r.get('nccl')} {r.get('name', 'cpu')} "
+                f"group {r['process_group']} absent {','.join(r['optional_absent']) or '-'}")
+    if name == "numerics":
+        return " ".join(f"{k}: logp {v['log_probs'][0]:.1e}/{v['log_probs'][1]:.1e}" for k, v in
+                        r["diffs_mean_max"].items())
+    if name == "grpo_step":
+        runs = " | ".join(f"{k} step {v['step_s']:.2f}s gen {v['gen']:.2f} upd {v['update_actor']:.2f}"
+                          + (f" mfu {v['mfu_update']:.1%}" if v["mfu_update"] is not None else "")
+                          for k, v in r["runs"].items())
+        return runs + (f" | offload frees {r['offload_frees_gb']:.2f} GB" if "offload_frees_gb" in r else "")
+    return (f"{r['tensors']} tensors, vs cpu {r['max_abs_diff_vs_cpu']:.1e}, engine vs trainer "
+            f"{r['engine_vs_trainer']:.1e}, sync {r['sync_s']:.3f}s")
+
+
+def table(results: dict[str, dict]) -> str:
+    """One row per check: name, verdict, seconds, key numbers."""
+    lines = [f"{'check':12s} {'ok':6s} {'s':>7s}  numbers", "-" * 100]
+    for name, r in results.items():
+        lines.append(f"{name:12s} {'ok' if r['ok'] else 'FAILED':6s} {r['seconds']:7.1f}  {_summary(name, r)}")
+    return "\n".join(lines)
+
+
 CHECKS = {"env": lambda m, d, s: check_env(d), "numerics": lambda m, d, s: check_numerics(m, d),
           "grpo_step": lambda m, d, s: check_grpo_step(m, d, s), "weight_sync": lambda m, d, s: check_weight_sync(m, d)}
 
@@ -363,6 +405,7 @@ def run_checks(names: list[str], device: str, steps: int, tmp: Path) -> dict[str
     """Every check in this process, one row each; a failed check is a result, the others still run."""
     import traceback
 
+    join_group()
     model = save_qwen_shaped(tmp / "model", device)
     results: dict[str, dict] = {}
     for name in names:
@@ -374,4 +417,5 @@ def run_checks(names: list[str], device: str, steps: int, tmp: Path) -> dict[str
         results[name]["seconds"] = round(time.perf_counter() - start, 1)
         print(f"{name:12s} {'ok' if results[name]['ok'] else 'FAILED':6s} "
               f"{json.dumps({k: v for k, v in results[name].items() if k != 'ok'}, default=str)[:800]}", flush=True)
+    print(table(results), flush=True)
     return results

@@ -19,6 +19,7 @@ from rlkit.config.checks import check_config
 from rlkit.config.distillation import check_distillation
 from rlkit.config.lora_section import settle_lora_section
 from rlkit.config.micro_batch_sizes import settle_micro_batches
+from rlkit.config.model_overrides import settle_model_overrides
 from rlkit.config.optim import settle_optim
 from rlkit.config.rollout_correction import check_rollout_correction, settle_rollout_correction
 from rlkit.config.schema import RLConfig
@@ -33,6 +34,7 @@ def derive(cfg: RLConfig) -> None:
     """Values that follow from others: engine lengths from the data, clip bounds, the critic's defaults, every
     pass's micro-batching (null = the actor's, global sizes per worker)."""
     settle_lora_section(cfg.actor_rollout_ref.model)  # verl's model.lora.* onto lora_rank/... (read just below)
+    settle_model_overrides(cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout)  # model.override_config
     rollout = cfg.actor_rollout_ref.rollout
     rollout.prompt_length = cfg.data.max_prompt_length
     rollout.response_length = cfg.data.max_response_length

@@ -83,6 +83,9 @@ class ModelConfig:
                             "LM head) or a list of module names, e.g. [q_proj, v_proj]")
     exclude_modules: Any = f(None, "module names (list) or a regex that get no adapter; null = none")
     lora_adapter_path: str | None = f(None, "start from this PEFT adapter folder (its rank/alpha/targets win)")
+    override_config: dict = f(factory=dict, help="values set on the HF model config before the weights load, in "
+                              "the trainer and the vLLM engine (hf_overrides), e.g. {max_position_embeddings: 8192, "
+                              "attention_dropout: 0.0}; a name the config lacks is an error")
     lora: dict = f(factory=dict, help="verl's newer LoRA section (rank, alpha, target_modules in HF or Megatron "
                    "names, exclude_modules, adapter_path): read onto the keys above (rlkit.config.lora_section)")
 

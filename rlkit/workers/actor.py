@@ -135,6 +135,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
             gradient_checkpointing=self.model_cfg.enable_gradient_checkpointing,
             attn_implementation=self.model_cfg.attn_implementation,
             trust_remote_code=self.model_cfg.trust_remote_code,
+            config_overrides=self.model_cfg.override_config,
             lora=self.model_cfg,
             ulysses_sequence_parallel_size=self.actor.ulysses_sequence_parallel_size,
             compile_layers=self.model_cfg.use_torch_compile,
@@ -316,6 +317,7 @@ class RefWorker(_PolicyScorer):
         self.model = FSDPModel(
             self.model_cfg.path, frozen, self.device,
             attn_implementation=self.model_cfg.attn_implementation, trust_remote_code=self.model_cfg.trust_remote_code,
+            config_overrides=self.model_cfg.override_config,
             ulysses_sequence_parallel_size=self.ref.ulysses_sequence_parallel_size,
             compile_layers=self.model_cfg.use_torch_compile, fused_lm_head=self.model_cfg.fused_lm_head,
         )

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from rlkit.config.schema import FSDPConfig, OptimConfig
+from rlkit.models.config_overrides import apply_config_overrides
 from rlkit.models.lora import LoraModel, lora_enabled, merged_named_tensors, wrap_lora, write_lora_info
 from rlkit.models.moe_router import RouterTap
 from rlkit.models.vision import (
@@ -108,7 +109,7 @@ class FSDPModel:
         value_head: bool = False,
         gradient_checkpointing: bool = False,
         attn_implementation: str = "sdpa",
-        trust_remote_code: bool = False,
+        trust_remote_code: bool = False, config_overrides: dict | None = None,  # verl's model.override_config
         lora: Any = None,  # the model section (actor_rollout_ref.model): its lora_* keys turn LoRA on
         auto_class: str | None = None,
         ulysses_sequence_parallel_size: int = 1,
@@ -129,7 +130,8 @@ class FSDPModel:
         self.device = device
         self.value_head = value_head
         self.param_dtype = resolve_dtype(fsdp.param_dtype, device)
-        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        config = apply_config_overrides(  # verl's model.override_config, before the weights load
+            AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code), config_overrides)
         use_lora = lora is not None and lora_enabled(lora) and not value_head
         # a frozen LoRA base needs no float32 master copy: store it in the compute dtype
         kwargs = dict(
