@@ -97,3 +97,18 @@ def veomni_rules(prefix: str, role: str, strategy: Derive, replay: Derive) -> li
         refused(f"{prefix}.load_checkpoint_path", "rlkit starts from model.path (or resumes with "
                 "trainer.resume_mode); point model.path at the weights instead"),
     ]
+
+
+SERVED_RM = ("the reward model scores in rlkit's own worker instead of an engine server: verl's reward loop reads a "
+             "served model as a discriminative RM (its score head), which is rlkit's reward_model.style=classifier "
+             "(the default); a generative judge is reward_model.style=judge with judge.backend=vllm (docs/rewards.md)")
+
+
+def served_reward_model_rules(prefix: str) -> list[VerlKey]:
+    """verl's reward model served by an engine (`reward_model.rollout.*`, newer `reward.reward_model.rollout.*`):
+    the same scores from rlkit's reward-model role; the engine's sizes have nothing to size."""
+    return [
+        mapped(f"{prefix}.name", SERVED_RM),
+        mapped(f"{prefix}.**", "nothing to set: the serving engine's sizes and lengths (rlkit's reward-model role "
+               "reads reward_model.micro_batch_size_per_gpu and max_length; the judge, reward_model.judge.*)"),
+    ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from rlkit.config.lora_section import lora_rules
 from rlkit.config.profiler import REFUSED_TOOLS
 from rlkit.config.trl_loss_types import trl_loss_type
-from rlkit.config.verl_compute_rules import veomni_rules
+from rlkit.config.verl_compute_rules import served_reward_model_rules, veomni_rules
 from rlkit.config.verl_role_keys import (
     ACTOR,
     ANY,
@@ -207,8 +207,7 @@ def _rules() -> list[VerlKey]:
                 "a module named in trainer.plugins", switch="path"),
         alias("reward.reward_model.{enable,enable_resource_pool,n_gpus_per_node,nnodes}", "reward_model.{1}"),
         alias("reward.reward_model.model_path", "reward_model.model.path"),
-        refused("reward.reward_model.rollout.**", "a generative reward model served by vLLM: use "
-                "reward_model.style=judge with reward_model.judge.* (docs/rewards.md)", switch="name"),
+        *served_reward_model_rules("reward.reward_model.rollout"),
         mapped("{reward,reward_model}.sandbox_fusion.**", sandbox),
         mapped("sandbox_fusion.**", sandbox),
         alias("reward_manager.name", "reward_model.reward_manager"),
@@ -217,8 +216,7 @@ def _rules() -> list[VerlKey]:
         refused("reward_manager.module.**", "register your reward manager (rlkit.reward.REWARD_MANAGERS) in a module "
                 "named in trainer.plugins", switch="path"),
         alias("reward_model.micro_batch_size", "reward_model.micro_batch_size_per_gpu"),
-        refused("reward_model.rollout.**", "a generative reward model served by vLLM: use reward_model.style=judge "
-                "with reward_model.judge.* (docs/rewards.md)", switch="name"),
+        *served_reward_model_rules("reward_model.rollout"),
         mapped("reward_model.launch_reward_fn_async", "nothing to set: rlkit scores on the driver's thread pool "
                "while nothing else waits on it"),
         mapped("reward_model.{use_dynamic_bsz,forward_max_token_len_per_gpu,ulysses_sequence_parallel_size,"

@@ -125,3 +125,14 @@ def test_mtp_is_refused_only_when_it_trains():
     assert "mtp.enable_rollout=true -> nothing to set" in said
     with pytest.raises(UserError, match="mtp.enable_train=true.*objective"):
         _compose([f"+{M}.mtp.enable=true", f"+{M}.mtp.enable_train=true"])
+
+
+@pytest.mark.parametrize("prefix, path_key", [("reward_model", "reward_model.model.path"),
+                                              ("reward.reward_model", "reward.reward_model.model_path")])
+def test_a_reward_model_served_by_an_engine_is_rlkits_reward_model_role(prefix, path_key):
+    cfg, said = _compose([f"{prefix}.enable=true", f"{path_key}=/models/rm", f"{prefix}.rollout.name=vllm",
+                          f"{prefix}.rollout.gpu_memory_utilization=0.8", f"{prefix}.rollout.prompt_length=2048"])
+    assert cfg.reward_model.enable and cfg.reward_model.model.path == "/models/rm"
+    assert cfg.reward_model.style == "classifier"  # verl's reward loop scores a served RM by its score head
+    assert f"{prefix}.rollout.name=vllm -> the reward model scores in rlkit's own worker" in said
+    assert f"{prefix}.rollout.gpu_memory_utilization=0.8 -> nothing to set" in said
