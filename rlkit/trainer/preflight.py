@@ -170,32 +170,57 @@ def _cached_model(spec: str) -> Path | None:
     return None
 
 
-def check_model(p: Preflight) -> None:
-    """actor_rollout_ref.model.path resolves to a folder with config.json and weights."""
+def model_folder(spec: str, allow_download: bool) -> tuple[Path | None, str | None]:
+    """(the local folder of model `spec`, None) or (None, a note why it is not resolved yet): in a dry run an alias
+    or hub id not on this machine, or a GGUF file, is resolved at start; a bad local path raises UserError."""
     from rlkit.models.aliases import ALIASES
     from rlkit.models.loading import HUB_ID
     from rlkit.models.resolve import resolve_model
 
-    spec = str(p.cfg.actor_rollout_ref.model.path)
-    key = "actor_rollout_ref.model.path"
     local = Path(spec).expanduser()
     remote = not local.exists() and (spec in ALIASES or HUB_ID.match(spec))
+    if remote and not allow_download:
+        folder = _cached_model(spec)
+        why = f"model {spec} is not on this machine yet; `rlkit train` fetches it at start (or run `rlkit model " \
+            f"pull {spec}`)"
+        return folder, None if folder is not None else why
+    if local.suffix.lower() == ".gguf" and not allow_download:
+        return None, f"model {local}: GGUF, dequantized into the model cache at start"
+    return resolve_model(spec).path, None
+
+
+def check_model(p: Preflight) -> None:
+    """actor_rollout_ref.model.path resolves to a folder with config.json and weights."""
     try:
-        if remote and not p.allow_download:
-            p.model_dir = _cached_model(spec)
-            if p.model_dir is None:
-                p.notes.append(f"model {spec} is not on this machine yet; `rlkit train` fetches it at start "
-                               f"(or run `rlkit model pull {spec}`)")
-                return
-        elif local.suffix.lower() == ".gguf" and not p.allow_download:
-            p.notes.append(f"model {local}: GGUF, dequantized into the model cache at start")
-            return
-        else:
-            p.model_dir = resolve_model(spec).path
+        p.model_dir, why = model_folder(str(p.cfg.actor_rollout_ref.model.path), p.allow_download)
     except UserError as exc:
-        p.problems.append(f"{key}: {exc}")
+        p.problems.append(f"actor_rollout_ref.model.path: {exc}")
         return
-    p.notes.append(f"model {p.model_dir}")
+    p.notes.append(why or f"model {p.model_dir}")
+
+
+def check_teachers(p: Preflight) -> None:
+    """distillation: each local teacher's model resolves (in a dry run, if on this machine) and holds prompt +
+    response, which it scores whole (past its positions: a note)."""
+    from rlkit.config.distillation import teachers
+    from rlkit.trainer.preflight_engine import length_problem
+
+    if not p.cfg.distillation.enabled:
+        return
+    rollout = p.cfg.actor_rollout_ref.rollout
+    for name, teacher in teachers(p.cfg.distillation).items():
+        if teacher.served:
+            continue
+        try:
+            folder, why = model_folder(str(teacher.model_path), p.allow_download)
+        except UserError as exc:
+            p.problems.append(f"distillation.teacher_models.{name}.model_path: {exc}")
+            continue
+        if folder is None:
+            p.notes.append(f"teacher {name}: {why}")
+            continue
+        _, note = length_problem(folder, rollout.model_len, f"prompt + response for teacher '{name}'", engine=False)
+        p.notes.extend([note] if note else [])
 
 
 def check_output_dirs(p: Preflight) -> None:
@@ -324,9 +349,9 @@ def check_sequence_parallel(p: Preflight) -> None:
 
 
 CHECKS: list[Check] = [
-    check_data, check_model, check_dataset, check_batch_rows, check_output_dirs, check_disk, check_resume,
-    check_custom_reward, check_sequence_parallel, check_trackers, check_engine_kwargs, check_engine_architecture,
-    check_positions,
+    check_data, check_model, check_dataset, check_batch_rows, check_teachers, check_output_dirs, check_disk,
+    check_resume, check_custom_reward, check_sequence_parallel, check_trackers, check_engine_kwargs,
+    check_engine_architecture, check_positions,
 ]
 
 

@@ -127,3 +127,19 @@ def test_prompt_and_response_against_the_models_positions(toy_data, tiny_model, 
     check_positions(p)
     check_engine_architecture(p)
     assert p.problems == [] and p.notes == []
+
+
+def test_distillation_teachers_are_resolved_before_the_workers(toy_data, tiny_model, tmp_path):
+    from rlkit.trainer.preflight import check_teachers
+
+    teacher = "+distillation.teacher_models.t"
+    p = rl_report(toy_data, tiny_model, tmp_path, "distillation.enabled=true", f"{teacher}.key=toy",
+                  f"{teacher}.model_path={tmp_path / 'no_teacher'}")
+    check_teachers(p)
+    assert len(p.problems) == 1 and p.problems[0].startswith("distillation.teacher_models.t.model_path: ")
+    assert "no_teacher" in p.problems[0]
+    p = rl_report(toy_data, tiny_model, tmp_path, "distillation.enabled=true", f"{teacher}.key=toy",
+                  f"{teacher}.model_path={tiny_model}", "data.max_prompt_length=260")
+    check_teachers(p)
+    assert p.problems == [] and p.notes == [f"prompt + response for teacher 't' = 263 tokens, past the 256 positions "
+                                            f"{tiny_model} was trained with (its outputs there are untrained)"]

@@ -18,7 +18,7 @@ from tests.trainer.conftest import toy_overrides
 
 
 def test_preflight_reads_images_with_the_models_processor(tmp_path):
-    shapes(out=tmp_path / "shapes", questions="colour", train_size=8, test_size=4)
+    shapes(out=tmp_path / "shapes", questions="colour", train_size=16, test_size=4)  # one batch of 16
     model = save_tiny_idefics3(tmp_path / "vlm")
     preflight(load_config("grpo", toy_overrides(tmp_path / "shapes", model, tmp_path / "run")), allow_download=False)
     rows = pq.read_table(tmp_path / "shapes" / "train.parquet").to_pylist()
