@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from rlkit.config.bounds import check_bounds
+from rlkit.config.checkpoint_contents import settle_contents
 from rlkit.config.checks import check_config
 from rlkit.config.distillation import check_distillation
 from rlkit.config.lora_section import settle_lora_section
@@ -62,6 +63,8 @@ def derive(cfg: RLConfig) -> None:
     if critic.model.path is None:
         critic.model.path = cfg.actor_rollout_ref.model.path
     settle_optim(actor.optim, "actor_rollout_ref.actor.optim")
+    settle_contents(actor.checkpoint, "actor_rollout_ref.actor.checkpoint")
+    settle_contents(critic.checkpoint, "critic.checkpoint")
     if critic.enable is not False:
         settle_optim(critic.optim, "critic.optim")
     settle_micro_batches(cfg)

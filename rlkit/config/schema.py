@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlkit.config.checkpoint_contents import CheckpointContents
 from rlkit.config.distillation import DistillationConfig
 from rlkit.config.fsdp import FSDPConfig
 from rlkit.config.optim import OptimConfig
@@ -149,6 +150,8 @@ class ActorConfig:
     optim: OptimConfig = f(factory=OptimConfig, help="optimizer")
     fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings")
     profiler: RoleProfilerConfig = f(factory=RoleProfilerConfig, help="trace this role at global_profiler.steps")
+    checkpoint: CheckpointContents = f(factory=CheckpointContents, help="what this role's checkpoints hold and a "
+                                       "resume loads (verl's checkpoint.save_contents / load_contents)")
 
 
 @dataclass
@@ -206,6 +209,8 @@ class CriticConfig:
     grad_clip: float = f(1.0, "max grad norm")
     fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings")
     profiler: RoleProfilerConfig = f(factory=RoleProfilerConfig, help="trace this role at global_profiler.steps")
+    checkpoint: CheckpointContents = f(factory=CheckpointContents, help="what this role's checkpoints hold and a "
+                                       "resume loads (verl's checkpoint.save_contents / load_contents)")
 
 
 @dataclass

@@ -112,3 +112,14 @@ def served_reward_model_rules(prefix: str) -> list[VerlKey]:
         mapped(f"{prefix}.**", "nothing to set: the serving engine's sizes and lengths (rlkit's reward-model role "
                "reads reward_model.micro_batch_size_per_gpu and max_length; the judge, reward_model.judge.*)"),
     ]
+
+
+def has_hf_model(value: Any) -> bool:
+    """verl's checkpoint contents naming `hf_model` (an HF copy of the weights in each checkpoint)."""
+    return isinstance(value, list | tuple) and "hf_model" in map(str, value)
+
+
+def without_hf_model(value: Any, key: str) -> tuple[dict, str]:
+    rest = [v for v in value if str(v) != "hf_model"]
+    return {key: rest}, (f"{key}={rest}: hf_model is `rlkit export CKPT` (an HF folder from any checkpoint, "
+                         "written when asked instead of at every save)")

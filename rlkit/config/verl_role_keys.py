@@ -10,11 +10,13 @@ from typing import Any
 from rlkit.config.verl_compute_rules import (
     FSDP_VARIANTS,
     MEGATRON_OFFLOAD_OPTIONS,
+    has_hf_model,
     has_megatron_options,
     megatron_optimizer_name,
     megatron_optimizer_option,
     megatron_optimizer_options,
     optimizer_name,
+    without_hf_model,
 )
 from rlkit.config.verl_rules import VerlKey, alias, falsy, mapped, only, refused
 from rlkit.errors import UserError
@@ -265,11 +267,15 @@ def model_rules(prefix: str) -> list[VerlKey]:
 def role_common(prefix: str, role: str) -> list[VerlKey]:
     """Keys every trained or frozen role of verl carries (checkpoint contents, profiler, internal interpolations)."""
     return [
-        refused(f"{prefix}.checkpoint.{{save_contents,load_contents}}", "rlkit's checkpoints always hold the model, "
-                "the optimizer and the run state; for an HF folder use `rlkit export`", inert=checkpoint_contents),
+        mapped(f"{prefix}.checkpoint.{{save_contents,load_contents}}", "hf_model", derive=without_hf_model,
+               when=has_hf_model),
+        refused(f"{prefix}.checkpoint.{{save_contents,load_contents}}", "a frozen role's weights are the model "
+                "folder's; rlkit saves no checkpoint for it", inert=checkpoint_contents),
         mapped(f"{prefix}.checkpoint.async_save", "nothing to set: rlkit saves checkpoints synchronously "
                "(atomic, verified)"),
-        refused(f"{prefix}.checkpoint.strict", "rlkit loads checkpoints strictly", inert=only(True)),
+        mapped(f"{prefix}.checkpoint.strict", "nothing to set: verl checks the HF weights its Megatron bridge "
+               "exports with it; rlkit loads and exports with transformers, which checks every tensor's name and "
+               "shape"),
         mapped(f"{prefix}.checkpoint.mbridge_config", "nothing to set: rlkit's checkpoints hold HF-format weights "
                "directly (no Megatron bridge)"),
         *profiler_rules(prefix),

@@ -112,6 +112,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
         pass also returns sum_v pi_v^2 per token (the run's estimator declares `@needs(sum_pi_squared=True)`)."""
         super().__init__()
         self.actor, self.model_cfg, self.total_steps = actor, model, total_steps
+        self.checkpoint_contents = actor.checkpoint
         self.rollout_n, self.temperature, self.seed = rollout_n, temperature, seed
         self.rollout_correction = rollout_correction
         self.is_scale = 1.0  # the batch mean of the IS weights, set per update (rlkit.workers.is_batch_norm)

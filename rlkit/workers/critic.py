@@ -27,6 +27,7 @@ class CriticWorker(Worker, TrainableModelRole):
         `use_remove_padding` are the policy model's (actor_rollout_ref.model), shared by both models."""
         super().__init__()
         self.critic, self.total_steps, self.rollout_n = critic, total_steps, rollout_n
+        self.checkpoint_contents = critic.checkpoint
         self.attn_implementation, self.use_remove_padding = attn_implementation, use_remove_padding
 
     @register(dispatch=Dispatch.ONE_TO_ALL)

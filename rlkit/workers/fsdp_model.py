@@ -400,7 +400,7 @@ class FSDPModel:
         return {k: (v.cpu() if to_cpu else v) for k, v in self.iter_full_params()}
 
     # ------------------------------------------------------- checkpoints
-    def save(self, path: Path, with_optimizer: bool = True) -> None:
+    def save(self, path: Path, with_optimizer: bool = True, with_scheduler: bool = True) -> None:
         """Sharded save with torch.distributed.checkpoint (each rank writes its shards)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -413,7 +413,7 @@ class FSDPModel:
             self.config.save_pretrained(path / "hf_config")
             if self.lora is not None:  # what export needs to rebuild the adapter on the base
                 write_lora_info(path, self.lora.info(self.config.name_or_path))
-            if self.scheduler is not None:
+            if with_scheduler and self.scheduler is not None:
                 torch.save(self.scheduler.state_dict(), path / "scheduler.pt")
 
     def _state_options(self):
@@ -430,7 +430,7 @@ class FSDPModel:
             state = {k: v for k, v in state.items() if ".lora_" in k}
         return state
 
-    def load(self, path: Path, with_optimizer: bool = True) -> None:
+    def load(self, path: Path, with_optimizer: bool = True, with_scheduler: bool = True) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             get_optimizer_state_dict,
@@ -446,5 +446,5 @@ class FSDPModel:
         if "optim" in state:
             set_optimizer_state_dict(self.module, self.optimizer, state["optim"])
         sched = path / "scheduler.pt"
-        if self.scheduler is not None and sched.exists():
+        if with_scheduler and self.scheduler is not None and sched.exists():
             self.scheduler.load_state_dict(torch.load(sched, weights_only=False))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from rlkit.config.checkpoint_contents import CheckpointContents
 from rlkit.controller import Dispatch, register
 from rlkit.debug.anomaly import check_gradients, check_tensor
 from rlkit.protocol import Batch
@@ -50,6 +51,7 @@ class TrainableModelRole:
     """Mixin for a Worker that owns `self.model: FSDPModel` with an optimizer and an LR schedule."""
 
     model: FSDPModel
+    checkpoint_contents: CheckpointContents = CheckpointContents()  # the role's section's `checkpoint` (actor, critic)
 
     def run_update(self, batch: Batch, plan: UpdatePlan, loss_fn: MicroLoss, prefix: str) -> dict[str, list[float]]:
         """The shared update loop (see the module docstring); returns the metrics, lists per micro-batch/step."""
@@ -94,8 +96,11 @@ class TrainableModelRole:
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        self.model.save(Path(path))
+        keep = self.checkpoint_contents.save_contents  # verl's checkpoint.save_contents
+        self.model.save(Path(path), with_optimizer="optimizer" in keep, with_scheduler="extra" in keep)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        self.model.load(Path(path))
+        c = self.checkpoint_contents  # verl's checkpoint.load_contents: what is left out starts fresh
+        load = c.save_contents if c.load_contents is None else c.load_contents
+        self.model.load(Path(path), with_optimizer="optimizer" in load, with_scheduler="extra" in load)
