@@ -122,7 +122,7 @@ def replay_step(target: str | Path, step: int, role: str = "actor", break_at: st
     default log dir, or a record file): build the role in this process, load the checkpoint before the step,
     replay the recorded updates since, then the step's own call."""
     from rlkit.controller.worker_group import local_host
-    from rlkit.utils.checkpoint_io import load_rng_state
+    from rlkit.utils.checkpoint_io import load_rng_state, step_of
 
     spec = REPLAY_ROLES.get(role)
     target = Path(target).expanduser()
@@ -132,7 +132,9 @@ def replay_step(target: str | Path, step: int, role: str = "actor", break_at: st
     roles = tuple(_host_role(cfg, r) for r in spec.roles)
     checkpoint = _checkpoint_before(target, record) if spec.history else None
     start = 0 if checkpoint is None else _step_of(checkpoint)
-    history = [_record_of(record, s) for s in range(start + 1, step)] if spec.history else []
+    if spec.history and step_of(target) is None:  # the run's root: its own checkpoint before the step
+        _check_base_kept(record, start)
+    history = [_record_of(record, s, checkpoint) for s in range(start + 1, step)] if spec.history else []
     if spec.history == "actor":  # the actor does not update in the critic's warm-up steps
         history = [r for r in history if r.step > cfg.trainer.critic_warmup]
         if spec.updates_at_n and step <= cfg.trainer.critic_warmup:
@@ -233,15 +235,29 @@ def _checkpoint_before(target: Path, record: StepRecord) -> Path | None:
     return before[-1] if before else None
 
 
-def _record_of(record: StepRecord, step: int) -> StepRecord:
+def _check_base_kept(record: StepRecord, start: int) -> None:
+    """The checkpoint step N's replay starts from (the run's last save before N) is there; a run whose rotation
+    removed it (recorded before rlkit kept it, rlkit.utils.checkpoint_io.replay_bases) says so in one line."""
+    t = record.cfg.trainer
+    expected = (record.step - 1) // t.save_freq * t.save_freq if t.save_freq > 0 else 0
+    if expected > start and t.max_actor_ckpt_to_keep is not None:
+        raise UserError(f"step {record.step} replays from the checkpoint of step {expected}, which this run's "
+                        f"rotation removed (trainer.max_actor_ckpt_to_keep={t.max_actor_ckpt_to_keep}); this rlkit "
+                        f"keeps a recorded step's checkpoint: record it again with trainer.debug.record_steps="
+                        f"[{record.step}]")
+
+
+def _record_of(record: StepRecord, step: int, checkpoint: Path | None) -> StepRecord:
     """The record of an earlier step of the same run (replayed on the way from the checkpoint to step N)."""
-    from rlkit.trainer.step_record import record_path
+    from rlkit.trainer.step_record import record_path, recorded_steps
 
     path = record_path(record.checkpoint_root, step)
     if not path.is_file():
-        raise UserError(f"step {record.step} replays from the checkpoint before it, so the steps in between must be "
-                        f"recorded too; step {step} was not: rerun with trainer.debug.record_steps=[{step}, ..., "
-                        f"{record.step}] (or trainer.save_freq=1)")
+        have = ", ".join(map(str, recorded_steps(path.parent))) or "none"
+        raise UserError(f"step {record.step} replays from {checkpoint or 'the initial weights'} through the steps "
+                        f"since, and step {step} has no record (this run recorded steps {have}); this rlkit records "
+                        f"them with step {record.step}: record it again with trainer.debug.record_steps="
+                        f"[{record.step}]")
     return load_record(path)
 
 

@@ -5,15 +5,17 @@ values and advantages), the RNG states of the driver and of every trainer worker
 config. The run saves one for every step in `trainer.debug.record_steps` (as soon
 as the batch is complete, so a step that dies in its update still has it) and one for a step that fails after
 its batch was made. Records live next to the checkpoints they start from, in
-`<trainer.default_local_dir>/steps/step_N.pt`, so the run's checkpoint root names both. Between steps the
-recorder holds only a reference to the last batch: no copy, no I/O.
+`<trainer.default_local_dir>/steps/step_N.pt`, so the run's checkpoint root names both. A replay of step N starts
+from the checkpoint before N and replays the steps since, so those steps are recorded too (`steps_to_record`), and
+the checkpoint rotation keeps that checkpoint (rlkit.utils.checkpoint_io.replay_bases): a recorded step of a
+finished run replays whatever the rotation did. Between steps the recorder holds only a reference to the last
+batch: no copy, no I/O.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +25,10 @@ import torch
 
 from rlkit.errors import UserError
 from rlkit.protocol import METRICS_KEY, Batch
+from rlkit.utils.checkpoint_io import RECORD_DIR, RECORD_FILE
 
 log = logging.getLogger("rlkit.trainer")
 
-RECORD_DIR = "steps"
-RECORD_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
 @dataclass
@@ -46,6 +47,16 @@ class StepRecord:
     worker_rng: list[dict[str, Any]] = field(default_factory=list)  # per trainer-group rank (recorded steps)
     driver_rng: dict[str, Any] = field(default_factory=dict)
     failure: str | None = None  # the error of a step that failed
+
+
+def steps_to_record(asked: list[int], save_freq: int) -> set[int]:
+    """The asked steps and, for each, the steps between the checkpoint before it and it (every step before it when
+    the run saves no checkpoint before the end, save_freq <= 0): what its replay needs."""
+    steps = set()
+    for n in (int(s) for s in asked):
+        base = (n - 1) // save_freq * save_freq if save_freq > 0 else 0
+        steps.update(range(base + 1, n + 1))
+    return steps
 
 
 def record_path(checkpoint_root: str | Path, step: int) -> Path:
@@ -113,7 +124,11 @@ class StepRecorder:
                  worker_rng: Callable[[], list[dict[str, Any]]]) -> None:
         self.cfg, self.model_path, self.total_steps, self.log_dir = cfg, model_path, total_steps, log_dir
         self.world_size = world_size
-        self.steps = {int(s) for s in cfg.trainer.debug.record_steps}
+        self.steps = steps_to_record(cfg.trainer.debug.record_steps, cfg.trainer.save_freq)
+        extra = sorted(self.steps - {int(s) for s in cfg.trainer.debug.record_steps})
+        if extra:
+            log.info("recording steps %s too: the replay of a recorded step starts from the checkpoint before it "
+                     "(trainer.save_freq=%s) and replays the steps since", extra, cfg.trainer.save_freq)
         self.checkpoint_root = str(Path(cfg.trainer.default_local_dir).expanduser().resolve())
         self._worker_rng = worker_rng
         self._pending: StepRecord | None = None

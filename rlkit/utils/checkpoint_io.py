@@ -33,6 +33,8 @@ PREFIX = "global_step_"
 LATEST = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(rf"^{PREFIX}(\d+)$")
 TEMP_DIR = re.compile(rf"^{PREFIX}\d+\.(tmp|old|del)-(\d+)$")
+RECORD_DIR = "steps"  # step records (rlkit/trainer/step_record.py) live beside the checkpoints they replay from
+RECORD_FILE = re.compile(r"^step_(\d+)\.pt$")
 __all__ = ["CheckpointError", "begin_checkpoint", "commit_checkpoint", "load_with_fallback",
            "open_checkpoint", "resolve_resume", "list_checkpoints", "find_latest_checkpoint"]
 
@@ -143,14 +145,28 @@ def commit_checkpoint(
     return final
 
 
+def replay_bases(root: str | Path, checkpoints: list[tuple[int, Path]]) -> set[Path]:
+    """The checkpoint each step record in `<root>/steps/` replays from (the newest before its step): kept out of the
+    rotation, so `rlkit debug replay` of a recorded step works however many checkpoints the run rotated away."""
+    folder = Path(root) / RECORD_DIR
+    steps = [int(m.group(1)) for p in folder.iterdir() if (m := RECORD_FILE.match(p.name))] if folder.is_dir() else []
+    bases = set()
+    for n in steps:
+        before = [p for s, p in checkpoints if s < n]
+        if before:
+            bases.add(before[-1].resolve())
+    return bases
+
+
 def prune_checkpoints(root: str | Path, keep_last: int, keep: Path | None = None) -> list[Path]:
-    """Delete loadable checkpoints beyond the `keep_last` highest steps (never `keep`); returns the deleted.
+    """Delete loadable checkpoints beyond the `keep_last` highest steps (never `keep`, nor the checkpoint a step
+    record replays from: `replay_bases`); returns the deleted.
 
     Broken ones (see `broken_checkpoints`) neither count towards `keep_last` nor get deleted: they
     cannot stand in for a good one, and their files may still be worth repairing.
     """
     checkpoints = list_checkpoints(root)
-    protected = {keep.resolve()} if keep else set()
+    protected = ({keep.resolve()} if keep else set()) | replay_bases(root, checkpoints)
     doomed = [p for _, p in checkpoints[:-keep_last] if p.resolve() not in protected]
     for path in doomed:
         # Rename first, so a crash mid-delete leaves no folder that looks like a checkpoint.

@@ -14,9 +14,9 @@ from rlkit.protocol import Batch
 from rlkit.trainer.step_record import StepRecorder, find_record, load_record
 
 
-def _recorder(root: Path, steps: list[int]) -> StepRecorder:
+def _recorder(root: Path, steps: list[int], save_freq: int = 1) -> StepRecorder:
     debug = SimpleNamespace(record_steps=steps)
-    cfg = SimpleNamespace(trainer=SimpleNamespace(default_local_dir=str(root), debug=debug))
+    cfg = SimpleNamespace(trainer=SimpleNamespace(default_local_dir=str(root), debug=debug, save_freq=save_freq))
     return StepRecorder(cfg, "model", 10, str(root / "logs"), 1, lambda: [{"torch": [1, 2]}])
 
 
@@ -83,3 +83,62 @@ def test_the_config_keys_are_checked_at_start_up():
         load_config("grpo", ["trainer.max_worker_restarts=-1"])
     # verl's per-role switch turns on the run-wide one
     assert load_config("grpo", ["actor_rollout_ref.actor.fsdp_config.full_determinism=true"]).trainer.deterministic
+
+
+def _save(root: Path, step: int, keep_last: int) -> None:
+    from rlkit.utils import checkpoint_io as ck
+
+    tmp = ck.begin_checkpoint(root, step)
+    (tmp / "trainer_state.pt").write_bytes(b"x")
+    ck.commit_checkpoint(root, tmp, step, keep_last=keep_last, required=["trainer_state.pt"])
+
+
+def test_the_checkpoint_a_recorded_step_replays_from_stays_out_of_the_rotation(tmp_path):
+    """The reported case: save_freq=1, record_steps=[2], 4 steps, 2 checkpoints kept: step 1's checkpoint, which
+    step 2's replay starts from, used to be rotated away; now it stays, beside the newest two."""
+    from rlkit.utils.checkpoint_io import list_checkpoints
+
+    rec = _recorder(tmp_path, [2])
+    for step in range(1, 5):
+        rec.start(step)
+        rec.before_update(step, _batch())  # the record is written before the step's checkpoint
+        _save(tmp_path, step, keep_last=2)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [1, 3, 4]
+    plain = tmp_path / "plain"  # without a record the rotation is unchanged
+    for step in range(1, 5):
+        _save(plain, step, keep_last=2)
+    assert [s for s, _ in list_checkpoints(plain)] == [3, 4]
+
+
+def test_the_steps_between_the_checkpoint_and_a_recorded_step_are_recorded_too(tmp_path):
+    from rlkit.trainer.step_record import recorded_steps, steps_to_record
+
+    assert steps_to_record([2], 1) == {2}
+    assert steps_to_record([7], 5) == {6, 7} and steps_to_record([5, 10], 5) == {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+    assert steps_to_record([3], -1) == {1, 2, 3}  # no checkpoint before the end: the replay starts from the weights
+    rec = _recorder(tmp_path, [7], save_freq=5)
+    for step in range(1, 8):
+        rec.start(step)
+        rec.before_update(step, _batch())
+    assert recorded_steps(tmp_path / "steps") == [6, 7]
+
+
+def test_replay_errors_never_advise_what_the_run_did(tmp_path):
+    """A run recorded before the rotation kept the checkpoint (save_freq=1 and 2 kept): the error names the removed
+    checkpoint and the one fix, not `save_freq=1`, which the run had."""
+    from rlkit.trainer.replay import _check_base_kept, _record_of
+    from rlkit.trainer.step_record import StepRecord
+
+    trainer = SimpleNamespace(save_freq=1, max_actor_ckpt_to_keep=2)
+    record = StepRecord(2, _batch(), SimpleNamespace(trainer=trainer), "model", 4, str(tmp_path), str(tmp_path))
+    with pytest.raises(UserError, match=r"^step 2 replays from the checkpoint of step 1, which this run's rotation "
+                                        r"removed \(trainer.max_actor_ckpt_to_keep=2\); .* record it again with "
+                                        r"trainer.debug.record_steps=\[2\]$") as err:
+        _check_base_kept(record, 0)
+    assert "save_freq" not in str(err.value)
+    _check_base_kept(record, 1)  # the checkpoint is there: nothing to say
+    record.step = 3
+    with pytest.raises(UserError, match=r"^step 3 replays from the initial weights through the steps since, and step 1 "
+                                        r"has no record \(this run recorded steps none\);") as err:
+        _record_of(record, 1, None)
+    assert "save_freq" not in str(err.value)
