@@ -10,6 +10,16 @@ EXTRAS=${RLKIT_EXTRAS:-vllm,test,tracking}
 TORCH=${RLKIT_TORCH:-torch==2.13.0}
 PY=${PYTHON:-python3}
 
+# tmux: the test of `rlkit top` drives it in a pseudo-terminal (tests/cli/test_runs_show_top.py)
+if ! command -v tmux >/dev/null 2>&1; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get install -y -q tmux || { apt-get update -q && apt-get install -y -q tmux; }; } >/dev/null 2>&1 \
+      || echo "setup: could not install tmux (the rlkit top test needs it: apt-get install tmux)" >&2
+  else
+    echo "setup: tmux is missing; the rlkit top test needs it (apt-get install tmux)" >&2
+  fi
+fi
+
 stamp="$VENV/.rlkit-setup-stamp"
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$EXTRAS-$TORCH"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then

@@ -148,6 +148,8 @@ def terminal(panels: list[Panel], width: int = 100, height: int = 16, color: boo
             fig.theme("colorless")
         text = str(fig.build())
         out.append(text if color else plt.uncolorize(text))
+        if panel.bars:  # the tick labels of narrow bars are dropped: every bar's name and value, in order
+            out.append("  " + "  ".join(f"{name} {value:.3g}" for name, value in panel.bars.items()) + "\n")
     fig.clear()
     return "\n".join(out)
 

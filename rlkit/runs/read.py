@@ -23,6 +23,7 @@ METRICS_FILE = "metrics.jsonl"
 SKIP_DIRS = ("global_step_", "steps", "logs", "tensorboard", "wandb", "mlruns", "swanlog", ".")
 MAX_DEPTH = 6
 REWARD_KEY = "critic/score/mean"
+OUTCOME_WORDS = ("score", "acc", "loss", "reward", "pass", "best", "maj")  # validation keys a before/after shows
 VAL_SCORE_GLOBS = ("val/*score/mean*", "val-core/*", "val/loss")
 
 
@@ -220,7 +221,8 @@ def before_after(rows: list[dict[str, Any]]) -> list[tuple[str, float | None, fl
         values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
         if values:
             out.append((key, values[0], values[-1]))
-    val_keys = sorted({k for r in rows for k in r if k.startswith("val/") and not k.startswith("val/generations")})
+    val_keys = sorted({k for r in rows for k in r
+                       if k.startswith("val/") and any(w in k for w in OUTCOME_WORDS)})
     for key in val_keys:
         values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
         if values:

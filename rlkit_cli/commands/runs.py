@@ -20,6 +20,12 @@ def register(app: typer.Typer) -> None:
     app.command("runs")(runs)
 
 
+def output_console() -> Console:
+    """The terminal's width on a terminal; piped or in a log file, wide enough that no path or number is folded."""
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 160), color_system=None)
+
+
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
@@ -57,7 +63,7 @@ def runs(
     if as_json:
         typer.echo(json.dumps([r.as_dict() for r in rows], indent=1))
         return
-    console = Console()
+    console = output_console()
     if not rows:
         console.print(f"no runs under {root} (a run folder has status.json or logs/metrics.jsonl)")
         return

@@ -7,14 +7,13 @@ import shutil
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from rlkit.errors import UserError
 from rlkit.runs.plots import build_panels, missing_metrics, png, terminal
 from rlkit.runs.read import before_after, latest_samples, log_dir_of, read_rows, resolve_run, summarize
 from rlkit.runs.status import read_status
-from rlkit_cli.commands.runs import DEFAULT_ROOT, runs_table
+from rlkit_cli.commands.runs import DEFAULT_ROOT, output_console, runs_table
 from rlkit_cli.errors import friendly_errors
 
 SAMPLE_CHARS = 160
@@ -35,12 +34,12 @@ def _load(name: str, root: Path) -> tuple[Path, str, list[dict]]:
     return folder, row.trainer, rows
 
 
-def samples_table(folder: Path, limit: int) -> Table | None:
+def samples_table(folder: Path, limit: int, width: int | None = None) -> Table | None:
     where, samples = latest_samples(folder, limit)
     if not samples:
         return None
     step = samples[0].get("step", "?")
-    table = Table(title=f"latest samples (step {step}, {where})", show_lines=True)
+    table = Table(title=f"latest samples (step {step}, {where})", show_lines=True, width=width)
     table.add_column("prompt", overflow="fold", ratio=3)
     table.add_column("response", overflow="fold", ratio=2)
     table.add_column("score", justify="right")
@@ -92,7 +91,7 @@ def before_after_table(rows: list[dict]) -> Table:
 
 def _summary(run: str, root: Path, width: int) -> None:
     """The run's reward and validation curves above its before/after table."""
-    console = Console()
+    console = output_console()
     folder, kind, rows = _load(run, root)
     typer.echo(terminal(build_panels([(folder.name, rows)], kind)[:1], width=_plot_width(width),
                         color=console.is_terminal))
@@ -101,7 +100,7 @@ def _summary(run: str, root: Path, width: int) -> None:
 
 def _show(run: str, metrics: list[str], compare: str | None, png_file: Path | None, root: Path, samples: int,
           width: int) -> None:
-    console = Console()
+    console = output_console()
     folder, kind, rows = _load(run, root)
     runs = [(folder.name, rows)]
     summaries = [summarize(folder)]
@@ -122,7 +121,7 @@ def _show(run: str, metrics: list[str], compare: str | None, png_file: Path | No
     console.print(runs_table(summaries))
     typer.echo(terminal(panels, width=_plot_width(width), color=console.is_terminal))
     if samples > 0:
-        table = samples_table(folder, samples)
+        table = samples_table(folder, samples, _plot_width(width))
         if table is not None:
             console.print(table)
     if png_file is not None:
