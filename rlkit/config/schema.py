@@ -84,6 +84,9 @@ class ModelConfig:
                             "LM head) or a list of module names, e.g. [q_proj, v_proj]")
     exclude_modules: Any = f(None, "module names (list) or a regex that get no adapter; null = none")
     lora_adapter_path: str | None = f(None, "start from this PEFT adapter folder (its rank/alpha/targets win)")
+    custom_chat_template: str | None = f(None, "a Jinja chat template that replaces the tokenizer's for every "
+                                         "prompt of the run (dataset, agent loop, validation, exports); null = the "
+                                         "tokenizer's own")
     override_config: dict = f(factory=dict, help="values set on the HF model config before the weights load, in "
                               "the trainer and the vLLM engine (hf_overrides), e.g. {max_position_embeddings: 8192, "
                               "attention_dropout: 0.0}; a name the config lacks is an error")

@@ -250,10 +250,11 @@ def model_rules(prefix: str) -> list[VerlKey]:
                "transformers' own (model.use_fused_kernels is rlkit's fused log-prob head)"),
         refused(f"{prefix}.{{tokenizer_path,hf_config_path}}", "rlkit reads the tokenizer and config from "
                 "model.path; put them in that folder"),
-        refused(f"{prefix}.custom_chat_template", "rlkit uses the tokenizer's own chat template; edit "
-                "tokenizer_config.json in the model folder"),
-        refused(f"{prefix}.override_config", "rlkit loads the model with its own config.json; edit it in the model "
-                "folder"),
+        *([] if prefix == MODEL else [  # the policy's two are rlkit keys (schema.ModelConfig)
+            refused(f"{prefix}.custom_chat_template", "the critic scores the policy's token ids; its template is "
+                    "actor_rollout_ref.model.custom_chat_template"),
+            refused(f"{prefix}.override_config", "the critic loads with its folder's config.json; edit it there "
+                    "(the policy's: actor_rollout_ref.model.override_config)")]),
         mapped(f"{prefix}.enable_activation_offload", "nothing to set: activations stay on the device "
                "(model.enable_gradient_checkpointing is rlkit's way to save activation memory)"),
         mapped(f"{prefix}.tiled_mlp.**", "nothing to set: the MLP runs untiled (the same numbers, more peak "

@@ -57,13 +57,16 @@ class RLTrainer(TrainerBase):
 
     def __init__(self, cfg: RLConfig, workers: WorkerHandles | None = None, tracker: Any = None) -> None:
         from rlkit.data import RLDataLoader, RLDataset
+        from rlkit.models.chat_template import with_chat_template
         from rlkit.models.loading import load_image_processor, load_tokenizer
         from rlkit.models.resolve import resolve_model_path
         from rlkit.reward.registry import build_reward_manager
         from rlkit.reward.scorer_key import missing_key_message
 
         self.cfg = cfg
-        self.model_path = str(resolve_model_path(cfg.actor_rollout_ref.model.path))
+        self.model_path = str(with_chat_template(resolve_model_path(cfg.actor_rollout_ref.model.path),
+                                                 cfg.actor_rollout_ref.model.custom_chat_template,
+                                                 cfg.trainer.default_local_dir))
         self.tokenizer = load_tokenizer(self.model_path)
         d = cfg.data
         self.image_processor = load_image_processor(self.model_path, d.mm_processor_kwargs)  # None: a text model
