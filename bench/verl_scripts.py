@@ -197,7 +197,7 @@ SHRINK = {
     "ppo_mini_batch_size": 4, "ppo_micro_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2,
     "log_prob_micro_batch_size": 4, "log_prob_micro_batch_size_per_gpu": 2,
     "micro_batch_size_per_gpu": 2, "forward_micro_batch_size_per_gpu": 2, "response_length": 16,
-    "max_model_len": 512, "prompt_length": 384,
+    "prompt_length": 384,
 }
 
 

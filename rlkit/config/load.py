@@ -158,11 +158,39 @@ def _parse_overrides(overrides: list[str]) -> list[Any]:
     return parsed
 
 
+def _bool_key(schema: type, dotted: str) -> bool:
+    """Whether `dotted` is a boolean field of `schema` (read from its default)."""
+    node: Any = schema
+    for part in dotted.split("."):
+        fld = next((f for f in dataclasses.fields(node) if f.name == part), None) if dataclasses.is_dataclass(node) \
+            else None
+        if fld is None:
+            return False
+        node = _field_default(fld)
+        node = type(node) if dataclasses.is_dataclass(node) else node
+    return isinstance(node, bool)
+
+
+def _empty_bools(parsed: list[Any], schema: type, verl: VerlReader) -> list[Any]:
+    """`key=` with nothing after it (a run script's shell variable left unset) for a boolean key: false, as verl's
+    untyped config reads an empty value, with a line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out = []
+    for o in parsed:
+        key = o.key_or_group
+        if key and not o.is_delete() and o.value() == "" and _bool_key(schema, key.lstrip("+")):
+            verl.say([f"verl key {key}= (empty) -> {key}=false (verl reads an empty value as false)"])
+            o = OverridesParser.create().parse_override(o.input_line + "false")
+        out.append(o)
+    return out
+
+
 def _as_strings(value: str) -> str | None:
     """`value` quoted as a string, or a flat list `[a,b]` with each item quoted (None: not that simple).
     For what Hydra's grammar cannot read unquoted: `~/x.parquet`, `[actor.update_policy:step=2,critic.update]`."""
-    if any(c in value for c in "'\"{}"):
-        return None
+    if any(c in value for c in "'\"") or ("{" in value or "}" in value) and value.count("{") == value.count("}"):
+        return None  # quotes, or braces that may be a dict (a lone brace, e.g. `name=run_8npu}`, is text)
     if value.startswith("[") and value.endswith("]"):
         items = value[1:-1].split(",")
         if any(c in "".join(items) for c in "[]"):
@@ -313,7 +341,7 @@ def compose_config(algo: str | None = "grpo", overrides: list[str] | None = None
         raise UserError("--config-path and --config-name go together (a folder and the name of a YAML file in it)")
     known = set(schema_keys(space.schema))
     verl = VerlReader(known, mapping_keys(space.schema), space.rules)
-    parsed = translate_overrides(_parse_overrides(list(overrides or [])), verl)
+    parsed = translate_overrides(_empty_bools(_parse_overrides(list(overrides or [])), space.schema, verl), verl)
     layers: list[tuple[str, dict]] = []
     if algo is not None:
         layers.append((f"preset {algo}.yaml", _user_yaml(CONF_DIR / "algorithm" / f"{algo}.yaml")))

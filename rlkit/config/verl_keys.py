@@ -9,7 +9,6 @@ from this table (`python -m rlkit.config.verl_doc`).
 from __future__ import annotations
 
 from rlkit.config.lora_section import lora_rules
-from rlkit.config.profiler import REFUSED_TOOLS
 from rlkit.config.trl_loss_types import trl_loss_type
 from rlkit.config.verl_compute_rules import served_reward_model_rules, veomni_rules
 from rlkit.config.verl_role_keys import (
@@ -32,6 +31,7 @@ from rlkit.config.verl_role_keys import (
     model_rules,
     names_other_engine,
     optim_rules,
+    profiler_cannot_run,
     profiler_rules,
     profiler_tool,
     resume_path,
@@ -41,6 +41,8 @@ from rlkit.config.verl_role_keys import (
     strategy,
 )
 from rlkit.config.verl_rules import VerlKey, alias, mapped, only, refused
+
+BUCKET = "nothing to set: rlkit's weight sync streams tensor by tensor, with no bucket size"
 
 
 def _rules() -> list[VerlKey]:
@@ -107,8 +109,8 @@ def _rules() -> list[VerlKey]:
                 "multi_turn.external_agent for an agent against rlkit's OpenAI endpoint", switch="path"),
         mapped(f"{ROLLOUT}.checkpoint_engine.{{backend,engine_kwargs,custom_backend_module}}", "nothing to set: "
                "rlkit syncs weights in memory (colocated) or through Ray's object store (separate rollout group)"),
-        mapped(f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", "nothing to set: rlkit's weight sync "
-               "streams tensor by tensor, with no bucket size"),
+        mapped(f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", BUCKET),
+        mapped(f"{ROLLOUT}.update_weights_bucket_megabytes", BUCKET),
         mapped(f"{ROLLOUT}.engine_kwargs", OTHER_ENGINE, derive=drop_other_engines, when=names_other_engine),
         mapped(f"{ROLLOUT}.engine_kwargs.{{sglang,trtllm}}", OTHER_ENGINE, when=bool),
         mapped(f"{ROLLOUT}.engine_kwargs.{{sglang,trtllm}}.**", OTHER_ENGINE, when=ANY),
@@ -229,7 +231,11 @@ def _rules() -> list[VerlKey]:
                "the frozen reward model is one FSDP2 group wrapped per decoder layer"),
         mapped("reward_model.model.fsdp_config.wrap_policy.**", "nothing to set: the frozen reward model is one "
                "FSDP2 group wrapped per decoder layer"),
+        mapped("reward_model.megatron.**", "nothing to set: the frozen reward model is one FSDP2 group wrapped per "
+               "decoder layer, sharded over its workers (no Megatron splits)"),
         *profiler_rules("reward_model"),
+        mapped(f"{ARR}.profiler.**", "nothing to set: verl's older layout profiles the whole actor/rollout/ref worker "
+               "(nsys options); rlkit reads each role's own profiler (actor_rollout_ref.actor.profiler, ...)"),
     ]
     # --- algorithm
     rules += [
@@ -267,8 +273,7 @@ def _rules() -> list[VerlKey]:
                "trainer.one_step_off_policy and trainer.fully_async"),
         mapped("transfer_queue.**", "nothing to set: batches travel through Ray's object store"),
         refused("skip.*.**", "skipping rollouts with dumped generations is not in rlkit", switch="enable"),
-        mapped("global_profiler.tool", PROFILER_OFF, derive=profiler_tool,
-               when=lambda v: str(v).lower() in REFUSED_TOOLS),
+        mapped("global_profiler.tool", PROFILER_OFF, derive=profiler_tool, when=profiler_cannot_run),
         *global_profiler_rules(),
     ]
     return rules

@@ -74,10 +74,24 @@ PROFILER_OFF = "no profiler runs"
 
 
 def profiler_tool(value: Any, key: str) -> tuple[dict, str]:
-    """`global_profiler.tool` naming a profiler rlkit does not run (nsys, npu, ...): profiling off, with why."""
+    """`global_profiler.tool` naming a profiler rlkit does not run (nsys, npu, ...), or CUDA memory snapshots on a
+    machine without CUDA: profiling off, with why."""
     from rlkit.config.profiler import REFUSED_TOOLS
 
-    return {key: None}, f"{key}=null, {PROFILER_OFF}: {REFUSED_TOOLS[str(value).lower()]}"
+    why = REFUSED_TOOLS.get(str(value).lower(), "CUDA memory snapshots need a GPU and this machine has none")
+    return {key: None}, f"{key}=null, {PROFILER_OFF}: {why}"
+
+
+def profiler_cannot_run(value: Any) -> bool:
+    """A `global_profiler.tool` value rlkit does not run here (the `when` of the rule that turns it off)."""
+    from rlkit.config.profiler import REFUSED_TOOLS
+
+    name = str(value).lower()
+    if name == "torch_memory":
+        import torch
+
+        return not torch.cuda.is_available()
+    return name in REFUSED_TOOLS
 
 
 def rollout_engine(value: Any, key: str) -> tuple[dict, str]:
@@ -303,6 +317,7 @@ def profiler_rules(prefix: str) -> list[VerlKey]:
     """A role's `profiler` keys rlkit's schema does not hold (rlkit/config/profiler.py: enable, ranks, contents)."""
     p = f"{prefix}.profiler"
     return [
+        mapped(f"{p}.discrete", "nothing to set: rlkit writes one trace per worker call (as verl's discrete=true)"),
         mapped(f"{p}.{{tool,save_path}}", "nothing to set: rlkit has one profiler per run, global_profiler.tool and "
                "global_profiler.save_path"),
         mapped(f"{p}.tool_config", "nothing to set: verl's older layout copies the actor's tool options here; rlkit "

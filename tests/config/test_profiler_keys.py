@@ -28,8 +28,6 @@ def test_the_plan_selects_enabled_roles_their_ranks_and_an_absolute_folder(tmp_p
 
 
 @pytest.mark.parametrize(("overrides", "fix"), [
-    (["global_profiler.tool=torch_memory", "global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=true"],
-     "contents=[memory]"),
     (["global_profiler.tool=torch", "actor_rollout_ref.actor.profiler.enable=true"], "global_profiler.steps=[1,2]"),
     (["global_profiler.tool=torch", "global_profiler.steps=[1]"], "profiler.enable=true"),
     (["global_profiler.tool=torch", "global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=true",

@@ -38,6 +38,9 @@ R = "actor_rollout_ref.rollout"
     "global_profiler.profile_continuous_steps=true",                           # profiling
     "+global_profiler.relocate_results=true",                                  # profiling
     "+actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=2",   # profiling
+    "+actor_rollout_ref.profiler.ranks=[0,4]",                                # profiling (older layout)
+    "+reward_model.megatron.tensor_model_parallel_size=2",                    # parallel layout
+    f"+{R}.update_weights_bucket_megabytes=512",                              # weight-sync buffer
 ])
 def test_speed_memory_layout_logging_and_launcher_keys_are_accepted_with_one_line(override):
     notices: list[str] = []
@@ -47,12 +50,41 @@ def test_speed_memory_layout_logging_and_launcher_keys_are_accepted_with_one_lin
     assert len(said) == 1 and "->" in said[0] and "\n" not in said[0], notices
 
 
+def test_an_empty_value_of_a_boolean_key_is_false_as_verl_reads_it():
+    notices: list[str] = []  # `data.return_raw_chat=$return_raw_chat` with the variable set only in another branch
+    cfg = compose_config(None, HF + ["data.return_raw_chat=", "actor_rollout_ref.actor.use_kl_loss=true",
+                                     "actor_rollout_ref.actor.use_kl_loss="], notices=notices)
+    assert cfg.data.return_raw_chat is False and cfg.actor_rollout_ref.actor.use_kl_loss is False
+    assert sum("(empty) -> data.return_raw_chat=false" in n for n in notices) == 1
+    with pytest.raises(UserError, match="data.train_batch_size"):
+        compose_config(None, HF + ["data.train_batch_size="])  # not a boolean: still the type error
+
+
 def test_a_profiler_rlkit_does_not_run_turns_profiling_off_with_why():
     notices: list[str] = []
     cfg = compose_config(None, HF + ["global_profiler.tool=nsys", "global_profiler.steps=[1]"], notices=notices)
     assert cfg.global_profiler.tool is None
     assert any(n.startswith("verl key global_profiler.tool=nsys -> global_profiler.tool=null, no profiler runs: ")
                for n in notices)
+
+
+def test_cuda_memory_snapshots_without_cuda_turn_profiling_off_with_why():
+    import torch
+
+    notices: list[str] = []
+    cfg = compose_config(None, HF + ["global_profiler.tool=torch_memory", "global_profiler.steps=[1]"],
+                         notices=notices)
+    if torch.cuda.is_available():
+        assert cfg.global_profiler.tool == "torch_memory" and not notices
+    else:
+        assert cfg.global_profiler.tool is None and notices == [
+            "verl key global_profiler.tool=torch_memory -> global_profiler.tool=null, no profiler runs: CUDA memory "
+            "snapshots need a GPU and this machine has none"]
+
+
+def test_a_lone_brace_in_a_value_is_text():
+    cfg = compose_config(None, HF + ["trainer.experiment_name=qwen3_4b_grpo_8npu}"])  # as a verl script spells it
+    assert cfg.trainer.experiment_name == "qwen3_4b_grpo_8npu}"
 
 
 def test_another_engines_arguments_in_a_yaml_are_dropped_and_vllms_kept(tmp_path):
