@@ -58,7 +58,7 @@ def begin_run_status(trainer: Any) -> RunStatus:
     status = RunStatus(
         trainer.ckpt_root, trainer=trainer_kind(trainer), total=trainer.total_steps, step=trainer.global_step,
         log_dir=str(Path(log_dir).resolve()) if log_dir else None, precision=precision_of(trainer.cfg),
-        argv=sys.argv, workers=worker_rows(getattr(trainer, "workers", None)),
+        argv=sys.argv, workers=lambda: worker_rows(getattr(trainer, "workers", None)),
         **{key: _abs(getattr(trainer.cfg.trainer, key, None)) for key in SAMPLE_DIRS}, ray_address=_ray_address(),
     )
     endpoint = getattr(trainer.cfg.trainer, "prometheus", None)

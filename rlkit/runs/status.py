@@ -47,8 +47,9 @@ def read_status(folder: Path) -> dict[str, Any] | None:
 class RunStatus:
     """The writer: `begin()` once, `phase(name)` / `step(n)` as the run moves, `end(exc)` once."""
 
-    def __init__(self, folder: Path, **fields: Any) -> None:
+    def __init__(self, folder: Path, workers: Callable[[], list[dict[str, Any]]] | None = None, **fields: Any) -> None:
         self.path = Path(folder) / STATUS_FILE
+        self._workers = workers  # read at each write: a worker restart's new processes show at the next phase
         self.data: dict[str, Any] = {
             "pid": os.getpid(), "host": socket.gethostname(), "state": RUNNING, "phase": "starting", "step": 0,
             "total": None, "started_at": round(time.time(), 3), **fields,
@@ -105,6 +106,11 @@ class RunStatus:
 
     def _write(self) -> None:
         self.data["updated_at"] = round(time.time(), 3)
+        if self._workers is not None:
+            try:
+                self.data["workers"] = self._workers()
+            except Exception as exc:  # a label: never a reason to stop a run
+                log.debug("worker list unavailable: %s", exc)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, self.data)

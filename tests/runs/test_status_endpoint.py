@@ -161,3 +161,14 @@ def test_trackio_is_a_tracker_whose_missing_package_is_one_line():
         assert problems == ["trainer.logger: tracker 'trackio' needs the trackio package, which is not installed: "
                             "pip install trackio, or drop 'trackio' from trainer.logger"]
 
+
+
+def test_the_worker_list_is_read_again_at_each_write(tmp_path):
+    """A worker restart replaces the processes: the next phase's write lists the new pids."""
+    pids = [101]
+    status = RunStatus(tmp_path, workers=lambda: [{"group": "g", "roles": ["actor"], "rank": 0, "pid": p}
+                                                  for p in pids]).begin()
+    assert [w["pid"] for w in read_status(tmp_path)["workers"]] == [101]
+    pids[0] = 202
+    status.phase("gen")
+    assert [w["pid"] for w in read_status(tmp_path)["workers"]] == [202]
