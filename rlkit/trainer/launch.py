@@ -200,6 +200,7 @@ def run_fit(cfg: Any, opts: LaunchOptions, console: Console, start: Callable[[],
     TrainingInterrupted."""
     import ray
 
+    from rlkit.debug.runtime import get_mode
     from rlkit.trainer.interrupt import InterruptWatch, TrainingInterrupted
     from rlkit.trainer.preflight import log_dir_of
     from rlkit.trainer.ray_init_kwargs import write_timeline
@@ -218,6 +219,7 @@ def run_fit(cfg: Any, opts: LaunchOptions, console: Console, start: Callable[[],
                     init_ray(cfg, opts, console)
                     watch.rearm()  # ray.init put a C++ SIGTERM handler (stack dumps, no shutdown) over ours
                 trainer = start()
+                trainer.watch_hangs = not get_mode(opts.debug).enabled  # a process paused for a debugger is no hang
             with Tracking(cfg.trainer.logger, cfg.trainer.project_name, cfg.trainer.experiment_name, log_dir,
                           trainer.total_steps, cfg) as tracker:
                 trainer.tracker = tracker

@@ -85,6 +85,7 @@ class TrainerBase:
 
     last_checkpoint: Path | None = None  # the newest complete checkpoint of this run (saved or resumed)
     hang_watch: HangWatch = HANG_WATCH_OFF  # trainer.hang_timeout_s: a phase that makes no progress is named (fit)
+    watch_hangs = True  # False in a debug run (a process paused for the debugger is no hang)
     status: RunStatus  # what `rlkit runs` / `rlkit top` read (rlkit/runs/status.py), from fit's start
     restart_seconds: list[float]  # how long each worker restart took (trainer.max_worker_restarts)
 
@@ -192,7 +193,7 @@ class TrainerBase:
         """The watch of this run's phases (off where the config has no trainer.hang_timeout_s, or it is 0/null)."""
         from rlkit.trainer.preflight import log_dir_of
 
-        timeout = getattr(self.cfg.trainer, "hang_timeout_s", None)
+        timeout = getattr(self.cfg.trainer, "hang_timeout_s", None) if self.watch_hangs else None
         return HangWatch(timeout, Path(log_dir_of(self.cfg)) if timeout else None, processes=self.watched_processes,
                          on_hang=self.stop_for_hang, step=lambda: self.global_step)
 
@@ -249,19 +250,30 @@ class TrainerBase:
         """After `_maybe_resume` (`path` None: nothing was resumed)."""
 
     def save_checkpoint(self) -> Path:
-        from rlkit.utils.checkpoint_io import begin_checkpoint, commit_checkpoint, save_rng_state
+        from rlkit.utils.checkpoint_io import (
+            abandon_checkpoint,
+            begin_checkpoint,
+            commit_checkpoint,
+            disk_full,
+            save_rng_state,
+        )
 
         tmp = begin_checkpoint(self.ckpt_root, self.global_step)
-        with self.hang_watch.phase("save_checkpoint"):
-            self.save_state(tmp)
-        state = {
-            "global_step": self.global_step,
-            "dataloader": self.train_loader.state_dict(),
-            "rng": save_rng_state(),
-            **self.extra_state(),
-        }
-        torch.save(state, tmp / "trainer_state.pt")
-        (tmp / "config.json").write_text(json.dumps(_plain(self.cfg), indent=1, default=str))
+        try:
+            with self.hang_watch.phase("save_checkpoint"):
+                self.save_state(tmp)
+            state = {
+                "global_step": self.global_step,
+                "dataloader": self.train_loader.state_dict(),
+                "rng": save_rng_state(),
+                **self.extra_state(),
+            }
+            torch.save(state, tmp / "trainer_state.pt")
+            (tmp / "config.json").write_text(json.dumps(_plain(self.cfg), indent=1, default=str))
+        except Exception as exc:  # the disk filled up: one line, the partial copy removed, the older ones untouched
+            if not disk_full(exc):
+                raise
+            raise abandon_checkpoint(self.ckpt_root, tmp, self.global_step, exc) from exc
         required = ["trainer_state.pt", "config.json", *self.required_files()]
         self.last_checkpoint = commit_checkpoint(self.ckpt_root, tmp, self.global_step,
                                                  self.cfg.trainer.max_actor_ckpt_to_keep, required=required)

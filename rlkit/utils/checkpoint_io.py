@@ -11,6 +11,7 @@ newest checkpoint that actually loads and says which ones it skipped.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -156,6 +157,28 @@ def replay_bases(root: str | Path, checkpoints: list[tuple[int, Path]]) -> set[P
         if before:
             bases.add(before[-1].resolve())
     return bases
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether `exc` is the disk (or the quota) running out: an OSError here, or a worker's error carrying one."""
+    if isinstance(exc, OSError):
+        return exc.errno in DISK_FULL
+    return any(f"[Errno {code}]" in str(exc) for code in DISK_FULL)
+
+
+def abandon_checkpoint(root: str | Path, tmp: str | Path, step: int, exc: BaseException) -> CheckpointError:
+    """The error of a checkpoint that could not be written for lack of space, after removing its temp dir (the
+    space the partial copy took is freed; no older checkpoint was touched): one line saying what to do."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    code = exc.errno if isinstance(exc, OSError) and exc.errno in DISK_FULL else errno.ENOSPC
+    last = find_latest_checkpoint(root)
+    kept = f"the last complete checkpoint {last} is intact" if last else "there is no earlier checkpoint"
+    return CheckpointError(f"checkpoint of step {step} not written: {os.strerror(code)} under {root}; its partial "
+                           f"copy was removed and {kept}; free some space (or set trainer.default_local_dir to "
+                           "another disk) and resume with trainer.resume_mode=auto")
 
 
 def prune_checkpoints(root: str | Path, keep_last: int, keep: Path | None = None) -> list[Path]:
