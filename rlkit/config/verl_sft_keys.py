@@ -47,14 +47,17 @@ def _rules() -> list[VerlKey]:
         mapped("model.fsdp_config.wrap_policy.**", "rlkit's FSDP2 wraps each decoder layer (and the root)"),
         mapped("model.strategy", "FSDP2", derive=strategy),
         refused("model.lora_adapter_name", "rlkit's adapter has one name; remove it"),
-        *[refused(key, "sequence parallelism is not in rlkit's SFT trainer yet; use data.max_token_len_per_gpu and "
-                  "engine.param_offload to fit long conversations", inert=only(1))
+        *[mapped(key, "rlkit's SFT trainer has no sequence parallelism (a memory layout: the loss is the same): each "
+                 "worker holds whole conversations; if they do not fit, lower data.max_token_len_per_gpu or set "
+                 "engine.param_offload=true")
           for key in ("ulysses_sequence_parallel_size", "engine.ulysses_sequence_parallel_size")],
         mapped("model.fused_kernel_options", "nothing to set: rlkit's fused LM head is pure torch"),
         mapped("use_remove_padding", PACKING),
     ]
     # --- engine (FSDP)
     rules += [
+        refused("{engine,optim}", "rlkit's SFT trainer is FSDP2 (engine=fsdp, optim=fsdp: verl's config groups); "
+                "Megatron is not in rlkit", inert=only("fsdp", "fsdp2")),
         alias("engine.dtype", "engine.param_dtype", dtype_name),
         mapped("engine.strategy", "FSDP2 (rlkit's training engine)", derive=strategy),
         mapped("engine.offload_policy", "nothing to set: no CPU offload asked", derive=lambda v, k: (

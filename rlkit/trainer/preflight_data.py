@@ -14,6 +14,8 @@ from typing import Any
 
 from rlkit.errors import UserError
 
+IMAGES = "images"  # verl's image column (rlkit/data/images.py)
+
 
 def batch_rows_problem(rows: int | None, batch: int, key: str, what: str, multiple: int = 1) -> str | None:
     """The problem of `rows` training rows for batches of `batch` (None: enough, or not known)."""
@@ -31,7 +33,12 @@ def _sft_problems(table: Any, path: Path, data: Any) -> list[str]:
     from rlkit.data.sft_dataset import no_layout_message, sft_layout
 
     names = data_columns(table)
-    return [] if sft_layout(names, data) is not None else [f"{path}: {no_layout_message(names, data)}"]
+    if sft_layout(names, data) is None:
+        return [f"{path}: {no_layout_message(names, data)}"]
+    if IMAGES in names:  # the trainer would drop them and fine-tune on the text alone
+        return [f"{path}: column '{IMAGES}' holds images, and rlkit's SFT trainer reads text only (images are for RL "
+                "with a vision-language model, docs/vlm.md); drop the column to fine-tune on the text"]
+    return []
 
 
 def _preference_problems(table: Any, path: Path, data: Any) -> list[str]:
