@@ -11,7 +11,7 @@ records its arguments; so line continuations, `$VAR`/`${VAR:-default}`, `$((...)
 are the overrides. Only these are rewritten:
 
 - data paths: `data.train_files`/`data.val_files` -> GSM8K parquet made by `rlkit data gsm8k`
-  (from ../shared/data/gsm8k when present, else the offline copy);
+  (from ../shared/data/gsm8k when present, else the offline copy): the whole train split, 16 test rows;
 - model paths (`*.model.path`, `*tokenizer_path`, `*.input_tokenizer`) -> a tiny random model whose maximum
   positions cover every script's lengths (a tiny scoring model for a discriminative `reward_model.model.path`);
 - output folders (keys ending `_dir`, `save_path`, `output_dir`) -> a folder of the bench;
@@ -56,6 +56,7 @@ f="$VERL_BENCH_RECORD/$(date +%s%N)_$$"
 exit 0
 """
 WORLD = 2  # CPU worker processes: trainer.n_gpus_per_node after the rewrite
+VAL_ROWS = 16  # the validation file: the first rows of GSM8K's test split (a real step validates before training)
 MAX_POSITIONS = 1 << 17  # the tiny model's maximum positions: above every script's prompt + response
 
 
@@ -220,11 +221,14 @@ def shrink(overrides: list[str]) -> list[str]:
 def fixtures(work: Path) -> dict[str, str]:
     """GSM8K parquet (rlkit data gsm8k), a tiny model with long maximum positions, a tiny scoring model."""
     data = work / "gsm8k"
-    if not (data / "train.parquet").is_file():
+    if not (data / "val.parquet").is_file():  # the whole train split (scripts take up to 1024 prompts a step)
         source = REPO.parent / "shared" / "data" / "gsm8k"
-        cmd = [str(REPO / ".venv" / "bin" / "rlkit"), "data", "gsm8k", "--out", str(data), "--limit", "32",
-               "--force", *(["--source", str(source)] if source.is_dir() else ["--no-hub"])]
+        cmd = [str(REPO / ".venv" / "bin" / "rlkit"), "data", "gsm8k", "--out", str(data), "--force",
+               *(["--source", str(source)] if source.is_dir() else ["--no-hub"])]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        import pyarrow.parquet as pq
+
+        pq.write_table(pq.read_table(data / "test.parquet").slice(0, VAL_ROWS), data / "val.parquet")
     model, rm = work / "tiny_model", work / "tiny_rm"
     if not (model / "config.json").is_file():
         from rlkit.testing import build_tiny_model, build_tiny_tokenizer, save_tiny_reward_model
@@ -242,7 +246,7 @@ def fixtures(work: Path) -> dict[str, str]:
         (rm / "config.json").write_text(json.dumps(cfg))
     out = work / "out"
     out.mkdir(exist_ok=True)
-    return {"train": str(data / "train.parquet"), "test": str(data / "test.parquet"), "model": str(model),
+    return {"train": str(data / "train.parquet"), "test": str(data / "val.parquet"), "model": str(model),
             "rm": str(rm), "out": str(out)}
 
 

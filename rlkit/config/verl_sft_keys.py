@@ -13,6 +13,10 @@ from rlkit.config.verl_rules import VerlKey, alias, mapped, only, refused
 PACKING = "nothing to set: rlkit packs (varlen) or right-pads as data.pad_mode says (no_padding | right)"
 
 
+SFT_PROFILER = ("nothing to set: verl's profiler (nsys/npu/torch) does not run in rlkit's SFT trainer; the phase "
+                "timings are in metrics.jsonl, and `rlkit debug stacks` shows where a worker is")
+
+
 def _rules() -> list[VerlKey]:
     rules: list[VerlKey] = [
         mapped("{model,engine,optim,profiler,checkpoint}._target_", "nothing to set: verl's config class name"),
@@ -22,8 +26,9 @@ def _rules() -> list[VerlKey]:
         mapped("data.{num_workers,use_shm}", "nothing to set: rlkit tokenizes every row once at start-up in the "
                "driver and reads the files from local disk"),
         mapped("data.balance_dp_token", "nothing to set: trainer.balance_batch balances tokens across workers"),
-        refused("data.ignore_input_ids_mismatch", "rlkit's mask never concatenates per-turn renderings: it renders "
-                "the whole conversation once and finds each assistant turn in it (docs/sft.md); remove it"),
+        mapped("data.ignore_input_ids_mismatch", "nothing to set: rlkit's mask never concatenates per-turn "
+               "renderings: it renders the whole conversation once and finds each assistant turn in it (docs/sft.md), "
+               "so there is no mismatch to ignore"),
         refused("data.custom_cls.{path,name}", "rlkit reads conversations (data.messages_key) or prompt/response "
                 "columns; convert your data with `rlkit data messages FILE.jsonl`"),
         refused("data.chat_template", "rlkit uses the tokenizer's own chat template; edit tokenizer_config.json in "
@@ -46,7 +51,7 @@ def _rules() -> list[VerlKey]:
                 "compute dtype); remove it", inert=only("fp32", "float32")),
         mapped("model.fsdp_config.wrap_policy.**", "rlkit's FSDP2 wraps each decoder layer (and the root)"),
         mapped("model.strategy", "FSDP2", derive=strategy),
-        refused("model.lora_adapter_name", "rlkit's adapter has one name; remove it"),
+        mapped("model.lora_adapter_name", "nothing to set: rlkit's adapter has one name (the weights are the same)"),
         *[mapped(key, "rlkit's SFT trainer has no sequence parallelism (a memory layout: the loss is the same): each "
                  "worker holds whole conversations; if they do not fit, lower data.max_token_len_per_gpu or set "
                  "engine.param_offload=true")
@@ -70,9 +75,10 @@ def _rules() -> list[VerlKey]:
                "prefetches the next layer; SFT needs no entropy; the layers run uncompiled"),
         refused("engine.model_dtype", "rlkit keeps float32 master weights and optimizer state (engine.param_dtype "
                 "is the compute dtype); remove it", inert=only("fp32", "float32")),
-        refused("engine.reshard_after_forward", "rlkit's FSDP2 units always reshard after forward; remove it",
-                inert=only(True)),
-        refused("engine.full_determinism", "rlkit does not switch on torch's deterministic algorithms; remove it"),
+        mapped("engine.reshard_after_forward", "nothing to set: rlkit's FSDP2 units reshard after forward (less "
+               "memory, one more all-gather; the same numbers)"),
+        mapped("engine.full_determinism", "nothing to set: rlkit's SFT trainer does not switch on torch's "
+               "deterministic algorithms (the same computation; float rounding may differ from run to run)"),
     ]
     # --- optim (fsdp)
     rules += [
@@ -89,13 +95,11 @@ def _rules() -> list[VerlKey]:
     rules += [
         refused("checkpoint.{save_contents,load_contents}", "rlkit's checkpoints always hold the model, the "
                 "optimizer and the run state; for an HF folder use `rlkit export`", inert=checkpoint_contents),
-        refused("profiler.**", "verl's profiler (nsys/npu/torch) is not in rlkit: use `rlkit debug stacks` or "
-                "py-spy, and the phase timings in metrics.jsonl", switch="enable"),
-        refused("trainer.profile_interval", "verl's profiler is not in rlkit; remove it",
-                inert=lambda v: v is None or list(v) == [-1, -1]),
+        mapped("profiler.**", SFT_PROFILER),
+        mapped("trainer.profile_interval", SFT_PROFILER),
         mapped("trainer.resume_from_path", "nothing to set: no path given", derive=resume_path),
-        refused("trainer.default_hdfs_dir", "rlkit writes checkpoints to trainer.default_local_dir only; copy them "
-                "with your own tool afterwards"),
+        mapped("trainer.default_hdfs_dir", "nothing to set: checkpoints are written to trainer.default_local_dir "
+               "only; copy them to HDFS with your own tools"),
         refused("trainer.checkpoint.**", "rlkit's checkpoints always hold the model, the optimizer and the run "
                 "state", inert=ANY),
     ]

@@ -107,3 +107,16 @@ def test_what_changes_the_computation_and_rlkit_lacks_is_still_refused(override,
     with pytest.raises(UserError) as err:
         compose_config(None, HF + [override])
     assert override.split("=")[0] in str(err.value) and why in str(err.value)
+
+
+def test_the_sft_trainers_profiling_and_launcher_keys_are_accepted_with_one_line():
+    from rlkit.config.sft_load import load_sft_config
+
+    overrides = ["profiler.enable=true", "trainer.profile_interval=[2,4]", "trainer.default_hdfs_dir=hdfs://ckpt",
+                 "engine.reshard_after_forward=false", "engine.full_determinism=true",
+                 "data.ignore_input_ids_mismatch=true", "model.lora_adapter_name=mine"]
+    notices: list[str] = []
+    load_sft_config(["data.train_files=/d/t.parquet", *overrides], notices=notices)
+    for override in overrides:
+        key = override.split("=")[0]
+        assert sum(n.startswith(f"verl key {key}=") and "-> nothing to set" in n for n in notices) == 1, (key, notices)
