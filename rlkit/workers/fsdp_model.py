@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from rlkit.config.schema import FSDPConfig, OptimConfig
 from rlkit.models.config_overrides import apply_config_overrides
@@ -177,8 +178,7 @@ class FSDPModel:
             log.info("%s compute: %.1f%% of the fp32 masters dithered off the grid", self.param_dtype, 100 * moved)
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])
         offload = CPUOffloadPolicy() if (fsdp.param_offload and device.type == "cuda") else None
-        # FSDP2 keeps offloaded parameters (and their gradients) on the host and steps the optimizer there
-        self.params_offloaded = offload is not None
+        self.params_offloaded = offload is not None  # FSDP2 keeps them (and grads) on the host, steps them there
         world = dist.get_world_size() if dist.is_initialized() else 1
         # one worker: FSDP2 would only add copies and hooks. In bf16 a compute copy casts once per optimizer step
         # (rlkit/workers/compute_copy.py); gradient checkpointing recomputes outside `computing()`, so FSDP2 there
@@ -371,8 +371,6 @@ class FSDPModel:
         """A CPU-offloaded DTensor shard moved to the device first, so the gather runs on NCCL, not over gloo."""
         if shard.device.type == self.device.type:
             return shard
-        from torch.distributed.tensor import DTensor
-
         return DTensor.from_local(shard.to_local().to(self.device, non_blocking=True), shard.device_mesh,
                                   shard.placements, shape=shard.shape, stride=shard.stride())
 
