@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlkit.config.checkpoint_contents import CheckpointContents
+from rlkit.config.data_classes import DatasetClassConfig, SamplerClassConfig
 from rlkit.config.distillation import DistillationConfig
 from rlkit.config.fsdp import FSDPConfig
 from rlkit.config.optim import OptimConfig
@@ -58,6 +59,10 @@ class DataConfig:
     validation_shuffle: bool = f(False, "visit the validation rows in a seeded random order (a new one each "
                                  "validation) instead of file order")
     seed: int | None = f(None, "data order seed; null = 1 (independent of trainer.seed)")
+    sampler: SamplerClassConfig = f(factory=SamplerClassConfig, help="a user's sampler class for the training "
+                                    "order (verl's data.sampler)")
+    custom_cls: DatasetClassConfig = f(factory=DatasetClassConfig, help="a user's dataset class (verl's "
+                                       "data.custom_cls)")
 
 
 @dataclass

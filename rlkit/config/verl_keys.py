@@ -191,10 +191,7 @@ def _rules() -> list[VerlKey]:
                "ids and (data.return_raw_chat) the messages, from which a reward model renders its own input"),
         refused("data.apply_chat_template_kwargs", "rlkit renders prompts with the chat template's defaults; "
                 "remove it"),
-        refused("data.custom_cls.**", "custom dataset classes are not in rlkit: convert the data to the common "
-                "RL parquet schema (`rlkit data inspect` checks it)", switch="path"),
         refused("data.datagen.**", "dynamic data generation is not in rlkit", switch="path"),
-        refused("data.sampler.**", "custom samplers are not in rlkit (data.shuffle, data.seed)", switch="class_path"),
     ]
     # --- rewards: the current layout's `reward.*`, then the older top-level `reward_model.*` / `reward_manager.*`
     sandbox = ("nothing to set: code rewards run the same tests in rlkit's local sandbox (rlkit.sandbox) instead of "

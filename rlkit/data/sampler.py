@@ -7,7 +7,7 @@ seen next. Single process: the dataset is pre-tokenized, a batch is just padding
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,8 @@ from rlkit.protocol import Batch
 class ResumableSampler:
     """Yields index arrays of `batch_size`; `position` counts batches handed out this epoch."""
 
-    def __init__(self, num_rows: int, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True):
+    def __init__(self, num_rows: int, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True,
+                 order_fn: Callable[[int], np.ndarray] | None = None):
         if batch_size <= 0:
             raise UserError(f"batch_size must be positive, got {batch_size}")
         if drop_last and num_rows < batch_size:
@@ -33,6 +34,7 @@ class ResumableSampler:
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
+        self.order_fn = order_fn  # a user's sampler (data.sampler): epoch -> the row order
         self.epoch = 0
         self.position = 0
 
@@ -41,7 +43,9 @@ class ResumableSampler:
         return full + (1 if rest and not self.drop_last else 0)
 
     def order(self, epoch: int) -> np.ndarray:
-        """The row order of `epoch`, the same in every run with this seed."""
+        """The row order of `epoch`, the same in every run with this seed (or the user sampler's, `order_fn`)."""
+        if self.order_fn is not None:
+            return self.order_fn(epoch)
         if not self.shuffle:
             return np.arange(self.num_rows)
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
@@ -89,11 +93,13 @@ class RLDataLoader:
     """
 
     def __init__(
-        self, dataset: RLDataset, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True
+        self, dataset: RLDataset, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True,
+        order_fn: Callable[[int], np.ndarray] | None = None,
     ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
-        self.sampler = ResumableSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self.sampler = ResumableSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                                        order_fn=order_fn)
 
     def __len__(self) -> int:
         return len(self.sampler)

@@ -56,7 +56,9 @@ class RLTrainer(TrainerBase):
     check_keys = False  # --debug: check every worker call's output (rlkit/batch_keys.py), restarted workers' too
 
     def __init__(self, cfg: RLConfig, workers: WorkerHandles | None = None, tracker: Any = None) -> None:
-        from rlkit.data import RLDataLoader, RLDataset
+        from rlkit.data import RLDataLoader
+        from rlkit.data.user_dataset import dataset_maker
+        from rlkit.data.user_sampler import UserSampler
         from rlkit.models.chat_template import with_chat_template
         from rlkit.models.loading import load_image_processor, load_tokenizer
         from rlkit.models.resolve import resolve_model_path
@@ -72,15 +74,14 @@ class RLTrainer(TrainerBase):
         self.image_processor = load_image_processor(self.model_path, d.mm_processor_kwargs)  # None: a text model
         dataset_keys = dict(filter_overlong_prompts=d.filter_overlong_prompts, return_raw_chat=d.return_raw_chat,
                             image_key=d.image_key, image_processor=self.image_processor)
-        self.train_set = RLDataset(d.train_files, self.tokenizer, d.max_prompt_length, d.truncation, d.prompt_key,
-                                   max_samples=d.train_max_samples, **dataset_keys)
+        make_dataset = dataset_maker(d, self.tokenizer, self.image_processor, **dataset_keys)  # data.custom_cls
+        self.train_set = make_dataset(d.train_files, d.train_max_samples)
+        self.user_sampler = (UserSampler(d.sampler.class_path, d.sampler.class_name, self.train_set, d)
+                             if d.sampler.class_path else None)  # verl's data.sampler
         # a loader batch is one generation batch: train_batch_size prompts, or gen_batch_size with dynamic sampling
-        self.train_loader = RLDataLoader(self.train_set, d.gen_batch_size, shuffle=d.shuffle, seed=d.seed)
-        self.val_set = (
-            RLDataset(d.val_files, self.tokenizer, d.max_prompt_length, d.truncation, d.prompt_key,
-                      max_samples=d.val_max_samples, **dataset_keys)
-            if d.val_files else None
-        )
+        self.train_loader = RLDataLoader(self.train_set, d.gen_batch_size, shuffle=d.shuffle, seed=d.seed,
+                                         order_fn=self.user_sampler.order if self.user_sampler else None)
+        self.val_set = make_dataset(d.val_files, d.val_max_samples) if d.val_files else None
         if len(self.train_loader) == 0:
             key = "gen_batch_size" if d.gen_batch_size != d.train_batch_size else "train_batch_size"
             raise_user(f"data.{key}={d.gen_batch_size} is larger than the {len(self.train_set)} "
@@ -192,6 +193,8 @@ class RLTrainer(TrainerBase):
         }
         mask = batch["attention_mask"]
         flops = self.mfu_meter.step_flops(mask, timer.seconds) if self.mfu_meter is not None else None
+        if self.user_sampler is not None:  # a curriculum sampler sees each trained batch (verl's sampler.update)
+            self.user_sampler.update(batch)
         return StepResult(metrics, dict(timer.seconds), tokens=float(mask.sum()), flops=flops)
 
     def _needs_old_log_probs(self) -> bool:
