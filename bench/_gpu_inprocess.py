@@ -23,6 +23,7 @@ import importlib.util
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -275,7 +276,7 @@ def _update_mfu(cfg: Any, model_path: Path, out: Any, seconds: float, device: st
 
 #: the step's runs: (name, use_torch_compile, param + optimizer offload). On CPU no compiled run (inductor takes
 #: minutes there and the CPU mode is a CI test) and the offload run checks the config path (a no-op on CPU).
-RUNS = {"cuda": (("eager", False, False), ("compiled", True, False), ("offload", False, True)),
+RUNS = {"cuda": (("eager", False, False), ("offload", False, True), ("compiled", True, False)),  # compile: last
         "cpu": (("eager", False, False), ("offload", False, True))}
 
 
@@ -397,12 +398,15 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+#: in the order they run: the longest (grpo_step) last, so a run stopped at its time limit keeps the others' rows
 CHECKS = {"env": lambda m, d, s: check_env(d), "numerics": lambda m, d, s: check_numerics(m, d),
-          "grpo_step": lambda m, d, s: check_grpo_step(m, d, s), "weight_sync": lambda m, d, s: check_weight_sync(m, d)}
+          "weight_sync": lambda m, d, s: check_weight_sync(m, d), "grpo_step": lambda m, d, s: check_grpo_step(m, d, s)}
 
 
-def run_checks(names: list[str], device: str, steps: int, tmp: Path) -> dict[str, dict]:
-    """Every check in this process, one row each; a failed check is a result, the others still run."""
+def run_checks(names: list[str], device: str, steps: int, tmp: Path,
+               write: Callable[[dict[str, dict]], None] = lambda results: None) -> dict[str, dict]:
+    """Every check in this process, one row each; a failed check is a result, the others still run. `write` gets
+    the results so far after each check (the JSON is on disk even if the run is stopped at its time limit)."""
     import traceback
 
     join_group()
@@ -417,5 +421,6 @@ def run_checks(names: list[str], device: str, steps: int, tmp: Path) -> dict[str
         results[name]["seconds"] = round(time.perf_counter() - start, 1)
         print(f"{name:12s} {'ok' if results[name]['ok'] else 'FAILED':6s} "
               f"{json.dumps({k: v for k, v in results[name].items() if k != 'ok'}, default=str)[:800]}", flush=True)
+        write(results)
     print(table(results), flush=True)
     return results
