@@ -131,7 +131,8 @@ def terminal(panels: list[Panel], width: int = 100, height: int = 16, color: boo
     out = []
     for panel in panels:
         fig.clear()
-        fig.plot_size(width, height if panel.series else max(10, height * 2 // 3))
+        rows = max(height, 2 * len(panel.series) + 8) if legend else height  # plotext drops a legend that does not fit
+        fig.plot_size(width, rows if panel.series else max(10, height * 2 // 3))
         if panel.series:
             for label, (xs, ys) in panel.series.items():
                 signal = fig.signal(xs, ys)

@@ -26,6 +26,8 @@ def test_dpo_panels_and_metric_globs_and_compare_labels():
     assert [p.title for p in panels] == ["actor/*"] and set(panels[0].series) == {
         "a: actor/pg_loss", "a: actor/entropy", "b: actor/pg_loss", "b: actor/entropy"}
     assert missing_metrics([RL_ROWS], ["actor/*", "nope*"]) == ["nope*"]
+    text = terminal(panels, width=80, height=12)  # four series: the plot grows until the legend fits
+    assert all(label in text for label in panels[0].series), text
 
 
 def test_terminal_and_png_draw_the_same_panels(tmp_path):
