@@ -44,11 +44,12 @@ def log_dir_of(cfg: RLConfig) -> str:
 
 
 def check_data(p: Preflight) -> None:
-    """Every data file exists, opens as parquet, has rows and the prompt column."""
+    """Every data file exists, opens (parquet, .jsonl, .json), has rows and the prompt column."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from rlkit.data.dataset import expand_files
+    from rlkit.data.table_files import is_json_file, read_json_table
 
     d = p.cfg.data
     for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
@@ -67,8 +68,15 @@ def check_data(p: Preflight) -> None:
                 p.problems.append(f"{key}: {path} {why}; fix the path or make it with `rlkit data NAME --out DIR`")
                 continue
             try:
-                meta = pq.ParquetFile(path)
-                columns, rows = meta.schema_arrow.names, meta.metadata.num_rows
+                if is_json_file(path):  # JSON Lines / JSON rows (rlkit.data.table_files)
+                    table = read_json_table(path)
+                    columns, rows = table.column_names, table.num_rows
+                else:
+                    meta = pq.ParquetFile(path)
+                    columns, rows = meta.schema_arrow.names, meta.metadata.num_rows
+            except UserError as exc:
+                p.problems.append(f"{key}: {exc}")
+                continue
             except (pa.ArrowException, OSError) as exc:
                 first = (str(exc).splitlines() or [type(exc).__name__])[0]
                 p.problems.append(f"{key}: {path} is not a readable parquet file ({first}); regenerate it with "
