@@ -58,6 +58,25 @@ Patterns: `*` is one name, `**` any keys below, `{a,b}` one of the names. First 
 """
 
 
+ENTRY_POINTS = """
+## verl's other entry points
+
+- **SFT**: `torchrun ... -m verl.trainer.fsdp_sft_trainer KEYS` and `torchrun ... -m verl.trainer.sft_trainer KEYS`
+  become `rlkit train sft KEYS` with the same keys (docs/sft.md); torchrun's `--nproc_per_node` is
+  `trainer.n_gpus_per_node` here. Sequence parallelism (`ulysses_sequence_parallel_size`,
+  `engine.ulysses_sequence_parallel_size`) is accepted with one line (rlkit's SFT trainer holds whole conversations),
+  verl's `engine=fsdp` / `optim=fsdp` groups are accepted, `engine=megatron` is refused. Of verl's 10
+  `examples/sft` scripts, 9 pass `rlkit train sft --dry-run` with only paths rewritten; the VLM one is refused
+  (rlkit's SFT trainer reads text only). `rlkit train sft` and `rlkit train dpo` also read TRL's dataset formats
+  (JSON Lines, JSON, parquet; `prompt`/`completion`, `text`, `messages`, `prompt`/`chosen`/`rejected` and
+  implicit-prompt pairs).
+- **Generation**: `python3 -m verl.trainer.main_generation KEYS` becomes `rlkit generate KEYS` with verl's keys
+  (`data.path`, `data.prompt_key`, `data.n_samples`, `data.output_path`, `data.batch_size`, `model.path`,
+  `rollout.*`), in one process; it writes the input rows plus a `responses` column of `n_samples` strings per row,
+  as verl does. `trainer.*`, `actor.*` and `ray_kwargs.*` have nothing to set there (one line says so).
+"""
+
+
 def _row(rule: VerlKey) -> str:
     what = rule.why.replace("|", "\\|")
     if rule.kind is Kind.REFUSED and rule.switch:
@@ -72,7 +91,7 @@ def render() -> str:
     lines.append("")
     lines.append(f"{len(VERL_KEYS)} rules: {counts[Kind.IMPLEMENTED]} aliases, {counts[Kind.MAPPED]} mapped, "
                  f"{counts[Kind.REFUSED]} refused.")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + ENTRY_POINTS
 
 
 if __name__ == "__main__":
