@@ -156,6 +156,11 @@ def resume_path(value: Any, key: str) -> tuple[dict, str]:
     return {"trainer.resume_mode": value}, f"trainer.resume_mode={value} (rlkit's resume_mode takes the path itself)"
 
 
+MODEL_DTYPE = ("nothing to set: rlkit keeps float32 master weights and optimizer state (a 16-bit model_dtype saves "
+               "memory; the updates lose less to rounding in float32); the compute dtype is fsdp_config.param_dtype "
+               "(auto: bf16 on GPU, as verl's mixed precision)")
+
+
 def fsdp_rules(prefix: str, role: str) -> list[VerlKey]:
     """verl's FSDP engine keys of one role's fsdp section (`prefix`: actor.fsdp_config, critic.fsdp, ...)."""
     target = f"{role}.fsdp_config"
@@ -177,8 +182,10 @@ def fsdp_rules(prefix: str, role: str) -> list[VerlKey]:
         mapped(f"{prefix}.strategy", FSDP2, derive=strategy),
         mapped(f"{prefix}.turbo_config.**", "verl's turbo engine settings: rlkit's engine is FSDP2, sharded over "
                "every data-parallel worker"),
-        refused(f"{prefix}.model_dtype", "rlkit keeps float32 master weights and optimizer state (param_dtype "
-                "is the compute dtype); remove it", inert=only("fp32", "float32")),
+        mapped(f"{prefix}.model_dtype", MODEL_DTYPE),
+        alias(f"{prefix}.mixed_precision.{{param_dtype,reduce_dtype}}", f"{target}.{{1}}", dtype_name),
+        mapped(f"{prefix}.mixed_precision.buffer_dtype", "nothing to set: buffers (rotary frequencies, norms' "
+               "statistics) stay in the dtype the model loads them in, float32 masters (verl's default fp32)"),
         mapped(f"{prefix}.reshard_after_forward", "nothing to set: rlkit's FSDP2 units reshard after forward "
                "(less memory, one more all-gather; the same numbers)"),
         mapped(f"{prefix}.full_determinism", DETERMINISM_OFF, derive=full_determinism),
@@ -260,6 +267,9 @@ def model_rules(prefix: str) -> list[VerlKey]:
         mapped(f"{prefix}.use_shm", "nothing to set: the model is read from local disk (rlkit never downloads at "
                "run time)"),
         mapped(f"{prefix}.fused_kernel_options.**", "nothing to set: rlkit's fused LM head is pure torch"),
+        mapped(f"{prefix}.torch_dtype", "nothing to set: verl's model config reads no torch_dtype (the weights' "
+               "dtype is fsdp_config.model_dtype); rlkit loads float32 masters and computes in "
+               "fsdp_config.param_dtype"),
         mapped(f"{prefix}.use_liger", "nothing to set: Liger's fused kernels are not loaded; the same layers run as "
                "transformers' own (model.use_fused_kernels is rlkit's fused log-prob head)"),
         refused(f"{prefix}.{{tokenizer_path,hf_config_path}}", "rlkit reads the tokenizer and config from "
@@ -273,7 +283,12 @@ def model_rules(prefix: str) -> list[VerlKey]:
                "(model.enable_gradient_checkpointing is rlkit's way to save activation memory)"),
         mapped(f"{prefix}.tiled_mlp.**", "nothing to set: the MLP runs untiled (the same numbers, more peak "
                "memory on long sequences)"),
-        refused(f"{prefix}.mtp.**", "multi-token prediction is not in rlkit", switch="enable"),
+        refused(f"{prefix}.mtp.enable_train", "training the multi-token-prediction layers adds their loss "
+                "(mtp_loss_scaling_factor) to the objective, which rlkit does not compute; set enable_train=false "
+                "(mtp.enable and mtp.enable_rollout alone are accepted)"),
+        mapped(f"{prefix}.mtp.**", "nothing to set: without enable_train, multi-token prediction only keeps the MTP "
+               "weights in checkpoints (enable) or drafts tokens for speculative decoding (enable_rollout); rlkit "
+               "trains the HF model's next-token objective and decodes without drafts, the same distribution"),
         refused(f"{prefix}.lora.**", "this is Megatron's LoRA section: use model.lora_rank / lora_alpha / "
                 "target_modules (rlkit's PEFT LoRA)", switch="rank"),
     ]
