@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlkit.config.load import ConfigSpace, compose_config
+from rlkit.config.optim import settle_optim
 from rlkit.config.sft_schema import PAD_MODES, SFTConfig
 from rlkit.config.verl_sft_keys import VERL_SFT_KEYS
 from rlkit.errors import UserError
@@ -38,6 +39,7 @@ def finalize_sft(cfg: SFTConfig) -> None:
             setattr(data, key, None)
     if isinstance(t.logger, str):
         t.logger = [t.logger]
+    settle_optim(cfg.optim, "optim")  # min_lr onto min_lr_ratio, the optimizer class and its arguments checked
     if not data.train_files:
         raise UserError("data.train_files is empty: pass data.train_files=PATH.parquet (make one with "
                         "`rlkit data gsm8k --format sft` or `rlkit data messages FILE.jsonl`)")

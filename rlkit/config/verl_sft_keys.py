@@ -7,6 +7,12 @@ top-level ulysses/remove-padding switches). The rules are read as rlkit.config.v
 
 from __future__ import annotations
 
+from rlkit.config.verl_compute_rules import (
+    has_megatron_options,
+    megatron_optimizer_name,
+    megatron_optimizer_options,
+    optimizer_name,
+)
 from rlkit.config.verl_role_keys import ANY, checkpoint_contents, dtype_name, model_rules, resume_path, strategy
 from rlkit.config.verl_rules import VerlKey, alias, mapped, only, refused
 
@@ -86,10 +92,10 @@ def _rules() -> list[VerlKey]:
         alias("optim.warmup_steps_ratio", "optim.lr_warmup_steps_ratio"),
         mapped("optim.total_training_steps", "nothing to set: the schedule's length is trainer.total_training_steps "
                "(or the epochs' steps), filled in by the trainer as verl does"),
-        refused("optim.optimizer", "rlkit's optimizer is AdamW; remove it", inert=only("adamw", "adam")),
-        refused("optim.optimizer_impl", "rlkit uses torch.optim.AdamW; remove it", inert=only("torch.optim")),
+        mapped("optim.optimizer", "AdamW", derive=optimizer_name, when=megatron_optimizer_name),
         refused("optim.num_cycles", "rlkit's cosine schedule is one half-cycle; remove it", inert=only(0.5)),
-        refused("optim.override_optimizer_config", "rlkit's AdamW takes lr, betas and weight_decay only; remove it"),
+        mapped("optim.override_optimizer_config", "Megatron options", derive=megatron_optimizer_options,
+               when=has_megatron_options),
     ]
     # --- checkpoint, profiler, trainer
     rules += [

@@ -78,3 +78,12 @@ def test_min_lr_and_a_different_min_lr_ratio_are_one_error():
         load_config("grpo", HF + [f"{A}.lr=1e-5", f"+{A}.min_lr=2e-6", f"{A}.min_lr_ratio=0.5"])
     cfg = load_config("grpo", HF + [f"{A}.lr=1e-5", f"+{A}.min_lr=5e-6", f"{A}.min_lr_ratio=0.5"])
     assert cfg.actor_rollout_ref.actor.optim.min_lr_ratio == pytest.approx(0.5)
+
+
+def test_the_sft_trainer_reads_the_same_optimizer_keys():
+    from rlkit.config.sft_load import load_sft_config
+
+    cfg = load_sft_config(["data.train_files=/x.parquet", "optim.optimizer=adam", "optim.lr=1e-5", "+optim.min_lr=1e-6",
+                           "optim.lr_scheduler_type=cosine", "+optim.override_optimizer_config.eps=1e-6"])
+    assert cfg.optim.optimizer == "AdamW" and cfg.optim.min_lr_ratio == pytest.approx(0.1)
+    assert cfg.optim.override_optimizer_config == {"eps": 1e-6}

@@ -69,11 +69,11 @@ def test_a_verl_sft_script_composes(tmp_path):
         "data.multiturn.messages_key=conversation", "data.micro_batch_size=2", "model.partial_pretrain=/m/qwen",
         "model.fsdp_config.cpu_offload=true", "optim.lr=1e-5", "optim.warmup_style=cosine",
         "trainer.logger=console", "ulysses_sequence_parallel_size=1", "use_remove_padding=true",
-        "checkpoint.save_contents=[model,optimizer,extra]", "trainer.resume_from_path=/ck/global_step_5",
+        "checkpoint.save_contents=[model,optimizer,extra]", f"trainer.resume_from_path={tmp_path}/global_step_5",
     ], notices=notices)
     assert (cfg.data.messages_key, cfg.data.micro_batch_size_per_gpu, cfg.model.path) == ("conversation", 2, "/m/qwen")
     assert cfg.engine.param_offload and cfg.optim.lr_scheduler_type == "cosine" and cfg.trainer.logger == ["console"]
-    assert cfg.trainer.resume_mode == "/ck/global_step_5"
+    assert cfg.trainer.resume_mode == "disable"  # verl starts fresh when the folder does not exist yet
     assert any(line.startswith("verl key use_remove_padding=true ->") for line in notices), notices
     # verl's config names are rlkit's SFT base
     assert load_sft_config(["data.train_files=/d/t.parquet"], config_name="sft_trainer_engine").data.max_length == 1024
