@@ -66,8 +66,10 @@ def train(
     The preset is the Hydra config group `algorithm` (rlkit/config/conf/algorithm/<ALGO>.yaml); the
     config is composed with Hydra's compose API (no output folder, no working-directory change).
 
-    Before Ray starts, a pre-flight check (also run by --dry-run) verifies the data files, the model,
-    that the checkpoint and log folders are writable and that the disk can hold a checkpoint.
+    Before Ray starts, a pre-flight check (also run by --dry-run) verifies the data files (format, columns, rows
+    against the batch), the model (its positions against prompt + response, its architecture against the engine),
+    rollout.engine_kwargs.vllm against the installed vLLM, that the checkpoint and log folders are writable and that
+    the disk can hold a checkpoint.
 
     Exit status: 0 when training finished, 1 on a config/input error or a worker failure,
     130 when stopped with Ctrl-C, 143 with SIGTERM (kill, Slurm, Kubernetes); the last line then says
