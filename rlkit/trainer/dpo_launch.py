@@ -46,4 +46,4 @@ def run_dpo(cfg: DPOConfig, opts: Any, console: Console | None = None) -> Any:
     from rlkit.trainer.dpo_trainer import DPOTrainer
     from rlkit.trainer.sft_launch import run_sft
 
-    return run_sft(cfg, opts, console, trainer_cls=DPOTrainer, plan=dpo_plan(cfg))
+    return run_sft(cfg, opts, console, trainer_cls=DPOTrainer, plan=dpo_plan(cfg), kind="dpo")

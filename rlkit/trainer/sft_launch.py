@@ -39,16 +39,17 @@ def sft_preflight(cfg: SFTConfig, allow_download: bool = False, kind: str = "sft
 
 
 def run_sft(cfg: SFTConfig, opts: Any, console: Console | None = None, trainer_cls: type | None = None,
-            plan: Table | None = None) -> Any:
-    """Run an SFT job (`trainer_cls`: a trainer on the SFT layout, e.g. DPO's, with its `plan`); returns the
-    FitSummary (TrainingInterrupted on Ctrl-C / SIGTERM, as `rlkit train grpo`)."""
+            plan: Table | None = None, kind: str = "sft") -> Any:
+    """Run an SFT job (`trainer_cls`: a trainer on the SFT layout, e.g. DPO's, with its `plan` and the `kind` of
+    data files its pre-flight checks); returns the FitSummary (TrainingInterrupted on Ctrl-C / SIGTERM, as
+    `rlkit train grpo`)."""
     from rlkit.trainer.launch import actor_memory, run_fit
     from rlkit.trainer.sft_trainer import SFTTrainer
     from rlkit.utils.cpu_precision import resolved_param_dtype
 
     console = console or Console()
     console.print(plan or sft_plan(cfg))
-    console.print("pre-flight ok: " + "; ".join(sft_preflight(cfg, allow_download=True)), soft_wrap=True,
+    console.print("pre-flight ok: " + "; ".join(sft_preflight(cfg, allow_download=True, kind=kind)), soft_wrap=True,
                   markup=False)
 
     def describe(trainer: Any, summary: Any) -> None:

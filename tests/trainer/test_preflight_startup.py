@@ -9,6 +9,7 @@ import importlib.util
 import json
 
 import pytest
+from rich.console import Console
 
 from rlkit.errors import UserError
 from rlkit.rollout.vllm_args import engine_arg_names, map_engine_kwargs
@@ -27,7 +28,7 @@ def rl_report(toy_data, model, tmp_path, *extra: str) -> Preflight:
     return Preflight(cfg, allow_download=False, model_dir=model)
 
 
-def test_dpo_reads_jsonl_and_names_the_batch_key(tiny_model, tmp_path):
+def test_dpo_reads_jsonl_and_names_the_batch_key(tiny_model, tmp_path, monkeypatch):
     from rlkit.config.dpo_load import load_dpo_config
     from rlkit.trainer.dpo_launch import dpo_preflight
 
@@ -42,6 +43,15 @@ def test_dpo_reads_jsonl_and_names_the_batch_key(tiny_model, tmp_path):
     notes = dpo_preflight(load_dpo_config([*args, "data.train_batch_size=64", "data.max_length=128",
                                                   "dpo.max_prompt_length=64"]))
     assert notes[:2] == ["1 data file(s), 64 training preference pairs", f"model {tiny_model}"]
+    # the run's own pre-flight (before Ray) reads the pairs as pairs too; the launcher after it is not this test's
+    import rlkit.trainer.launch as launch
+    from rlkit.trainer.dpo_launch import run_dpo
+
+    monkeypatch.setattr(launch, "run_fit", lambda *args: "launched")
+    console = Console(record=True, width=300)
+    cfg = load_dpo_config([*args, "data.train_batch_size=64", "data.max_length=128", "dpo.max_prompt_length=64"])
+    assert run_dpo(cfg, None, console) == "launched"
+    assert "pre-flight ok: 1 data file(s), 64 training preference pairs" in console.export_text()
     pairs.write_text('{"prompt": "a", "chosen": "b"}\n')
     with pytest.raises(UserError, match=r"data.train_files: .*pairs.jsonl: column 'rejected': column is missing"):
         dpo_preflight(load_dpo_config(args))
