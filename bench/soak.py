@@ -16,7 +16,8 @@ speed, so this runs on a busy machine; run the SmolLM2 soak only as long as its 
 Output: `bench/results/soak[_toy][_TAG].json` (per-step samples, per-process growth per step over steps
 `--settle`..end, and whether every process stayed within 2% after `--settle`) and a PNG of the RSS per process.
 `--merge-growth FILE` copies the `growth_mb_per_step` of another result (e.g. the run before a fix) into this one's
-`before` entry, so the JSON carries the growth before and after.
+`before` entry, so the JSON carries the growth before and after. Every 10 steps the samples so far are written to
+~/.cache/rlkit/bench/soak/partial_samples.json (a run stopped early keeps them).
 """
 
 from __future__ import annotations
@@ -157,6 +158,8 @@ class Sampler:
                 for rank, actor in enumerate(group.actors):
                     probes[f"{group.name_prefix}:{rank}"] = ray.get(actor.__ray_call__.remote(probe))
             self.samples[-1]["probe"] = probes
+        if step % 10 == 0:  # a run stopped early still leaves its samples
+            (CACHE / "partial_samples.json").write_text(json.dumps(self.samples))
         if step % 10 == 0 or step <= 3:
             print(f"soak step {step}: " + ", ".join(f"{k} {v:.0f}" for k, v in rss.items())
                   + f" MB; store {self.samples[-1]['object_store_mb']} MB", flush=True)

@@ -64,6 +64,8 @@ class Waiter:
         if self.kind == "unreadable":
             return f"{self.label}: stack unreadable ({self.where})"
         via = f", called from {self.called_from}" if self.called_from and self.called_from != self.where else ""
+        if self.kind == "in":  # no collective or engine call on its stack: where its own code is
+            return f"{self.label}: in {self.where}{via}"
         return f"{self.label}: waits in {self.kind} {self.where}{via}"
 
 
