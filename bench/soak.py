@@ -61,9 +61,11 @@ def rss_mb(pid: int) -> float | None:
 def object_store_mb() -> float | None:
     """The Ray object store's MB in use (plasma), from Ray's memory summary; None where it cannot be read."""
     try:
+        import ray
         from ray._private.internal_api import memory_summary
 
-        text = memory_summary(stats_only=True)
+        # this run's own cluster: other Ray instances on the machine make the address ambiguous otherwise
+        text = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
     except Exception:
         return None
     m = re.search(r"Plasma memory usage (\d+(?:\.\d+)?) MiB", text)
