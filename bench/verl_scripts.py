@@ -11,7 +11,8 @@ records its arguments; so line continuations, `$VAR`/`${VAR:-default}`, `$((...)
 are the overrides. Only these are rewritten:
 
 - data paths: `data.train_files`/`data.val_files` -> GSM8K parquet made by `rlkit data gsm8k`
-  (from ../shared/data/gsm8k when present, else the offline copy): the whole train split, 16 test rows;
+  (from ../shared/data/gsm8k when present, else the offline copy): the first 4096 train rows (the largest
+  batch), 16 test rows;
 - model paths (`*.model.path`, `*tokenizer_path`, `*.input_tokenizer`) -> a tiny random model whose maximum
   positions cover every script's lengths (a tiny scoring model for a discriminative `reward_model.model.path`);
 - output folders (keys ending `_dir`, `save_path`, `output_dir`) -> a folder of the bench;
@@ -56,6 +57,7 @@ f="$VERL_BENCH_RECORD/$(date +%s%N)_$$"
 exit 0
 """
 WORLD = 2  # CPU worker processes: trainer.n_gpus_per_node after the rewrite
+TRAIN_ROWS = 4096  # the largest data.train_batch_size of the scripts (the pre-flight reads and tokenizes every row)
 VAL_ROWS = 16  # the validation file: the first rows of GSM8K's test split (a real step validates before training)
 MAX_POSITIONS = 1 << 17  # the tiny model's maximum positions: above every script's prompt + response
 
@@ -221,13 +223,14 @@ def shrink(overrides: list[str]) -> list[str]:
 def fixtures(work: Path) -> dict[str, str]:
     """GSM8K parquet (rlkit data gsm8k), a tiny model with long maximum positions, a tiny scoring model."""
     data = work / "gsm8k"
-    if not (data / "val.parquet").is_file():  # the whole train split (scripts take up to 1024 prompts a step)
+    if not (data / "val.parquet").is_file():
         source = REPO.parent / "shared" / "data" / "gsm8k"
         cmd = [str(REPO / ".venv" / "bin" / "rlkit"), "data", "gsm8k", "--out", str(data), "--force",
                *(["--source", str(source)] if source.is_dir() else ["--no-hub"])]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         import pyarrow.parquet as pq
 
+        pq.write_table(pq.read_table(data / "train.parquet").slice(0, TRAIN_ROWS), data / "train.parquet")
         pq.write_table(pq.read_table(data / "test.parquet").slice(0, VAL_ROWS), data / "val.parquet")
     model, rm = work / "tiny_model", work / "tiny_rm"
     if not (model / "config.json").is_file():
@@ -306,7 +309,8 @@ def use_tree(tree: str | None) -> None:
     sys.path.insert(0, tree)
 
 
-def real_step(options: list[str], overrides: list[str], cwd: Path, timeout: int) -> tuple[bool, str, float]:
+def real_step(options: list[str], overrides: list[str], cwd: Path, timeout: int,
+              log: Path | None = None) -> tuple[bool, str, float]:
     """One `rlkit train` process (the CLI of `RLKIT_BENCH_TREE` when set)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--cli", "train", *options, *overrides]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "WANDB_MODE": "offline",
@@ -317,12 +321,25 @@ def real_step(options: list[str], overrides: list[str], cwd: Path, timeout: int)
     except subprocess.TimeoutExpired:
         return False, f"timeout after {timeout}s", time.monotonic() - start
     took = time.monotonic() - start
-    return proc.returncode == 0, "" if proc.returncode == 0 else error_line(proc.stdout + proc.stderr), took
+    text = proc.stdout + proc.stderr
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(text)
+    return proc.returncode == 0, "" if proc.returncode == 0 else error_line(_plain(text)), took
+
+
+def _plain(text: str) -> str:
+    """Output without rich's traceback boxes (their lines are source excerpts, not the error)."""
+    return "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith(("│", "╭", "╰")))
 
 
 # ----------------------------------------------------------------------------------------- main
-def bench_commit(root: Path, paths: dict[str, str], shims: Path, home: Path) -> dict:
+def bench_commit(root: Path, paths: dict[str, str], shims: Path, home: Path, order_seed: int | None = None) -> dict:
+    """Every PPO script of `root` through --dry-run (in a seeded random order with `order_seed`, so a run cut short
+    has measured a random sample, not the first folders)."""
     scripts, rows = ppo_scripts(root), []
+    if order_seed is not None:
+        random.Random(order_seed).shuffle(scripts)
     for script in scripts:
         rel = str(script.relative_to(root))
         args = script_args(script, root, shims, home)
@@ -392,6 +409,9 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=900, help="seconds per real step")
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "rlkit_verl_bench"))
     ap.add_argument("--out", default=str(RESULTS / "verl_scripts"))
+    ap.add_argument("--order-seed", type=int, help="run the scripts in this seeded random order (default: by path)")
+    ap.add_argument("--reuse", action="store_true", help="take the dry runs of --label from --out's JSON (the "
+                    "commits it holds are not run again; e.g. to run the real steps after two dry-run processes)")
     ap.add_argument("--tree", help="an rlkit checkout to measure instead of this one (e.g. `git archive` of HEAD)")
     args = ap.parse_args()
     if args.tree:
@@ -403,10 +423,14 @@ def main() -> None:
     paths, shims = fixtures(work), make_shims(work / "shims")
     home = work / "home"
     home.mkdir(exist_ok=True)
-    commits = {}
+    out = Path(args.out)
+    store = out.with_suffix(".json")
+    results = json.loads(store.read_text()) if store.is_file() else {}
+    commits = results.get(args.label, {}).get("commits", {}) if args.reuse else {}
     for root in map(Path, args.verl):
         name = root.name.removeprefix("verl_")
-        commits[name] = bench_commit(root.resolve(), paths, shims, home)
+        if name not in commits:
+            commits[name] = bench_commit(root.resolve(), paths, shims, home, args.order_seed)
         print(json.dumps({name: summary(commits[name])}, indent=1), flush=True)
     rlkit_commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                   text=True).stdout.strip() + (f" (tree {args.tree})" if args.tree else " + work tree")
@@ -415,13 +439,12 @@ def main() -> None:
     for name, row in random.Random(args.seed).sample(accepted, min(args.sample, len(accepted))):
         root = Path(commits[name]["root"])
         overrides = shrink(row["overrides"])
-        ok, line, took = real_step(row["options"], overrides, root, args.timeout)
+        log = work / "steps" / f"{name}_{row['script'].replace('/', '_')}.log"
+        ok, line, took = real_step(row["options"], overrides, root, args.timeout, log)
         entry["real_steps"].append({"commit": name, "script": row["script"], "ok": ok, "line": line,
                                     "seconds": round(took, 1), "overrides": overrides})
         print(f"{'STEP' if ok else 'FAIL'} {name} {row['script']} {took:.0f}s {line[:200]}", flush=True)
-    out = Path(args.out)
-    store = out.with_suffix(".json")
-    results = json.loads(store.read_text()) if store.is_file() else {}
+    results = json.loads(store.read_text()) if store.is_file() else {}  # again: another run may have written
     results[args.label] = entry
     store.write_text(json.dumps(results, indent=1) + "\n")
     write_markdown(results, out.with_suffix(".md"))
