@@ -31,7 +31,6 @@ from rlkit.models.config_overrides import apply_config_overrides
 from rlkit.models.lora import LoraModel, lora_enabled, merged_named_tensors, wrap_lora, write_lora_info
 from rlkit.models.moe_router import RouterTap
 from rlkit.models.vision import (
-    causal_lm_class,
     freeze_vision_tower,
     is_vision_model,
     text_embeddings_sliced,
@@ -46,6 +45,7 @@ from rlkit.workers.heads import ForwardOut, Head, HeadCall, make_head
 from rlkit.workers.hf_export import export_hf, export_lora  # noqa: F401  (re-exported: callers import them here)
 from rlkit.workers.master_dither import dither_masters
 from rlkit.workers.model_inputs import ModelInputs, TokenInput
+from rlkit.workers.model_load import Rank0Weights, load_model, rank0_load_wanted
 from rlkit.workers.packing import pack_mask, trim_left_padding  # noqa: F401  (trim_left_padding: re-exported)
 from rlkit.workers.varlen_attention import enable as enable_varlen
 from rlkit.workers.varlen_attention import packed_kwargs
@@ -125,8 +125,7 @@ class FSDPModel:
         `compile_layers`: torch.compile each decoder layer; "auto": by the model size (rlkit/workers/layer_compile.py).
         `fused_lm_head`: the policy's log-probs from the fused chunked LM head (rlkit/workers/heads.py).
         `freeze_vision`: a vision-language model's image encoder is not trained (verl's freeze_vision_tower)."""
-        import transformers
-        from transformers import AutoConfig, AutoModelForTokenClassification
+        from transformers import AutoConfig
 
         self.device = device
         self.value_head = value_head
@@ -134,22 +133,11 @@ class FSDPModel:
         config = apply_config_overrides(  # verl's model.override_config, before the weights load
             AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code), config_overrides)
         use_lora = lora is not None and lora_enabled(lora) and not value_head
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        rank0 = rank0_load_wanted(device, world)  # rank 0 reads the weights, the others build on meta (model_load.py)
         # a frozen LoRA base needs no float32 master copy: store it in the compute dtype
-        kwargs = dict(
-            dtype=self.param_dtype if use_lora else torch.float32,
-            attn_implementation=attn_implementation,
-            trust_remote_code=trust_remote_code,
-        )
-        if auto_class is not None:
-            model = getattr(transformers, auto_class).from_pretrained(model_path, config=config, **kwargs)
-        elif value_head:
-            config.num_labels = 1
-            # no dropout before the value head (transformers' default is 0.1): in train mode it would make the
-            # update's values differ from compute_values' and the gradient depend on how rows are micro-batched
-            config.classifier_dropout = 0.0
-            model = AutoModelForTokenClassification.from_pretrained(model_path, config=config, **kwargs)
-        else:
-            model = getattr(transformers, causal_lm_class(config)).from_pretrained(model_path, config=config, **kwargs)
+        model = load_model(model_path, config, auto_class, value_head, rank0, attn_implementation=attn_implementation,
+                           dtype=self.param_dtype if use_lora else torch.float32, trust_remote_code=trust_remote_code)
         self.varlen_reason = enable_varlen(model)  # None: packed rows attend per sequence without a mask
         if self.varlen_reason is not None:
             log.info("remove-padding packs with a block-diagonal mask: %s", self.varlen_reason)
@@ -179,13 +167,13 @@ class FSDPModel:
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])
         offload = CPUOffloadPolicy() if (fsdp.param_offload and device.type == "cuda") else None
         self.params_offloaded = offload is not None  # FSDP2 keeps them (and grads) on the host, steps them there
-        world = dist.get_world_size() if dist.is_initialized() else 1
         # one worker: FSDP2 would only add copies and hooks. In bf16 a compute copy casts once per optimizer step
         # (rlkit/workers/compute_copy.py); gradient checkpointing recomputes outside `computing()`, so FSDP2 there
         self.sharded = (fsdp.shard_single_worker or world > 1 or offload is not None
                         or (self.param_dtype != torch.float32 and gradient_checkpointing))
         self.compute_copy = (ComputeCopy(model, self.param_dtype)
                              if not self.sharded and self.param_dtype != torch.float32 else None)
+        from_rank0 = Rank0Weights(model) if rank0 else None  # rank 0's module as sharding finds it
         if self.sharded:
             shard_kwargs = {"mp_policy": mp}
             if offload is not None:
@@ -196,7 +184,10 @@ class FSDPModel:
             for layer in _decoder_layers(model):
                 fully_shard(layer, **shard_kwargs)
             fully_shard(model, **shard_kwargs)
-        if offload is None:
+        if from_rank0 is not None:
+            from_rank0.place(model, device, offload is not None)
+            from_rank0.fill(model)
+        elif offload is None:
             model.to(device)
         self.module = model
         self.router_tap = RouterTap.attach(model)  # MoE: router hooks (aux loss, load metrics, replay); None if dense
