@@ -4,8 +4,8 @@ build the model on the meta device and receive their shards from rank 0 after FS
 Two real gloo ranks (FSDP2, float32, the tiny tied-embedding model): the per-rank load and the rank-0 load give
 bitwise the same log-probs, the same full weights and buffers (rotary `inv_freq` is not in the state dict), and
 after two AdamW steps the same grad norms and weights (a broken tie between the embedding and the LM head would
-move them apart); LoRA the same. Rank 1 is given a copy of the model folder without its weight file, so the test
-fails if it ever reads the weights."""
+move them apart); LoRA the same; a critic's values (its value head is not in the checkpoint) the same. Rank 1 is
+given a copy of the model folder without its weight file, so the test fails if it ever reads the weights."""
 
 from __future__ import annotations
 
@@ -52,6 +52,15 @@ def _worker(rank: int, store_path: str, payload: dict, results) -> None:
             assert full["norms"] == rank0["norms"], (kw, full["norms"], rank0["norms"])
             assert max_diff(full["trained"], rank0["trained"]) == 0.0, kw
             assert max_diff(full["trained"], full["weights"]) > 0.0  # the steps moved something
+        values = {}  # a critic: its value head is new (not in the checkpoint), rank 0's initial one reaches rank 1
+        for mode in ("0", "1"):
+            env(mode)
+            critic = build(payload["model"] if mode == "0" or rank == 0 else payload["blind"], value_head=True)
+            batch = rows_of(rank, 2)
+            with torch.no_grad():
+                values[mode] = critic.forward(batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+                                              R).values
+        assert torch.equal(values["0"], values["1"]), (values["0"] - values["1"]).abs().max()
 
 
 @pytest.fixture(scope="module")
