@@ -22,6 +22,7 @@ from rlkit.config.lora_section import settle_lora_section
 from rlkit.config.micro_batch_sizes import settle_micro_batches
 from rlkit.config.model_overrides import settle_model_overrides
 from rlkit.config.optim import settle_optim
+from rlkit.config.resume import settle_resume
 from rlkit.config.rollout_correction import check_rollout_correction, settle_rollout_correction
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
@@ -70,6 +71,7 @@ def derive(cfg: RLConfig) -> None:
     settle_micro_batches(cfg)
     settle_rollout_correction(cfg)  # algorithm.rollout_is/rollout_rs: a level name or None, rejection bounds
     settle_pf_ppo_and_is_norm(cfg)
+    settle_resume(cfg.trainer)  # verl's resume_mode=resume_path + resume_from_path
     if isinstance(cfg.trainer.logger, str):  # verl's one-name form: trainer.logger=console
         cfg.trainer.logger = [cfg.trainer.logger]
 

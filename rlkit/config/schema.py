@@ -332,7 +332,9 @@ class TrainerConfig:
                              "checkpoint root (created and checked writable before Ray starts)")
     log_dir: str | None = f(None, "metrics jsonl / tensorboard dir; null = <default_local_dir>/logs")
     resume_mode: str = f("auto", "auto (newest loadable one; broken ones skipped, saying so) | disable | "
-                                         "<path to a global_step_N dir>")
+                                         "<path to a global_step_N dir> | resume_path (verl's: resume_from_path)")
+    resume_from_path: str | None = f(None, "verl's: the global_step_N folder resume_mode=resume_path loads (one that "
+                                     "does not exist yet starts fresh, as verl); read with no other resume_mode")
     max_actor_ckpt_to_keep: int | None = f(2, "keep the last K loadable checkpoints (null = all); "
                                                  "broken ones get no slot")
     seed: int = f(42, "global seed")

@@ -120,6 +120,8 @@ def has_hf_model(value: Any) -> bool:
 
 
 def without_hf_model(value: Any, key: str) -> tuple[dict, str]:
+    """hf_model: the weights, saved in rlkit's format (so `model` stays in); the HF folder is `rlkit export`."""
     rest = [v for v in value if str(v) != "hf_model"]
+    rest = rest if "model" in map(str, rest) else ["model", *rest]
     return {key: rest}, (f"{key}={rest}: hf_model is `rlkit export CKPT` (an HF folder from any checkpoint, "
                          "written when asked instead of at every save)")

@@ -34,7 +34,6 @@ from rlkit.config.verl_role_keys import (
     profiler_cannot_run,
     profiler_rules,
     profiler_tool,
-    resume_path,
     role_common,
     rollout_engine,
     router_replay,
@@ -251,9 +250,6 @@ def _rules() -> list[VerlKey]:
               mapped("distillation.distillation_loss._target_", "nothing to set: verl's dataclass target")]
     # --- trainer, Ray, profiler, verl's own switches
     rules += [
-        mapped("trainer.resume_from_path", "nothing to set: no path given", derive=resume_path),
-        mapped("trainer.resume_mode", "nothing to set: the path comes from trainer.resume_from_path",
-               when=lambda v: str(v) == "resume_path"),
         refused("trainer.device", "Ascend NPUs are not supported by rlkit; use trainer.device=cuda, cpu or auto",
                 inert=lambda v: False, when=lambda v: str(v).lower() == "npu"),
         mapped("trainer.max_critic_ckpt_to_keep", "nothing to set: one checkpoint holds every role, kept as "

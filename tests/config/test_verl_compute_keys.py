@@ -53,13 +53,17 @@ def test_veomni_section_lands_on_rlkits_fsdp_keys():
         _compose([f"{ACTOR}.veomni.load_checkpoint_path=/ckpt"])
 
 
-def test_resume_path_that_does_not_exist_yet_starts_fresh(tmp_path):
+def test_resume_path_that_does_not_exist_yet_starts_fresh(tmp_path, caplog):
     missing = tmp_path / "ckpt" / "global_step_10"
-    cfg, said = _compose(["trainer.resume_mode=resume_path", f"trainer.resume_from_path={missing}"])
-    assert cfg.trainer.resume_mode == "disable" and "does not exist yet: the run starts fresh" in said
+    cfg = load_config(None, HF + ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={missing}"])
+    assert cfg.trainer.resume_mode == "disable" and "does not exist yet: the run starts fresh" in caplog.text
     missing.mkdir(parents=True)
-    cfg, _ = _compose(["trainer.resume_mode=resume_path", f"trainer.resume_from_path={missing}"])
+    cfg = load_config(None, HF + ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={missing}"])
     assert cfg.trainer.resume_mode == str(missing)
+    cfg = load_config(None, HF + [f"trainer.resume_from_path={missing}"])  # verl reads it only with resume_path
+    assert cfg.trainer.resume_mode == "auto" and "read only with trainer.resume_mode=resume_path" in caplog.text
+    with pytest.raises(UserError, match="resume_mode=resume_path needs trainer.resume_from_path"):
+        load_config(None, HF + ["trainer.resume_mode=resume_path"])
 
 
 def test_speed_only_switches_are_mapped_with_a_line():

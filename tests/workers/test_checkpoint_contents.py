@@ -80,6 +80,8 @@ def test_the_config_reads_verls_keys():
     assert cfg.actor_rollout_ref.actor.checkpoint.save_contents == ["model", "optimizer", "extra"]
     said = "\n".join(notices)
     assert "hf_model is `rlkit export CKPT`" in said and "checkpoint.strict=false -> nothing to set" in said
+    only_hf = load_config("grpo", HF + [f"{CK}.save_contents=[hf_model]"])  # verl: the weights, as an HF folder
+    assert only_hf.actor_rollout_ref.actor.checkpoint.save_contents == ["model"]
     with pytest.raises(UserError, match="leaves out the model"):
         load_config("grpo", HF + [f"{CK}.save_contents=[optimizer]"])
     with pytest.raises(UserError, match="load_contents names optimizer, which .* does not save"):
