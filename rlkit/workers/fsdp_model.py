@@ -45,7 +45,7 @@ from rlkit.workers.heads import ForwardOut, Head, HeadCall, make_head
 from rlkit.workers.hf_export import export_hf, export_lora  # noqa: F401  (re-exported: callers import them here)
 from rlkit.workers.master_dither import dither_masters
 from rlkit.workers.model_inputs import ModelInputs, TokenInput
-from rlkit.workers.model_load import Rank0Weights, load_model, rank0_load_wanted
+from rlkit.workers.model_load import Rank0Weights, load_model, on_meta, rank0_load_wanted
 from rlkit.workers.packing import pack_mask, trim_left_padding  # noqa: F401  (trim_left_padding: re-exported)
 from rlkit.workers.varlen_attention import enable as enable_varlen
 from rlkit.workers.varlen_attention import packed_kwargs
@@ -161,7 +161,8 @@ class FSDPModel:
         self._lora_scalings = self.lora.scalings() if self.lora is not None else {}
         if layer_compile.wanted(compile_layers, model):
             layer_compile.compile_layers(_decoder_layers(model))
-        if fsdp.dither_master_weights and not use_lora and self.param_dtype != torch.float32:
+        # meta ranks of the rank-0 load skip it: they receive rank 0's dithered masters (the same seed's)
+        if fsdp.dither_master_weights and not use_lora and self.param_dtype != torch.float32 and not on_meta(model):
             moved = dither_masters(model.parameters(), self.param_dtype)
             log.info("%s compute: %.1f%% of the fp32 masters dithered off the grid", self.param_dtype, 100 * moved)
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])

@@ -63,6 +63,11 @@ def load_pretrained(cls: Any, model_path: str, config: Any, rank0_only: bool, **
         return cls.from_config(config, **kwargs)
 
 
+def on_meta(model: torch.nn.Module) -> bool:
+    """Whether this rank holds the model's shape alone (a rank other than 0 of the rank-0 load, before `fill`)."""
+    return any(p.device.type == "meta" for p in model.parameters())
+
+
 class Rank0Weights:
     """Rank 0's full state dict, taken right before sharding, until `fill` sends it to every rank's shards."""
 

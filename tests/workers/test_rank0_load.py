@@ -4,16 +4,20 @@ build the model on the meta device and receive their shards from rank 0 after FS
 Two real gloo ranks (FSDP2, float32, the tiny tied-embedding model): the per-rank load and the rank-0 load give
 bitwise the same log-probs, the same full weights and buffers (rotary `inv_freq` is not in the state dict), and
 after two AdamW steps the same grad norms and weights (a broken tie between the embedding and the LM head would
-move them apart); LoRA the same; a critic's values (its value head is not in the checkpoint) the same. Rank 1 is
+move them apart); LoRA the same; a critic's values (its value head is not in the checkpoint) the same; bf16 compute
+from a bf16 checkpoint, the same dithered masters (rlkit/workers/master_dither.py). Rank 1 is
 given a copy of the model folder without its weight file, so the test fails if it ever reads the weights."""
 
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
+from rlkit.config.schema import FSDPConfig
+from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.model_load import RANK0_LOAD_ENV, rank0_load_wanted
 from tests.gloo_workers import gloo_rank, run_on_gloo_workers
 from tests.workers.test_hsdp import LORA, R, build, max_diff, rows_of, train
@@ -61,27 +65,45 @@ def _worker(rank: int, store_path: str, payload: dict, results) -> None:
                 values[mode] = critic.forward(batch["input_ids"], batch["attention_mask"], batch["position_ids"],
                                               R).values
         assert torch.equal(values["0"], values["1"]), (values["0"] - values["1"]).abs().max()
+        masters = {}  # bf16 compute from a bf16 checkpoint: the masters are dithered (rank 0's reach rank 1)
+        for mode in ("0", "1"):
+            env(mode)
+            torch.manual_seed(0)
+            model = FSDPModel(payload["bf16"] if mode == "0" or rank == 0 else payload["bf16_blind"],
+                              FSDPConfig(param_dtype="bfloat16"), torch.device("cpu"))
+            masters[mode] = model.full_state_dict()
+        assert max_diff(masters["0"], masters["1"]) == 0.0
+        assert any(not torch.equal(v, v.bfloat16().float()) for v in masters["1"].values())  # dithered off the grid
 
 
-@pytest.fixture(scope="module")
-def tied_model(tmp_path_factory) -> tuple[str, str]:
-    """The tiny tied-embedding model, and a copy of its folder without the weight file (rank 1's)."""
-    from rlkit.testing import save_tiny_model
-
-    root = tmp_path_factory.mktemp("rank0")
-    path = save_tiny_model(root / "tiny", heads=4, tie_embeddings=True)
-    blind = shutil.copytree(path, root / "blind")
+def _blind_copy(path: Path, to: Path) -> str:
+    """A copy of the model folder without its weight file (rank 1's)."""
+    blind = shutil.copytree(path, to)
     weights = list(blind.glob("*.safetensors"))
     assert weights
     for f in weights:
         f.unlink()
-    return str(path), str(blind)
+    return str(blind)
+
+
+@pytest.fixture(scope="module")
+def tied_model(tmp_path_factory) -> tuple[str, str]:
+    """The tiny tied-embedding model, and its blind copy."""
+    from rlkit.testing import save_tiny_model
+
+    root = tmp_path_factory.mktemp("rank0")
+    path = save_tiny_model(root / "tiny", heads=4, tie_embeddings=True)
+    return str(path), _blind_copy(path, root / "blind")
 
 
 @pytest.mark.slow  # ~2 min on a loaded 2-core machine: four builds and trainings per rank
 def test_rank0_load_equals_the_per_rank_load(tied_model, tmp_path):
+    from rlkit.testing import save_tiny_model
+
     path, blind = tied_model
-    run_on_gloo_workers(_worker, dict(model=path, blind=blind), tmp_path, world=2, timeout_s=300)
+    bf16 = save_tiny_model(tmp_path / "bf16", heads=4, dtype="bfloat16")
+    payload = dict(model=path, blind=blind, bf16=str(bf16), bf16_blind=_blind_copy(bf16, tmp_path / "bf16_blind"))
+    run_on_gloo_workers(_worker, payload, tmp_path, world=2, timeout_s=300)
 
 
 def test_rank1_cannot_load_without_the_weights(tied_model):
