@@ -252,6 +252,10 @@ def _rules() -> list[VerlKey]:
     rules += [
         refused("trainer.device", "Ascend NPUs are not supported by rlkit; use trainer.device=cuda, cpu or auto",
                 inert=lambda v: False, when=lambda v: str(v).lower() == "npu"),
+        mapped("trainer.profile_steps", "nothing to set: verl's older profiler step list; rlkit traces the steps of "
+               "global_profiler.steps when global_profiler.tool is set"),
+        alias("reward_model.param_offload", "reward_model.model.fsdp_config.param_offload",
+              why="= reward_model.model.fsdp_config.param_offload (verl's older name)"),
         mapped("trainer.max_critic_ckpt_to_keep", "nothing to set: one checkpoint holds every role, kept as "
                "trainer.max_actor_ckpt_to_keep says"),
         mapped("trainer.default_hdfs_dir", "nothing to set: checkpoints are written to trainer.default_local_dir "

@@ -279,7 +279,8 @@ def model_rules(prefix: str) -> list[VerlKey]:
                     "actor_rollout_ref.model.custom_chat_template"),
             refused(f"{prefix}.override_config", "the critic loads with its folder's config.json; edit it there "
                     "(the policy's: actor_rollout_ref.model.override_config)")]),
-        mapped(f"{prefix}.enable_activation_offload", "nothing to set: activations stay on the device "
+        mapped(f"{prefix}.{{enable_activation_offload,enable_activation_offloading}}", "nothing to set: activations "
+               "stay on the device "
                "(model.enable_gradient_checkpointing is rlkit's way to save activation memory)"),
         mapped(f"{prefix}.tiled_mlp.**", "nothing to set: the MLP runs untiled (the same numbers, more peak "
                "memory on long sequences)"),

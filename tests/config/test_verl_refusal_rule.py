@@ -39,6 +39,8 @@ R = "actor_rollout_ref.rollout"
     "+global_profiler.relocate_results=true",                                  # profiling
     "+actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=2",   # profiling
     "+actor_rollout_ref.profiler.ranks=[0,4]",                                # profiling (older layout)
+    "+trainer.profile_steps=[1,2]",                                            # profiling (older layout)
+    "+actor_rollout_ref.model.enable_activation_offloading=true",              # memory (older spelling)
     "+reward_model.megatron.tensor_model_parallel_size=2",                    # parallel layout
     f"+{R}.update_weights_bucket_megabytes=512",                              # weight-sync buffer
 ])
