@@ -369,6 +369,8 @@ def write_markdown(results: dict, path: Path) -> None:
              "issue 43's work; `after`: with it.", ""]
     for label, entry in results.items():
         lines += [f"## {label} ({entry.get('rlkit_commit', '?')})", ""]
+        if entry.get("note"):
+            lines += [f"Note: {entry['note']}.", ""]
         lines += ["| verl commit | scripts | pass --dry-run | % |", "|---|---:|---:|---:|"]
         for name, commit in entry["commits"].items():
             s = summary(commit)
