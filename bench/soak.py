@@ -347,6 +347,8 @@ def main() -> None:
     ap.add_argument("--engine-cycles", type=int, default=0,
                     help="instead of training: the SmolLM2 engine's sleep/wake/reload(/generate) cycle, N times")
     ap.add_argument("--no-generate", action="store_true", help="--engine-cycles without generation")
+    ap.add_argument("--from-metrics", default=None,
+                    help="instead of training: a run's metrics.jsonl -> the worker's RSS asleep per step (JSON)")
     ap.add_argument("--report", default=None, help="only print the table of a saved JSON")
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = ap.parse_args()
@@ -356,6 +358,17 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.from_metrics:  # a run's own per-step record of the worker's RSS asleep (a soak stopped early, any run)
+        rows = [json.loads(x) for x in Path(args.from_metrics).read_text().splitlines() if x.strip()]
+        samples = [{"step": r["step"], "rss_mb": {"worker (asleep, perf/rollout_rss_mb_asleep)":
+                                                  r["perf/rollout_rss_mb_asleep"]}}
+                   for r in rows if "perf/rollout_rss_mb_asleep" in r]
+        result = {"meta": {"from_metrics": args.from_metrics, "workload": args.tag}, "samples": samples,
+                  "summary": summarize(samples, args.settle)}
+        name = f"soak_{args.tag or 'metrics'}"
+        (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1))
+        print(table(result))
+        return
     if args.engine_cycles:
         cycles = engine_cycles(args.engine_cycles, not args.no_generate)
         name = "soak_engine" + ("_nogen" if args.no_generate else "")
