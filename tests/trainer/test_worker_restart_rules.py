@@ -78,6 +78,12 @@ class CountingTrainer(TrainerBase):
         pass
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fit() publishes status.json in the checkpoint root ('unused', relative): keep it out of the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def test_a_death_reruns_the_steps_since_the_last_checkpoint_and_logs_each_once():
     t = CountingTrainer(deaths=[4])
     summary = t.fit()
