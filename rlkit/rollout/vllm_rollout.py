@@ -41,6 +41,7 @@ from rlkit.rollout.base import (
     engine_dtype,
     engine_torch_dtype,
 )
+from rlkit.rollout.gpu_share import fit_gpu_share
 from rlkit.rollout.kv_cache_size import auto_kv_cache_mb
 from rlkit.rollout.vllm_compat import (
     check_version,
@@ -192,7 +193,7 @@ class VLLMRollout(RolloutBackend):
                                                                   config.model_len)
             kwargs["kv_cache_memory_bytes"] = kv_mb << 20
         else:
-            kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+            kwargs["gpu_memory_utilization"] = fit_gpu_share(config.gpu_memory_utilization, *torch.cuda.mem_get_info())
             kwargs["enable_sleep_mode"] = True
         if self.images is not None and config.mm_processor_kwargs:
             kwargs["mm_processor_kwargs"] = dict(config.mm_processor_kwargs)
