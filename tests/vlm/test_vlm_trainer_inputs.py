@@ -26,7 +26,7 @@ from tests.trainer.conftest import toy_overrides
 @pytest.fixture(scope="module")
 def vlm_and_shapes(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vlm_inputs")
-    shapes(out=tmp / "shapes", questions="colour", fill=True, train_size=8, test_size=4)
+    shapes(out=tmp / "shapes", questions="colour", fill=True, train_size=16, test_size=4)  # one batch of 16
     return save_tiny_vlm(tmp / "vlm"), tmp / "shapes"
 
 
@@ -51,7 +51,7 @@ def test_preflight_loads_image_rows_and_names_a_bad_one(vlm_and_shapes, tmp_path
     model, data = vlm_and_shapes
     preflight(load_config("grpo", toy_overrides(data, model, tmp_path / "ok")))
 
-    rows = [make_row(r, "train", i) for i, r in enumerate(generate("train", 2, ["colour"], 0).records)]
+    rows = [make_row(r, "train", i) for i, r in enumerate(generate("train", 16, ["colour"], 0).records)]
     rows[1]["images"] = [{"bytes": b"not an image", "path": None}]
     pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema(images=True)), tmp_path / "train.parquet")
     with pytest.raises(UserError, match=r"train.parquet row 1, column 'images' image 0: image cannot be decoded"):
@@ -62,7 +62,7 @@ def test_preflight_refuses_a_text_only_row_for_a_vlm_on_several_workers(vlm_and_
     """The vision tower's FSDP units gather only on ranks whose micro-batch has images: a rank with none would wait
     forever, so a multi-worker VLM run needs an image in every training row (one worker takes mixed data)."""
     model, _ = vlm_and_shapes
-    rows = [make_row(r, "train", i) for i, r in enumerate(generate("train", 3, ["colour"], 0).records)]
+    rows = [make_row(r, "train", i) for i, r in enumerate(generate("train", 16, ["colour"], 0).records)]
     rows[2]["images"] = []
     for message in rows[2]["prompt"]:
         message["content"] = message["content"].replace("<image>", "")
