@@ -41,6 +41,7 @@ def derive(cfg: RLConfig) -> None:
     rollout.prompt_length = cfg.data.max_prompt_length
     rollout.response_length = cfg.data.max_response_length
     rollout.max_lora_rank = cfg.actor_rollout_ref.model.lora_rank
+    rollout.chat_template_kwargs = dict(cfg.data.apply_chat_template_kwargs)
     data = cfg.data
     if data.gen_batch_size is None:
         data.gen_batch_size = data.train_batch_size

@@ -123,6 +123,7 @@ class RolloutConfig:
     seed: int = 0  # engine seed (vLLM) / seed of the HF backend's private sampling stream
     lora_sync: str = "merge"  # LoRA: merge (adapter merged into the synced weights) | native (vLLM LoRARequest)
     max_lora_rank: int = 0  # set from actor_rollout_ref.model.lora_rank (native sync: the engine's LoRA slots)
+    chat_template_kwargs: dict = field(default_factory=dict)  # set from data.apply_chat_template_kwargs (agent loop)
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # agent loop with tools (docs/agents.md)
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)  # trace at global_profiler.steps

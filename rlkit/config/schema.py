@@ -53,6 +53,9 @@ class DataConfig:
                         "and the tail) | filter (drop them) (rlkit.data.TRUNCATION)")
     return_raw_chat: bool = f(True, "carry each row's chat messages (un-tokenized) in the batch as `raw_prompt` "
                               "(multi-turn rollouts, the judge and a reward model with its own tokenizer read it)")
+    apply_chat_template_kwargs: dict = f(help="extra keywords of the chat template wherever a prompt is rendered: the "
+                                         "dataset, validation and the agent loop (e.g. {enable_thinking: false})",
+                                         factory=dict)
     reward_fn_key: str = f("data_source", "column whose value selects the reward scorer (passed to scorers and "
                            "custom functions as data_source)")
     shuffle: bool = f(True, "shuffle the training set each epoch (seeded, resumable)")

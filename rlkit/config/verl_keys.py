@@ -188,8 +188,6 @@ def _rules() -> list[VerlKey]:
                "output (multi_modal_inputs) for the trainer's forward"),
         mapped("data.{return_raw_input_ids,return_full_prompt}", "nothing to set: rlkit's batch carries the prompt "
                "ids and (data.return_raw_chat) the messages, from which a reward model renders its own input"),
-        refused("data.apply_chat_template_kwargs", "rlkit renders prompts with the chat template's defaults; "
-                "remove it"),
         refused("data.datagen.**", "dynamic data generation is not in rlkit", switch="path"),
     ]
     # --- rewards: the current layout's `reward.*`, then the older top-level `reward_model.*` / `reward_manager.*`

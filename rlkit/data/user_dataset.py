@@ -63,6 +63,13 @@ class UserDataset:
         return collate([self.row(int(i)) for i in np.asarray(indices)], self.max_prompt_length, self.pad_token_id)
 
 
+def rl_dataset_keys(data: Any, image_processor: Any) -> dict[str, Any]:
+    """RLDataset's keywords from the `data` section, one place for the run and its pre-flight."""
+    return dict(filter_overlong_prompts=data.filter_overlong_prompts, return_raw_chat=data.return_raw_chat,
+                image_key=data.image_key, image_processor=image_processor,
+                chat_template_kwargs=dict(data.apply_chat_template_kwargs))
+
+
 def dataset_maker(data: Any, tokenizer: Any, processor: Any, **rl_keys: Any) -> Callable[[Any, Any], Any]:
     """(files, max_samples) -> the dataset: the user's class when data.custom_cls.path is set, else RLDataset."""
     if data.custom_cls.path:

@@ -57,7 +57,8 @@ class AgentRollout(RolloutBackend):
         self.tools = build_configured_tools(mt)
         self.parser = TOOL_PARSERS.get(mt.format)()
         schemas = [t.schema() for t in self.tools.values()]
-        self.renderer = ChatRenderer(tokenizer, schemas, self.parser.instructions(schemas) if schemas else None)
+        self.renderer = ChatRenderer(tokenizer, schemas, self.parser.instructions(schemas) if schemas else None,
+                                     config.chat_template_kwargs)
         end_id = self.parser.end_token_id(tokenizer)
         self.extra_stop_ids = [end_id] if mt.stop_at_tool_end and end_id is not None else []
         self.interaction = build_configured_interaction(mt)

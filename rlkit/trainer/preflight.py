@@ -97,6 +97,7 @@ def check_dataset(p: Preflight) -> None:
     """The data files load as the run's dataset does (schema, chat template, prompt lengths against
     data.max_prompt_length and data.truncation): the same error before Ray starts as the run's after."""
     from rlkit.data import RLDataset
+    from rlkit.data.user_dataset import rl_dataset_keys
     from rlkit.models.loading import load_image_processor, load_tokenizer
 
     d = p.cfg.data
@@ -108,8 +109,7 @@ def check_dataset(p: Preflight) -> None:
     except UserError as exc:
         p.problems.append(f"data.mm_processor_kwargs: {exc}")
         return
-    keys = dict(filter_overlong_prompts=d.filter_overlong_prompts, return_raw_chat=d.return_raw_chat,
-                image_key=d.image_key, image_processor=images)
+    keys = rl_dataset_keys(d, images)
     for key, files, limit in (("data.train_files", d.train_files, d.train_max_samples),
                               ("data.val_files", d.val_files, d.val_max_samples)):
         if not files:

@@ -57,7 +57,7 @@ class RLTrainer(TrainerBase):
 
     def __init__(self, cfg: RLConfig, workers: WorkerHandles | None = None, tracker: Any = None) -> None:
         from rlkit.data import RLDataLoader
-        from rlkit.data.user_dataset import dataset_maker
+        from rlkit.data.user_dataset import dataset_maker, rl_dataset_keys
         from rlkit.data.user_sampler import UserSampler
         from rlkit.models.chat_template import with_chat_template
         from rlkit.models.loading import load_image_processor, load_tokenizer
@@ -72,9 +72,8 @@ class RLTrainer(TrainerBase):
         self.tokenizer = load_tokenizer(self.model_path)
         d = cfg.data
         self.image_processor = load_image_processor(self.model_path, d.mm_processor_kwargs)  # None: a text model
-        dataset_keys = dict(filter_overlong_prompts=d.filter_overlong_prompts, return_raw_chat=d.return_raw_chat,
-                            image_key=d.image_key, image_processor=self.image_processor)
-        make_dataset = dataset_maker(d, self.tokenizer, self.image_processor, **dataset_keys)  # data.custom_cls
+        make_dataset = dataset_maker(d, self.tokenizer, self.image_processor,  # data.custom_cls
+                                     **rl_dataset_keys(d, self.image_processor))
         self.train_set = make_dataset(d.train_files, d.train_max_samples)
         self.user_sampler = (UserSampler(d.sampler.class_path, d.sampler.class_name, self.train_set, d)
                              if d.sampler.class_path else None)  # verl's data.sampler

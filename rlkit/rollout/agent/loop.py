@@ -278,7 +278,8 @@ class AgentLoop:
             raise UserError("multi_turn.external_agent needs each row's prompt as chat messages (the dataset's "
                             "`prompt`/raw_prompt column); this batch has rows without them")
         agent = EXTERNAL_AGENTS.get(self.config.external_agent)
-        endpoint = OpenAIEndpoint(self.engine, self.tokenizer, self.parser, response_length)
+        endpoint = OpenAIEndpoint(self.engine, self.tokenizer, self.parser, response_length,
+                                  template_kwargs=self.renderer.template_kwargs)
         await endpoint.start()
 
         async def episode(sample: Sample) -> Trajectory:

@@ -72,8 +72,9 @@ class OpenAIEndpoint:
     """`/episodes/<id>/v1/chat/completions` (and `/models`) over `engine`; `episodes[id]` keeps each context."""
 
     def __init__(self, engine: AsyncEngine, tokenizer: Any, parser: ToolParser, response_length: int,
-                 model_name: str = "rlkit-policy") -> None:
+                 model_name: str = "rlkit-policy", template_kwargs: Mapping[str, Any] | None = None) -> None:
         self.engine, self.tokenizer, self.parser = engine, tokenizer, parser
+        self.template_kwargs = dict(template_kwargs or {})  # data.apply_chat_template_kwargs
         self.response_length, self.model_name = response_length, model_name
         self.episodes: dict[int, EpisodeLog] = {}
         self._renderers: dict[str, ChatRenderer] = {}
@@ -130,7 +131,7 @@ class OpenAIEndpoint:
         if key not in self._renderers:
             schemas = list(tools) if tools else None
             instructions = self.parser.instructions(schemas) if schemas else None
-            self._renderers[key] = ChatRenderer(self.tokenizer, schemas, instructions)
+            self._renderers[key] = ChatRenderer(self.tokenizer, schemas, instructions, self.template_kwargs)
         return self._renderers[key]
 
     def _context(self, ep: EpisodeLog, messages: list[dict[str, Any]], renderer: ChatRenderer) -> list[int]:
