@@ -4,7 +4,7 @@
 - a short run with partial rollouts (segments of 1 token, so weight pushes land mid-response): every
   trained sample is at most `staleness_threshold` versions old, every response token records the
   version that drew it, and the metrics report it;
-- (slow) the toy copy task learns, calibrated as tests/perf/test_async.py (one-step-off).
+- (slow) the toy copy task learns, calibrated as bench/learning_variants.py's one-step-off entry.
 """
 
 from __future__ import annotations

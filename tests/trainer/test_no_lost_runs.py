@@ -223,38 +223,7 @@ def test_eval_checks_out_before_generating(toy_data, tiny_model, tmp_path):
 # --------------------------------------------------------------------------- resume after a broken save
 
 
-@pytest.mark.slow
-def test_resume_skips_a_broken_latest_keeps_good_checkpoints_and_logs_each_step_once(toy_data, tiny_model, tmp_path):
-    def train(steps: int) -> subprocess.CompletedProcess:
-        args = toy_overrides(toy_data, tiny_model, tmp_path, data__train_batch_size=8,
-                             actor_rollout_ref__rollout__n=4, actor_rollout_ref__actor__ppo_mini_batch_size=8,
-                             trainer__total_training_steps=steps, trainer__save_freq=2, trainer__resume_mode="auto",
-                             trainer__max_actor_ckpt_to_keep=2)
-        res = run_cli("train", "grpo", *args, timeout=600)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        return res
-
-    ckpt = tmp_path / "ckpt"
-    train(4)
-    assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_2", "global_step_4"]
-    (ckpt / "global_step_4" / "actor" / "__0_0.distcp").unlink()  # a shard lost after the save
-
-    res = train(3)
-    out = " ".join((res.stdout + res.stderr).split())
-    assert f"trainer.resume_mode=auto: skipping {ckpt / 'global_step_4'}: actor/__0_0.distcp is missing" in out
-    assert f"fell back to the previous complete checkpoint {ckpt / 'global_step_2'}" in out
-    # step 3 was saved with keep-last-2: the broken step 4 took no slot, so the good step 2 survived
-    from rlkit.utils.checkpoint_io import broken_checkpoints, list_checkpoints
-
-    assert [s for s, _ in list_checkpoints(ckpt)] == [2, 3]
-    assert [s for s, _, _ in broken_checkpoints(ckpt)] == [4]
-    # metrics.jsonl: steps 1-2 of the first run, then 3 once (the first run's 3 and 4 were replayed, not kept)
-    assert [r["step"] for r in train_rows(read_metrics(tmp_path / "logs"))] == [1, 2, 3]
-
-    res = train(4)  # the latest pointer names step 3; saving step 4 replaces the broken folder
-    assert f"resuming from {ckpt / 'global_step_3'}" in res.stdout + res.stderr
-    assert [s for s, _ in list_checkpoints(ckpt)] == [3, 4] and not broken_checkpoints(ckpt)
-    assert [r["step"] for r in train_rows(read_metrics(tmp_path / "logs"))] == [1, 2, 3, 4]
+# resume_mode=auto skipping a broken latest checkpoint (a shard lost after its save): tests/trainer/test_cli_resume.py
 
 
 # ----------------------------------------------------------------------------------------- Ctrl-C
@@ -299,7 +268,7 @@ def _interrupt(cmd: list[str], out: Path, ready, timeout: float = 300, sigterm: 
 
 
 @pytest.mark.slow
-def test_ctrl_c_prints_one_line_with_the_step_checkpoint_and_resume_command(toy_data, tiny_model, tmp_path):
+def test_ctrl_c_then_sigterm_print_one_line_with_the_step_checkpoint_and_resume_command(toy_data, tiny_model, tmp_path):
     ckpt = tmp_path / "ckpt"
     args = toy_overrides(toy_data, tiny_model, tmp_path, data__train_batch_size=8, actor_rollout_ref__rollout__n=4,
                          actor_rollout_ref__actor__ppo_mini_batch_size=8, trainer__total_training_steps=5000,
@@ -321,31 +290,19 @@ def test_ctrl_c_prints_one_line_with_the_step_checkpoint_and_resume_command(toy_
     assert command[:3] == rlkit_cmd("train", "grpo") and command[-1] == "trainer.resume_mode=auto"
     assert "trainer.resume_mode=disable" not in command  # the run's own setting was replaced
 
-    # the printed command, run as printed, resumes from that checkpoint; interrupt it too
+    # the printed command, run as printed, resumes from that checkpoint; stop it with SIGTERM (`kill PID`, a
+    # scheduler's stop): the same clean stop as Ctrl-C, exit 143; without re-arming after ray.init, Ray's C++
+    # handler printed ~30 lines of `*** SIGTERM received` stack dumps
     second = tmp_path / "second"
     second.mkdir()
     resumed_line = f"resuming from {latest}"
     rc, stdout, stderr = _interrupt(command, second, lambda: resumed_line in (second / "stderr").read_text()
                                     and len(list(ckpt.glob("global_step_*"))) >= 2
-                                    and find_latest_checkpoint(ckpt) != latest)
-    assert rc == 130, stdout[-2000:] + stderr[-3000:]
-    assert stderr.strip().splitlines()[-1].startswith("interrupted at step ")
-    steps = [r["step"] for r in train_rows(read_metrics(tmp_path / "logs"))]
-    assert steps == list(range(1, len(steps) + 1))  # across both runs: every step once, none twice, none lost
-
-
-@pytest.mark.slow
-def test_sigterm_stops_like_ctrl_c_without_ray_stack_dumps(toy_data, tiny_model, tmp_path):
-    """`kill PID` / a scheduler's SIGTERM to the driver: the same clean stop as Ctrl-C, exit 143; without
-    re-arming after ray.init, Ray's C++ handler printed ~30 lines of `*** SIGTERM received` stack dumps."""
-    ckpt = tmp_path / "ckpt"
-    args = toy_overrides(toy_data, tiny_model, tmp_path, data__train_batch_size=8, actor_rollout_ref__rollout__n=4,
-                         actor_rollout_ref__actor__ppo_mini_batch_size=8, trainer__total_training_steps=5000,
-                         trainer__save_freq=1)
-    rc, stdout, stderr = _interrupt(rlkit_cmd("train", "grpo", *args), tmp_path,
-                                    lambda: len(list(ckpt.glob("global_step_*"))) >= 2, sigterm=True)
+                                    and find_latest_checkpoint(ckpt) != latest, sigterm=True)
     assert rc == 143, stdout[-2000:] + stderr[-3000:]
     assert "SIGTERM received" not in stderr + stdout and "Traceback" not in stderr, stderr[-3000:]
     line = stderr.strip().splitlines()[-1]
     assert line.startswith("interrupted at step ") and " by SIGTERM; last complete checkpoint: " in line, line
     assert line.endswith("trainer.resume_mode=auto")
+    steps = [r["step"] for r in train_rows(read_metrics(tmp_path / "logs"))]
+    assert steps == list(range(1, len(steps) + 1))  # across both runs: every step once, none twice, none lost

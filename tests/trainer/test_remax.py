@@ -3,13 +3,13 @@ manager, and the estimator subtracts that reward from each sample's.
 
 Checked on real workers (Ray, FSDP actor, hf and vllm rollout), not mocks: the baseline responses are
 greedy (deterministic across seeds, equal to greedy validation), every sample row carries the reward of
-its own prompt's greedy response, and ReMax learns the toy copy task.
+its own prompt's greedy response. That ReMax learns the toy copy task is the `remax` entry of
+bench/learning_variants.py (100 steps), outside the suite's time budget.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import statistics
 
 import numpy as np
 import pytest
@@ -148,34 +148,3 @@ def test_remax_preset_needs_no_critic_and_allows_one_sample(toy_data, tiny_model
 
 
 STEPS = 100
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # a few minutes on idle cores; far more when the machine is shared
-def test_remax_learns_the_copy_task(toy_data, tiny_model, tmp_path):
-    """The same task, model, seeds, batch (32 prompts x n=8) and step budget as the GRPO learning test
-    (tests/trainer/test_learning.py). Measured on 2 shared cores: last-20 reward 0.85 and greedy val 0.90 here
-    (~90 s); with data/rollout seeds 1 and 2: 0.80 / 0.81 and 0.67 / 0.63. ReMax's raw reward differences are
-    smaller than GRPO's std-normalised advantages, so fewer samples learn slower: n=4 reached 0.33, n=1 0.06."""
-    overrides = toy_overrides(
-        toy_data, tiny_model, tmp_path,
-        data__val_files=toy_data / "test.parquet", data__train_batch_size=32,
-        actor_rollout_ref__actor__ppo_mini_batch_size=32, trainer__total_training_steps=STEPS,
-        trainer__val_before_train=True,
-    )
-    summary, rows, _ = fit("remax", overrides, tmp_path / "logs")
-    steps = train_rows(rows)
-    scores = [r["critic/score/mean"] for r in steps]
-    baselines = [r["critic/reward_baseline/mean"] for r in steps]
-    first, last = statistics.fmean(scores[:10]), statistics.fmean(scores[-20:])
-    val_key = "val/rlkit/toy_copy/score/mean@1"
-    print(f"ReMax train reward first 10 {first:.3f} -> last 20 {last:.3f}; greedy baseline "
-          f"{statistics.fmean(baselines[:10]):.3f} -> {statistics.fmean(baselines[-20:]):.3f}; greedy val "
-          f"{summary.first_val[val_key]:.3f} -> {summary.last_val[val_key]:.3f}; "
-          f"median step {statistics.median(summary.step_seconds):.2f}s")
-    assert len(scores) == STEPS == summary.steps
-    assert first < 0.2
-    assert last > 0.5
-    assert summary.first_val[val_key] < 0.2
-    assert summary.last_val[val_key] > 0.6
-    assert statistics.fmean(baselines[-20:]) > 0.5  # the greedy policy improved too
