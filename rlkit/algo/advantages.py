@@ -148,20 +148,23 @@ def gae(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @ADV_ESTIMATORS.register("grpo", "grpo_vectorized")
-@needs(groups=True)
 @torch.no_grad()
 def grpo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-relative outcome advantage (r - mean_g) / (std_g + eps); Dr.GRPO when not norm_adv_by_std.
 
-    A group of one has no baseline to compare against, so it gets 0.
+    A group of one (e.g. rollout.n=1) has mean 0 and std 1, as in verl: its advantage is its score, REINFORCE
+    without a baseline. So grpo does not need several samples per prompt; with them it compares them.
     """
     mask = inputs.response_mask
     scores = outcome_scores(inputs.token_level_rewards, mask)
     count, mean, std = group_stats(scores, group_ids(inputs.index, scores.shape[0], "grpo"))
+    alone = count < 2
+    mean = torch.where(alone, torch.zeros_like(mean), mean)
+    std = torch.where(alone, torch.ones_like(std), std)
     centred = scores - mean
     if inputs.norm_adv_by_std:
         centred = centred / (std + inputs.epsilon)
-    adv = _broadcast(torch.where(count > 1, centred, torch.zeros_like(centred)), mask)
+    adv = _broadcast(centred, mask)
     return adv, adv
 
 

@@ -115,6 +115,8 @@ def _rules() -> list[VerlKey]:
         mapped(f"{ROLLOUT}.engine_kwargs.{{sglang,trtllm}}.**", OTHER_ENGINE, when=ANY),
         mapped(f"{ROLLOUT}.sglang_rollout_mode", "nothing to set: rlkit's vLLM engine runs inside each rollout worker "
                "(no SGLang server mode); the samples are the same"),
+        mapped(f"{ROLLOUT}.server.**", "nothing to set: the SGLang server mode's HTTP client settings (timeouts, "
+               "retries, connections); rlkit's engine is called in-process, with no server between"),
         mapped(f"{ROLLOUT}.cudagraph_capture_sizes", "nothing to set: vLLM chooses its CUDA-graph batch sizes "
                "(rollout.engine_kwargs.vllm.compilation_config sets them)"),
         mapped(f"{ROLLOUT}.{{data_parallel_size,expert_parallel_size,pipeline_model_parallel_size}}",

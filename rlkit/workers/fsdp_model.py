@@ -47,6 +47,7 @@ from rlkit.workers.master_dither import dither_masters
 from rlkit.workers.model_inputs import ModelInputs, TokenInput
 from rlkit.workers.model_load import Rank0Weights, load_model, on_meta, rank0_load_wanted
 from rlkit.workers.packing import pack_mask, trim_left_padding  # noqa: F401  (trim_left_padding: re-exported)
+from rlkit.workers.shape_buckets import token_bucket
 from rlkit.workers.varlen_attention import enable as enable_varlen
 from rlkit.workers.varlen_attention import packed_kwargs
 
@@ -130,6 +131,7 @@ class FSDPModel:
         self.device = device
         self.value_head = value_head
         self.param_dtype = resolve_dtype(fsdp.param_dtype, device)
+        self.token_bucket = token_bucket(device, self.param_dtype)  # few matmul shapes (rlkit/workers/shape_buckets.py)
         config = apply_config_overrides(  # verl's model.override_config, before the weights load
             AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code), config_overrides)
         use_lora = lora is not None and lora_enabled(lora) and not value_head
@@ -294,13 +296,13 @@ class FSDPModel:
         inputs = inputs.to(self.device)
         head = self.head if fused_lm_head is None else self.head.with_fused(fused_lm_head)
         call = HeadCall(response_length, temperature, with_entropy, chunk_size, response_logits_only,
-                        with_sum_pi_squared)
+                        with_sum_pi_squared, self.token_bucket)
         if self.sp is not None:  # the group's micro-batches together, packed and split along the sequence
             inputs, own = inputs.gather_rows(self.sp, self.config if is_vision_model(self.config) else None)
             return self._packed_forward(inputs, head, call).rows(own)
         if remove_padding:
             return self._packed_forward(inputs, head, call)
-        rows = inputs.trim_left_padding(response_length)
+        rows = inputs.trim_left_padding(response_length, self.token_bucket)
         kwargs = self._model_kwargs(
             rows.extras, input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=rows.position_ids,
             **rows.images,
@@ -310,7 +312,7 @@ class FSDPModel:
 
     def _packed_forward(self, inputs: ModelInputs, head: Head, call: HeadCall) -> ForwardOut:
         """The packed row, or under SP this rank's slice of it; outputs gathered back to (b, R)."""
-        packed = inputs.pack(self.sp)
+        packed = inputs.pack(self.sp, self.token_bucket)
         # under SP with images the model merges the image features into the whole row, and its language model reads
         # this rank's slice of the merged embeddings (an image's tokens may lie in several ranks' slices)
         whole_row = self.sp is not None and bool(inputs.images)

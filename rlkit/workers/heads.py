@@ -17,6 +17,7 @@ import torch
 from rlkit.workers.log_prob_head import FusionGate, head_log_probs
 from rlkit.workers.model_inputs import ModelInputs, PackedInputs
 from rlkit.workers.packing import response_targets
+from rlkit.workers.shape_buckets import pad_rows
 
 
 @dataclass
@@ -40,6 +41,7 @@ class HeadCall:
     chunk_size: int = 1024
     response_logits_only: bool = True
     with_sum_pi_squared: bool = False  # sum_v pi_v^2 per token too (the optimal token baselines' energy)
+    bucket: int = 1  # the LM head's rows padded to a multiple of this (rlkit/workers/shape_buckets.py)
 
 
 class Head(Protocol):
@@ -116,12 +118,15 @@ class LogProbHead:
         kept = packed.row.index()[need]  # (K,) packed positions whose logits are needed, row-major
         local = (kept >= packed.lo) & (kept < packed.hi)
         at = kept[local] - packed.lo
+        count = at.numel()
+        rows = pad_rows(at, call.bucket)  # the head's rows in few distinct counts; the repeats are dropped below
         if keep:
-            kwargs["logits_to_keep"] = at
+            kwargs["logits_to_keep"] = rows
             pick = lambda out: out[0]  # noqa: E731  (1, K_local, X) -> (K_local, X)
         else:
-            pick = lambda logits: logits[0, at]  # noqa: E731
-        stats = head_log_probs(module, kwargs, pick, labels[local], **options)
+            pick = lambda logits: logits[0, rows]  # noqa: E731
+        padded = head_log_probs(module, kwargs, pick, pad_rows(labels[local], call.bucket), **options)
+        stats = [None if v is None else v[:count] for v in padded]
         # under SP each rank holds the values at its slice's kept positions: gather the whole row's
         return _scatter(resp_need, *(None if v is None else packed.gather_kept(v, at, kept) for v in stats))
 

@@ -23,6 +23,7 @@ to whoever consumes it (`FSDPModel` asks its `RouterTap` for the names it takes)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -98,9 +99,11 @@ class ModelInputs:
         moved = self._map(lambda t: t.to(device))
         return replace(moved, images={k: v.to(device) for k, v in self.images.items()})
 
-    def trim_left_padding(self, response_length: int) -> ModelInputs:
-        """Without the leading columns that are padding in every row (rlkit/workers/packing.py)."""
+    def trim_left_padding(self, response_length: int, bucket: int = 1) -> ModelInputs:
+        """Without the leading columns that are padding in every row (rlkit/workers/packing.py), keeping as many
+        as make the width a multiple of `bucket` where there are (rlkit/workers/shape_buckets.py)."""
         first = left_padding_start(self.attention_mask, response_length)
+        first = max(0, first - (-(self.attention_mask.shape[1] - first) % bucket))
         return self._map(lambda t: t[:, first:])
 
     def gather_rows(self, sp: SequenceParallel, vision_config: Any = None) -> tuple[ModelInputs, slice]:
@@ -123,9 +126,11 @@ class ModelInputs:
         device = self.input_ids.device
         return {k: v.to(device) for k, v in join_image_batches(parts, vision_config).items()}
 
-    def pack(self, sp: SequenceParallel | None) -> PackedInputs:
-        """The valid tokens in one row (padded to a multiple of the SP size), and this rank's slice of it."""
-        row = PackedRow.pack(self.input_ids, self.attention_mask, self.position_ids, multiple_of=sp.size if sp else 1)
+    def pack(self, sp: SequenceParallel | None, bucket: int = 1) -> PackedInputs:
+        """The valid tokens in one row (padded to a multiple of the SP size and of `bucket`,
+        rlkit/workers/shape_buckets.py), and this rank's slice of it."""
+        multiple = math.lcm(sp.size if sp else 1, bucket)
+        row = PackedRow.pack(self.input_ids, self.attention_mask, self.position_ids, multiple_of=multiple)
         lo, hi = sp.slice(row.length) if sp else (0, row.length)
         extras = {
             name: x.with_rows_tokens(row.pack_tokens(x.rows_tokens(), x.fill)[lo:hi].unsqueeze(0))

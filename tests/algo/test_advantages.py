@@ -83,15 +83,15 @@ def test_registry_names_and_shared_signature():
 
 def test_grpo_by_hand():
     adv, ret = ADV_ESTIMATORS.get("grpo")(AdvantageInputs(REWARDS, MASK, index=UIDS))
-    # group a: mean 1/3, unbiased std sqrt(1/3); group b: std 0 -> 0; group c: single -> 0
-    expected = [1.1547005, -0.5773503, -0.5773503, 0.0, 0.0, 0.0]
+    # group a: mean 1/3, unbiased std sqrt(1/3); group b: std 0 -> 0; group c: single -> its score (verl)
+    expected = [1.1547005, -0.5773503, -0.5773503, 0.0, 0.0, 5.0]
     assert per_row(adv, MASK) == pytest.approx(expected, abs=1e-5)
     assert torch.equal(adv, ret)
 
 
 def test_dr_grpo_by_hand():
     adv, _ = ADV_ESTIMATORS.get("grpo")(AdvantageInputs(REWARDS, MASK, index=UIDS, norm_adv_by_std=False))
-    assert per_row(adv, MASK) == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0], abs=1e-6)
+    assert per_row(adv, MASK) == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 5.0], abs=1e-6)
 
 
 def test_rloo_by_hand():
@@ -180,8 +180,9 @@ def test_remax_per_sample_baseline_rows():
 def test_estimators_declare_their_needs():
     """The trainer and the config checks act on these declarations, never on estimator names."""
     assert needs_of(ADV_ESTIMATORS, "gae") == Needs(values=True)
-    for name in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
+    for name in ("rloo", "reinforce_plus_plus_baseline"):
         assert needs_of(ADV_ESTIMATORS, name) == Needs(groups=True), name
+    assert needs_of(ADV_ESTIMATORS, "grpo") == Needs()  # a group of one is its score (verl), so n=1 runs
     assert needs_of(ADV_ESTIMATORS, "reinforce_plus_plus") == Needs()
     assert needs_of(ADV_ESTIMATORS, "remax") == Needs(greedy_baseline=True)
     with pytest.raises(UserError, match="remax"):
@@ -218,9 +219,10 @@ def test_grpo_zero_mean_per_group(case):
         # 1e-3 (0.9023, 0.9004, 0.9) sum to ~1e-4 instead of 0
         group = scores[idx]
         tol = 1e-5 + 1e-6 * len(idx) * float(group.abs().max()) / (float(group.std(unbiased=False)) + 1e-6)
+        if len(idx) == 1:  # verl's group of one: mean 0, std 1, so the advantage is the score
+            assert rows[idx[0]].item() == pytest.approx(scores[idx[0]].item() / (1 + 1e-6), abs=1e-6)
+            continue
         assert rows[idx].sum().item() == pytest.approx(0.0, abs=tol)
-        if len(idx) == 1:
-            assert rows[idx[0]] == 0
 
 
 @settings(**MAX)
@@ -233,7 +235,7 @@ def test_dr_grpo_is_r_minus_mean_and_rloo_is_scaled(case):
     for idx in _groups(uids).values():
         n, r = len(idx), scores[idx]
         if n == 1:
-            assert dr[idx].item() == 0 and loo[idx].item() == 0
+            assert dr[idx].item() == pytest.approx(r.item()) and loo[idx].item() == 0
             continue
         assert torch.allclose(dr[idx], r - r.mean(), atol=1e-5)
         assert torch.allclose(loo[idx], n / (n - 1) * (r - r.mean()), atol=1e-5)

@@ -51,7 +51,7 @@ def test_unknown_key_in_a_config_file(tmp_path):
         (["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8"], "must divide"),
         (["trainer.n_gpus_per_node=3", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
           "actor_rollout_ref.rollout.n=4"], "8 sequences must split evenly over 3 workers"),
-        (["actor_rollout_ref.rollout.n=1"], "set actor_rollout_ref.rollout.n >= 2"),
+        (["actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=rloo"], "set actor_rollout_ref.rollout.n >= 2"),
         (["data.train_batch_size=abc"], "bad value for 'data.train_batch_size'"),
         (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"], "must be >= 1"),
         (["algorithm.adv_estimator=grpoo"], "algorithm.adv_estimator='grpoo' is not registered"),

@@ -75,3 +75,41 @@ def test_auto_on_cpu_follows_the_precision_choice(forced, monkeypatch, caplog):
         assert resolve_dtype("float32", torch.device("cpu")) == torch.float32  # explicit values are kept
     finally:
         cpu_precision.auto_cpu_dtype.cache_clear()
+
+
+def _linear_rows(model, batches, bucket: int):
+    """The row counts every Linear saw over `batches` (packed forwards), and the log-probs."""
+    seen, outs = set(), []
+    hooks = [m.register_forward_pre_hook(lambda _m, args: seen.add(args[0].reshape(-1, args[0].shape[-1]).shape[0]))
+             for m in model.module.modules() if isinstance(m, torch.nn.Linear)]
+    model.token_bucket = bucket
+    try:
+        with torch.no_grad():
+            outs = [model.forward(*b).log_probs for b in batches]
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen, outs
+
+
+def test_bf16_on_cpu_pads_token_counts_to_few_matmul_shapes(tiny, process_group):
+    """oneDNN keeps a JIT kernel per bf16 matmul shape (rlkit/workers/shape_buckets.py): the packed row and the LM
+    head's rows are padded to a multiple of 64, so 12 micro-batches of different lengths make at most 2 row counts, not 12 or more;
+    the values are those of the unpadded forward (the padding is its own segment, the repeated head rows dropped)."""
+    from rlkit.workers.fsdp_model import FSDPModel
+    from rlkit.workers.shape_buckets import CPU_LOW_PRECISION_BUCKET, token_bucket
+
+    assert token_bucket("cpu", torch.bfloat16) == CPU_LOW_PRECISION_BUCKET == 64
+    assert token_bucket("cpu", torch.float32) == 1 and token_bucket("cuda", torch.bfloat16) == 1
+    model = FSDPModel(str(tiny), FSDPConfig(param_dtype="bfloat16"), torch.device("cpu"))
+    assert model.token_bucket == 64
+    batches = []
+    for i in range(12):  # 4 rows, lengths 20..31 with a different left padding each: 12 token counts
+        ids, mask, pos, response = _batch(length=20 + i)
+        mask[2, : i % 5] = 0
+        batches.append((ids, mask, (mask.cumsum(1) - 1).clamp(min=0), response))
+    bucketed, outs = _linear_rows(model, batches, 64)
+    plain, ref = _linear_rows(model, batches, 1)
+    assert len(plain) >= 12 and bucketed <= {64, 128}, (sorted(plain), sorted(bucketed))
+    for a, b in zip(outs, ref):
+        assert torch.allclose(a, b, atol=0.05), (a - b).abs().max()

@@ -214,3 +214,27 @@ class GSM8KAnswer(Tool):
         response = answer if answer.startswith("####") else f"#### {answer}"
         reward = gsm8k_score(response, ground_truth, method="flexible")["score"]
         return ToolResult(f"answer {answer!r}: reward {reward:g}")
+
+
+@TOOLS.register("math_answer")
+class MathAnswer(Tool):
+    """The model submits a final math answer (an expression, not a whole solution) and is told whether it is right:
+    compared with the row's `ground_truth` (from `tools_kwargs`) by the `math` scorer's symbolic equivalence.
+    verl's Geo3k tool maps here (it grades the submitted answer as given, without a `\\boxed{}`)."""
+
+    name = "math_answer"
+    description = "Submit your final answer to the math problem; the reply says if it is correct (1.0) or not (0.0)."
+    parameters = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "description": "the final answer, e.g. 3\\sqrt{2} or 12"}},
+        "required": ["answer"],
+    }
+
+    def call(self, arguments: dict[str, Any], ground_truth: Any = None, **_: Any) -> ToolResult:
+        from rlkit.reward.math_equiv import math_score
+
+        if ground_truth is None:
+            return ToolResult("Error: this problem has no ground truth (tools_kwargs has none)", "no_ground_truth")
+        answer = str(arguments["answer"]).strip()
+        reward = math_score(f"\\boxed{{{answer}}}", ground_truth)["acc"]
+        return ToolResult(f"answer {answer!r}: reward {reward:g}")

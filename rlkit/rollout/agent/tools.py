@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from rlkit.registry import Registry
 
-_BUILTIN_MODULES = ("rlkit.rollout.agent.builtin_tools",)
+_BUILTIN_MODULES = ("rlkit.rollout.agent.builtin_tools", "rlkit.rollout.agent.search_tool")
 
 
 @dataclass

@@ -11,8 +11,7 @@ Each entry becomes one rlkit tool (`TOOLS`); its `tool_schema` is what the model
 calls the tool by (the key of `tools_kwargs` too), and the rlkit tool runs the calls. The schema must
 offer every parameter the rlkit tool requires. verl classes are mapped onto the rlkit tool that does the
 same job (`VERL_TOOLS`: a function from the verl `config` to the rlkit tool name and its constructor
-kwargs); verl tools without an rlkit counterpart (web search against a retrieval service, MCP servers,
-image tools) are refused.
+kwargs); verl tools without an rlkit counterpart (MCP servers, image tools) are refused.
 
 `multi_turn.interaction_config_path` names a file of `interaction: [{name, class_name, config}]`;
 rlkit runs one simulated user per run, so the file lists one (an rlkit `INTERACTIONS` name, or a verl
@@ -52,6 +51,24 @@ def _sandbox_fusion(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 @VERL_TOOLS.register("verl.tools.gsm8k_tool.Gsm8kTool")
 def _gsm8k(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return "gsm8k_answer", {}
+
+
+@VERL_TOOLS.register("verl.tools.geo3k_tool.Geo3kTool")
+def _geo3k(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The submitted answer graded against the row's ground truth (verl: mathruler's grade_answer; rlkit: the
+    `math` scorer's symbolic equivalence)."""
+    return "math_answer", {}
+
+
+@VERL_TOOLS.register("verl.tools.search_tool.SearchTool")
+def _search(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The same retrieval service, called one request per tool call (`num_workers`, `rate_limit` have no use:
+    `multi_turn.max_parallel_tools` bounds concurrency)."""
+    url = config.get("retrieval_service_url")
+    if not url:
+        raise UserError("config.retrieval_service_url is required (the retrieval service's /retrieve URL)")
+    return "retrieval_search", {"url": url, "topk": int(config.get("topk", 3)),
+                                "timeout_s": float(config.get("timeout", 30))}
 
 
 @VERL_INTERACTIONS.register("verl.interactions.gsm8k_interaction.Gsm8kInteraction")

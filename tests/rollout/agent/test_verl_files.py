@@ -65,9 +65,64 @@ def test_the_yaml_tool_schema_is_what_the_model_sees_and_calls(tmp_path):
     assert missing.error == "bad_arguments" and "calc_gsm8k_reward" in missing.text
 
 
+def test_verls_geo3k_tool_grades_the_submitted_answer_by_math_equivalence(tmp_path):
+    schema = {**GSM8K_SCHEMA, "function": {**GSM8K_SCHEMA["function"], "name": "calc_geo3k_reward"}}
+    path = write(tmp_path, "geo3k.yaml", {"tools": [
+        {"class_name": "verl.tools.geo3k_tool.Geo3kTool", "config": {"type": "native"}, "tool_schema": schema}]})
+    tool = build_configured_tools(MultiTurnConfig(enable=True, tool_config_path=path))["calc_geo3k_reward"]
+    right = asyncio.run(run_tool(tool, {"answer": "2\\sqrt{3}"}, {"ground_truth": "\\sqrt{12}"}, 30))
+    wrong = asyncio.run(run_tool(tool, {"answer": "3"}, {"ground_truth": "\\sqrt{12}"}, 30))
+    assert "reward 1" in right.text and "reward 0" in wrong.text
+
+
+def test_verls_search_tool_queries_the_retrieval_service_it_names(tmp_path):
+    import http.server
+    import json
+    import threading
+
+    seen = []
+
+    class Retriever(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            result = [[{"document": {"contents": f"Title {q}\nabout {q}"}, "score": 1.0}] * body["topk"]
+                      for q in body["queries"]]
+            data = json.dumps({"result": result}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Retriever)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    schema = {"type": "function", "function": {"name": "search", "description": "web search", "parameters": {
+        "type": "object", "properties": {"query_list": {"type": "array", "item": {"type": "string"}}},
+        "required": ["query_list"]}}}
+    url = f"http://127.0.0.1:{server.server_address[1]}/retrieve"
+    path = write(tmp_path, "search.yaml", {"tools": [
+        {"class_name": "verl.tools.search_tool.SearchTool", "tool_schema": schema,
+         "config": {"retrieval_service_url": url, "topk": 2, "timeout": 5, "num_workers": 120, "type": "native"}}]})
+    try:
+        tool = build_configured_tools(MultiTurnConfig(enable=True, tool_config_path=path))["search"]
+        out = asyncio.run(run_tool(tool, {"query_list": ["paris", "rome"]}, {}, 10))
+    finally:
+        server.shutdown()
+    assert seen == [{"queries": ["paris", "rome"], "topk": 2, "return_scores": True}]
+    assert out.ok and "Doc 2 (Title: Title rome)\nabout rome" in out.text and "Query: paris" in out.text
+    tool.url = url  # the service is gone now: an error result, the rollout goes on
+    down = asyncio.run(run_tool(tool, {"query_list": ["x"]}, {}, 10))
+    assert down.error == "service" and url in down.text
+
+
 @pytest.mark.parametrize("entry, message", [
+    ({"class_name": "verl.tools.image_zoom_in_tool.ImageZoomInTool", "config": {"type": "native"}},
+     r"class_name 'verl.tools.image_zoom_in_tool.ImageZoomInTool' has no rlkit counterpart.*calculator.*python"),
     ({"class_name": "verl.tools.search_tool.SearchTool", "config": {"type": "native"}},
-     r"class_name 'verl.tools.search_tool.SearchTool' has no rlkit counterpart.*calculator.*python"),
+     "config.retrieval_service_url is required"),
     ({"class_name": "verl.tools.mcp_search_tool.MCPSearchTool", "config": {"type": "mcp"}}, "config.type 'mcp'"),
     ({"class_name": "python", "tool_schema": GSM8K_SCHEMA}, r"lacks the parameter\(s\) \['code'\]"),
     ({"class_name": "verl.tools.sandbox_fusion_tools.SandboxFusionTool", "config": {"default_language": "cpp"}},
