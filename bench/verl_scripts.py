@@ -16,8 +16,8 @@ are the overrides. Only these are rewritten:
 - model paths (`*.model.path`, `*tokenizer_path`, `*.input_tokenizer`) -> a tiny random model whose maximum
   positions cover every script's lengths (a tiny scoring model for a discriminative `reward_model.model.path`);
 - output folders (keys ending `_dir`, `save_path`, `output_dir`) -> a folder of the bench;
-- GPU/node counts: `trainer.n_gpus_per_node` at most 2, every `*nnodes`=1, any other `*n_gpus_per_node`=1, and the
-  parallel sizes (`*_parallel_size`) capped at those 2 workers.
+- GPU/node counts: `trainer.n_gpus_per_node` at most 2 (2 where a script keeps verl's default of 8), every
+  `*nnodes`=1, any other `*n_gpus_per_node`=1, and the parallel sizes (`*_parallel_size`) capped at those 2 workers.
 
 Each script's overrides then go through `rlkit train --dry-run` (in this process, through the CLI's own
 entry, so ~200 scripts take minutes, not an hour). A failing script is classified by its first stop: the
@@ -176,7 +176,9 @@ def rewrite(overrides: list[str], paths: dict[str, str]) -> list[str]:
         elif bare == "data.val_files":
             new = paths["test"]
         elif bare.endswith("model.path") or leaf in ("tokenizer_path", "input_tokenizer"):
-            rm = bare.startswith(("reward_model.", "reward.reward_model.")) and not generative_rm
+            # a scoring model by its published name (FsfairX-LLaMA3-RM, Skywork-Reward...) even when an engine serves it
+            scoring = not generative_rm or re.search(r"(?i)-RM\b|-RM-|reward", value) is not None
+            rm = bare.startswith(("reward_model.", "reward.reward_model.")) and scoring
             new = paths["rm" if rm else "model"]
         elif leaf.endswith("_dir") or leaf in ("save_path", "output_dir"):
             new = str(Path(paths["out"]) / leaf)
@@ -189,6 +191,8 @@ def rewrite(overrides: list[str], paths: dict[str, str]) -> list[str]:
         elif leaf.endswith("_parallel_size") and (_int(value) or 0) > WORLD:
             new = str(WORLD)
         out.append(f"{key}={new}")
+    if not any(_key(o) == "trainer.n_gpus_per_node" for o in out):  # verl's default is 8 GPUs: rewritten to WORLD
+        out.append(f"trainer.n_gpus_per_node={WORLD}")
     return out
 
 
@@ -237,7 +241,7 @@ def fixtures(work: Path) -> dict[str, str]:
         from rlkit.testing import build_tiny_model, build_tiny_tokenizer, save_tiny_reward_model
 
         tok = build_tiny_tokenizer()
-        net = build_tiny_model(tok)
+        net = build_tiny_model(tok, heads=2)  # head_dim 32: vLLM's CPU attention has no head_dim-16 kernel
         net.config.max_position_embeddings = MAX_POSITIONS
         net.generation_config.eos_token_id = tok.eos_token_id
         net.generation_config.pad_token_id = tok.pad_token_id

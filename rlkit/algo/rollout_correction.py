@@ -38,7 +38,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rlkit.algo.rejection_modes import kept_by
 from rlkit.algo.utils import masked_mean, masked_sum
+from rlkit.config.rejection_modes import RejectRule, is_verl_modes, parse_rules
 from rlkit.config.rollout_correction import level, rs_bounds
 from rlkit.registry import Registry
 
@@ -100,6 +102,9 @@ class RolloutCorrection:
     rs_lower: float = 0.5
     rs_upper: float = 2.0
     batch_normalize: bool = False  # divide the IS weights by their batch mean (`is_scale`, from `batch_sums`)
+    rs_rules: tuple[RejectRule, ...] = ()  # verl's rejection modes (rlkit/algo/rejection_modes.py), all must keep
+    bypass: bool = False  # bypass_mode: the ratio is the current policy's (detached) over the engine's, as verl's
+    apply_is: bool = True  # False for bypass_mode with a ratio loss (ppo_clip): its ratio already is pi / pi_rollout
 
     def __post_init__(self) -> None:
         for name in (self.is_level, self.rs_level):
@@ -115,10 +120,13 @@ class RolloutCorrection:
         """From the `algorithm` section (rlkit.config.rollout_correction reads its keys); None when neither
         importance sampling nor rejection is on."""
         is_level = level("rollout_is", algo.rollout_is, allow_true=True)
-        rs_level = level("rollout_rs", algo.rollout_rs, allow_true=False)
-        if is_level is None and rs_level is None:
+        verl_modes = isinstance(algo.rollout_rs, list) or is_verl_modes(algo.rollout_rs)
+        rules = parse_rules(algo.rollout_rs, algo.rollout_rs_threshold) if verl_modes else ()
+        rs_level = None if verl_modes else level("rollout_rs", algo.rollout_rs, allow_true=False)
+        if is_level is None and rs_level is None and not rules:
             return None
         lower, upper = rs_bounds(algo) if rs_level is not None else (0.5, 2.0)
+        bypass = bool(getattr(algo, "bypass_mode", False))
         return cls(
             is_level=is_level,
             is_threshold=float(algo.rollout_is_threshold),
@@ -126,6 +134,9 @@ class RolloutCorrection:
             rs_lower=lower,
             rs_upper=upper,
             batch_normalize=bool(getattr(algo, "rollout_is_batch_normalize", False)) and is_level is not None,
+            rs_rules=rules,
+            bypass=bypass,
+            apply_is=not bypass or getattr(algo, "bypass_loss", "ppo_clip") == "reinforce",
         )
 
     def __call__(
@@ -141,19 +152,23 @@ class RolloutCorrection:
             log_ratio = torch.where(valid, diff, 0.0).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
             metrics = _ratio_metrics(log_ratio, valid)
             weights = mask.clone()
-            if self.is_level is not None:
+            if self.is_level is not None and self.apply_is:
                 log_w = RATIO_LEVELS.get(self.is_level)(log_ratio, mask)
                 cap = math.log(self.is_threshold)
                 weights = torch.exp(log_w.clamp(max=cap)) * mask
                 metrics.update(_is_metrics(weights, log_w > cap, valid))
                 if self.batch_normalize:
+                    if self.bypass:  # the weights exist only inside the loss: their mean over this micro-batch
+                        is_scale = is_scale_of(self._weight_sums(weights, mask))
                     weights = weights / is_scale
                     metrics[PREFIX + "is_batch_norm_factor"] = float(is_scale)
             kept = valid
             if self.rs_level is not None:
                 stat = RATIO_LEVELS.get(self.rs_level)(log_ratio, mask)
-                inside = (stat >= math.log(self.rs_lower)) & (stat <= math.log(self.rs_upper))
-                kept = valid & inside
+                kept = kept & (stat >= math.log(self.rs_lower)) & (stat <= math.log(self.rs_upper))
+            for rule in self.rs_rules:
+                kept = kept & kept_by(rule, log_ratio, mask)
+            if self.rs_level is not None or self.rs_rules:
                 weights = weights * kept
                 metrics.update(_rejection_metrics(kept, valid))
         return Correction(weights=weights.detach(), kept=kept, metrics=metrics)
@@ -171,11 +186,15 @@ class RolloutCorrection:
             log_ratio = torch.where(valid, diff, 0.0).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
             log_w = RATIO_LEVELS.get(self.is_level)(log_ratio, mask)
             weights = torch.exp(log_w.clamp(max=math.log(self.is_threshold))) * mask
-            if getattr(RATIO_LEVELS.get(self.is_level), "per_token", False):
-                return torch.stack([weights.sum(), mask.sum()])
-            rows = valid.any(dim=-1)
-            row_w = masked_mean(weights, mask, dim=-1)
-            return torch.stack([row_w[rows].sum(), rows.sum().float()])
+            return self._weight_sums(weights, mask)
+
+    def _weight_sums(self, weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(sum, count) of truncated IS weights: per valid token at the token level, per row otherwise."""
+        if getattr(RATIO_LEVELS.get(self.is_level), "per_token", False):
+            return torch.stack([weights.sum(), mask.sum()])
+        rows = (mask > 0).any(dim=-1)
+        row_w = masked_mean(weights, mask, dim=-1)
+        return torch.stack([row_w[rows].sum(), rows.sum().float()])
 
 
 def is_scale_of(sums: torch.Tensor) -> float:

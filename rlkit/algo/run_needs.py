@@ -15,6 +15,7 @@ from rlkit.algo.loss_agg import LOSS_AGG
 from rlkit.algo.needs import NEED_WORDS, Needs, Unit, needs_of
 from rlkit.algo.policy_loss import POLICY_LOSSES
 from rlkit.algo.rollout_correction import RATIO_LEVELS
+from rlkit.config.rejection_modes import MODES
 from rlkit.errors import UserError
 from rlkit.registry import Registry
 
@@ -45,8 +46,18 @@ def algorithm_registries() -> dict[str, Registry[Any]]:
         "algorithm.kl_penalty": KL_ESTIMATORS,
         "algorithm.kl_ctrl.type": KL_CONTROLLERS,
         "algorithm.rollout_is": RATIO_LEVELS,
-        "algorithm.rollout_rs": RATIO_LEVELS,
+        "algorithm.rollout_rs": rejection_names(),
     }
+
+
+def rejection_names() -> Registry[Any]:
+    """What `algorithm.rollout_rs` may name: an rlkit level (RATIO_LEVELS) or verl's modes (a list of them)."""
+    names: Registry[Any] = Registry("rollout rejection level or mode")
+    for name in RATIO_LEVELS.names():
+        names.add(name, RATIO_LEVELS.get(name))
+    for mode in MODES:
+        names.add(mode, mode)
+    return names
 
 
 def config_value(cfg: Any, key: str) -> Any:
@@ -66,9 +77,10 @@ def declared_needs(cfg: RLConfig) -> list[tuple[str, Needs]]:
     """('key=name', Needs) of each configured algorithm entry and KL switch (messages name the source)."""
     out = []
     for key, registry in algorithm_registries().items():
-        name = config_value(cfg, key)
-        if name in registry:
-            out.append((f"{key}={name}", needs_of(registry, name)))
+        value = config_value(cfg, key)
+        for name in value if isinstance(value, list) else [value]:  # a list: verl's rejection modes
+            if name in registry:
+                out.append((f"{key}={name}", needs_of(registry, name)))
     return [*out, _kl_needs(cfg)]
 
 

@@ -265,9 +265,11 @@ class AlgorithmConfig:
                         "pi_rollout, rollout_is_threshold) at a level: token | sequence | geometric (true = token, "
                         "false/null = off; needs rollout.calculate_log_probs; docs/algorithms.md)")
     rollout_is_threshold: float = f(2.0, "upper bound (truncation) of the importance weight")
-    rollout_rs: str | None = f(None, "rejection: tokens/rows whose pi_old / pi_rollout at this level (token | sequence "
-                               "| geometric) is outside the bounds get weight 0; null = off")
-    rollout_rs_threshold: float | None = f(None, "upper rejection bound; null = rollout_is_threshold")
+    rollout_rs: Any = f(None, "rejection: tokens/rows whose pi_old / pi_rollout at this level (token | sequence "
+                               "| geometric) is outside the bounds get weight 0, or verl's modes as a comma list "
+                               "(token_k1, seq_mean_k3, seq_max_k2, ...; rlkit/algo/rejection_modes.py); null = off")
+    rollout_rs_threshold: Any = f(None, "upper rejection bound; null = rollout_is_threshold. With verl's modes: one "
+                                  "bound per mode, comma separated ('lower_upper' ratios for *_k1)")
     rollout_rs_threshold_lower: float | None = f(None, "lower rejection bound; null = 1 / upper")
     rollout_is_batch_normalize: bool = f(False, "divide the truncated importance weights by their mean over the "
                                          "batch (tokens at level token, rows otherwise), so they average 1")
@@ -276,6 +278,9 @@ class AlgorithmConfig:
     pf_ppo: PFPPOConfig = f(factory=PFPPOConfig, help="PF-PPO's row weights")
     bypass_mode: bool = f(False, "old log-probs are the rollout engine's (no recompute forward; the PPO ratio is "
                           "pi / pi_rollout); needs rollout.calculate_log_probs (verl: rollout_correction.bypass_mode)")
+    bypass_loss: str = f("ppo_clip", "with bypass_mode: ppo_clip (the PPO loss on pi / pi_rollout; rollout_is adds "
+                         "nothing, rollout_rs masks) or reinforce (-w A log pi, w the truncated pi / pi_rollout "
+                         "weight of rollout_is, times rollout_rs's mask) (verl: rollout_correction.loss_type)")
     filter_groups: FilterGroupsConfig = f(factory=FilterGroupsConfig, help="DAPO dynamic sampling")
     gdpo_reward_keys: list = f(factory=list, help="gdpo: the reward components normalised separately, names of "
                                "reward_extra/<name> columns (a scorer returning {'score', '<name>', ...})")

@@ -237,8 +237,7 @@ def _rules() -> list[VerlKey]:
     rules += [
         alias("algorithm.rollout_correction.{rollout_is,rollout_is_threshold,rollout_rs,rollout_rs_threshold,"
               "bypass_mode}", "algorithm.{1}"),
-        refused("algorithm.rollout_correction.loss_type", "rollout correction weights the PPO-clip loss",
-                inert=only("ppo_clip")),
+        alias("algorithm.rollout_correction.loss_type", "algorithm.bypass_loss"),
         alias("algorithm.rollout_correction.rollout_is_batch_normalize", "algorithm.rollout_is_batch_normalize"),
         mapped("algorithm.filter_groups.metric", "nothing to set: dynamic sampling compares the samples' scores "
                "(for 0/1 rewards acc and score are the same)"),

@@ -118,3 +118,26 @@ def missing_import(module: str) -> tuple[str, list[str]] | None:
             if target.startswith(FOLLOWED) and target not in seen:
                 stack.append((target, [*chain, target]))
     return None
+
+
+CPU_ATTENTION_FILE = ("v1", "attention", "backends", "cpu_attn.py")
+
+
+@functools.cache
+def cpu_attention_head_sizes() -> tuple[int, ...] | None:
+    """The head sizes vLLM's CPU attention backend runs (its `get_supported_head_sizes` list, read from the installed
+    source; None when vLLM or that list is not found). A model with another head size loads, then fails at its
+    first forward inside the engine worker ("Unsupported CPU attention configuration")."""
+    root = _package_root("vllm")
+    path = root.joinpath(*CPU_ATTENTION_FILE) if root is not None else None
+    try:
+        tree = ast.parse(path.read_text()) if path is not None else None
+    except (OSError, SyntaxError, ValueError):
+        tree = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.FunctionDef) and node.name == "get_supported_head_sizes":
+            for ret in ast.walk(node):
+                if isinstance(ret, ast.Return) and isinstance(ret.value, ast.List):
+                    sizes = [e.value for e in ret.value.elts if isinstance(e, ast.Constant)]
+                    return tuple(sizes) if sizes and all(isinstance(s, int) for s in sizes) else None
+    return None

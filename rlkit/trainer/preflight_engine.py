@@ -45,10 +45,14 @@ def architecture_problem(model_dir: Path, key: str) -> tuple[str | None, str | N
     from rlkit.rollout.vllm_args import vllm_version
 
     registry = vllm_architectures()
-    archs = [a for a in (text_config(model_dir).get("architectures") or []) if isinstance(a, str)]
+    config = text_config(model_dir)
+    archs = [a for a in (config.get("architectures") or []) if isinstance(a, str)]
     if registry is None or not archs:
         return None, None
     arch, version = archs[0], vllm_version()
+    head_problem = cpu_head_size_problem(config, model_dir, key, version)
+    if head_problem:
+        return head_problem, None
     module = registry.modules.get(arch)
     if module is None:
         if arch in registry.dropped:
@@ -62,6 +66,21 @@ def architecture_problem(model_dir: Path, key: str) -> tuple[str | None, str | N
     return (f"{key}=vllm: vLLM {version} cannot load {arch} ({model_dir}) here: its model module imports "
             f"'{package}' (via {' -> '.join(chain)}), which is not installed; use {ROLLOUT}.name=hf (or an "
             "Idefics3/SmolVLM-architecture model, docs/vlm.md)"), None
+
+
+def cpu_head_size_problem(config: dict[str, Any], model_dir: Path, key: str, version: str) -> str | None:
+    """Without CUDA vLLM runs its CPU attention, which takes only some head sizes (rlkit.rollout.vllm_arch)."""
+    import torch
+
+    from rlkit.rollout.vllm_arch import cpu_attention_head_sizes
+
+    sizes = cpu_attention_head_sizes()
+    heads = config.get("num_attention_heads")
+    head_dim = config.get("head_dim") or (config["hidden_size"] // heads if heads and "hidden_size" in config else None)
+    if torch.cuda.is_available() or not sizes or not isinstance(head_dim, int) or head_dim in sizes:
+        return None
+    return (f"{key}=vllm: vLLM {version}'s CPU attention runs head sizes {', '.join(map(str, sizes))}; {model_dir} "
+            f"has head_dim {head_dim}: use {ROLLOUT}.name=hf (or a model with a supported head size)")
 
 
 def check_engine_architecture(p: Any) -> None:

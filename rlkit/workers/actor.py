@@ -210,7 +210,9 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
                 if "rollout_log_probs" not in mb:
                     raise RuntimeError("algorithm.rollout_is/rollout_rs is on but the batch has no "
                                        "rollout_log_probs (rollout.calculate_log_probs: the engine returned none)")
-                corr = self.rollout_correction(old, mb["rollout_log_probs"].to(self.device), mask, self.is_scale)
+                rc = self.rollout_correction  # bypass_mode: old is the engine's; the gap is the current policy's
+                corr = rc(lp.detach() if rc.bypass else old, mb["rollout_log_probs"].to(self.device), mask,
+                          self.is_scale)
                 is_weights = corr.weights
                 metrics.update(corr.metrics)
             pg = pg_loss_fn(

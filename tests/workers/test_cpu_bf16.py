@@ -80,8 +80,10 @@ def test_auto_on_cpu_follows_the_precision_choice(forced, monkeypatch, caplog):
 def _linear_rows(model, batches, bucket: int):
     """The row counts every Linear saw over `batches` (packed forwards), and the log-probs."""
     seen, outs = set(), []
-    hooks = [m.register_forward_pre_hook(lambda _m, args: seen.add(args[0].reshape(-1, args[0].shape[-1]).shape[0]))
-             for m in model.module.modules() if isinstance(m, torch.nn.Linear)]
+    def rows(_module, args):
+        seen.add(args[0].reshape(-1, args[0].shape[-1]).shape[0])
+
+    hooks = [m.register_forward_pre_hook(rows) for m in model.module.modules() if isinstance(m, torch.nn.Linear)]
     model.token_bucket = bucket
     try:
         with torch.no_grad():
@@ -94,8 +96,9 @@ def _linear_rows(model, batches, bucket: int):
 
 def test_bf16_on_cpu_pads_token_counts_to_few_matmul_shapes(tiny, process_group):
     """oneDNN keeps a JIT kernel per bf16 matmul shape (rlkit/workers/shape_buckets.py): the packed row and the LM
-    head's rows are padded to a multiple of 64, so 12 micro-batches of different lengths make at most 2 row counts, not 12 or more;
-    the values are those of the unpadded forward (the padding is its own segment, the repeated head rows dropped)."""
+    head's rows are padded to a multiple of 64, so 12 micro-batches of different lengths make at most 2 row counts,
+    not 12 or more; the values are those of the unpadded forward (the padding is its own segment, the repeated head
+    rows dropped)."""
     from rlkit.workers.fsdp_model import FSDPModel
     from rlkit.workers.shape_buckets import CPU_LOW_PRECISION_BUCKET, token_bucket
 

@@ -70,8 +70,11 @@ def _strip_keys(value: Any) -> Any:
     return value
 
 
-@TOOL_PARSERS.register("hermes", "tool_call")
+@TOOL_PARSERS.register("hermes", "tool_call", "qwen", "qwen25")
 class HermesParser(ToolParser):
+    """`<tool_call>{"name", "arguments"}</tool_call>`: Hermes's and Qwen2.5/3's format (SGLang's parser names for
+    the latter, `qwen` and `qwen25`, which verl's sglang scripts pass as `multi_turn.format`)."""
+
     start_marker = "<tool_call>"
     end_marker = "</tool_call>"
 
