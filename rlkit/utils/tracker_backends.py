@@ -169,7 +169,10 @@ class WandbTracker:
         self._run.log({"val/generations": table}, step=step)
 
     def finish(self) -> None:
+        """The run, then wandb's service process: left to wandb's exit hook, a run that failed printed a
+        traceback ("Connection lost") after its one error line, the service being gone by then."""
         self._run.finish()
+        self._wandb.teardown()
 
 
 # ---------------------------------------------------------------- mlflow
