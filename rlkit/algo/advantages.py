@@ -169,15 +169,15 @@ def grpo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @ADV_ESTIMATORS.register("rloo", "rloo_vectorized")
-@needs(groups=True)
 @torch.no_grad()
 def rloo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE leave-one-out: r_i - mean of the other samples = n/(n-1) * (r_i - mean_g)."""
+    """REINFORCE leave-one-out: r_i - mean of the other samples = n/(n-1) * (r_i - mean_g). A group of one has
+    no other sample: its baseline is 0 and its advantage its score, as in verl (so rollout.n=1 runs)."""
     mask = inputs.response_mask
     scores = outcome_scores(inputs.token_level_rewards, mask)
     count, mean, _std = group_stats(scores, group_ids(inputs.index, scores.shape[0], "rloo"))
     loo = count / (count - 1).clamp_min(1.0) * (scores - mean)
-    adv = _broadcast(torch.where(count > 1, loo, torch.zeros_like(loo)), mask)
+    adv = _broadcast(torch.where(count > 1, loo, scores), mask)
     return adv, adv
 
 
@@ -190,13 +190,14 @@ def reinforce_plus_plus(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Te
 
 
 @ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
-@needs(groups=True)
 @torch.no_grad()
 def reinforce_plus_plus_baseline(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ with a group-mean baseline on the outcome, then batch whitening over valid tokens."""
+    """REINFORCE++ with a group-mean baseline on the outcome, then batch whitening over valid tokens. A group of one
+    has baseline 0, as in verl (so rollout.n=1 runs)."""
     mask = inputs.response_mask
     scores = outcome_scores(inputs.token_level_rewards, mask)
-    _count, mean, _std = group_stats(scores, group_ids(inputs.index, scores.shape[0], "reinforce_plus_plus_baseline"))
+    count, mean, _std = group_stats(scores, group_ids(inputs.index, scores.shape[0], "reinforce_plus_plus_baseline"))
+    mean = torch.where(count > 1, mean, torch.zeros_like(mean))
     adv = _whiten_valid(_broadcast(scores - mean, mask), mask)
     return adv, adv
 

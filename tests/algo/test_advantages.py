@@ -96,8 +96,8 @@ def test_dr_grpo_by_hand():
 
 def test_rloo_by_hand():
     adv, _ = ADV_ESTIMATORS.get("rloo")(AdvantageInputs(REWARDS, MASK, index=UIDS))
-    # a: 1 - mean(0,0) = 1, 0 - mean(1,0) = -0.5
-    assert per_row(adv, MASK) == pytest.approx([1.0, -0.5, -0.5, 0.0, 0.0, 0.0], abs=1e-6)
+    # a: 1 - mean(0,0) = 1, 0 - mean(1,0) = -0.5; c alone: its score (verl)
+    assert per_row(adv, MASK) == pytest.approx([1.0, -0.5, -0.5, 0.0, 0.0, 5.0], abs=1e-6)
 
 
 def test_group_estimators_need_uids():
@@ -150,8 +150,9 @@ def test_reinforce_plus_plus_by_hand():
 def test_reinforce_plus_plus_baseline_by_hand():
     rewards, mask = outcome_batch([1.0, 0.0, 3.0], [2, 1, 2])
     adv, _ = ADV_ESTIMATORS.get("reinforce_plus_plus_baseline")(AdvantageInputs(rewards, mask, index=["a", "a", "b"]))
-    # minus group mean -> .5 (2 tokens), -.5 (1 token), 0 (2 tokens); whiten over those 5 tokens
-    expected = [0.956183, 0.956183, -1.434274, -0.239046, -0.239046]
+    # minus group mean -> .5 (2 tokens), -.5 (1 token); b alone: baseline 0 (verl) -> 3 (2 tokens); whiten over
+    # those 5 tokens (mean 1.3, unbiased std 1.6047)
+    expected = [-0.498542, -0.498542, -1.121719, 1.059401, 1.059401]
     assert adv[mask.bool()].tolist() == pytest.approx(expected, abs=1e-5)
 
 
@@ -180,9 +181,9 @@ def test_remax_per_sample_baseline_rows():
 def test_estimators_declare_their_needs():
     """The trainer and the config checks act on these declarations, never on estimator names."""
     assert needs_of(ADV_ESTIMATORS, "gae") == Needs(values=True)
-    for name in ("rloo", "reinforce_plus_plus_baseline"):
-        assert needs_of(ADV_ESTIMATORS, name) == Needs(groups=True), name
-    assert needs_of(ADV_ESTIMATORS, "grpo") == Needs()  # a group of one is its score (verl), so n=1 runs
+    for name in ("grpo", "rloo", "reinforce_plus_plus_baseline"):  # a group of one: baseline 0 (verl), n=1 runs
+        assert needs_of(ADV_ESTIMATORS, name) == Needs(), name
+    assert needs_of(ADV_ESTIMATORS, "grpo_passk") == Needs(groups=True)
     assert needs_of(ADV_ESTIMATORS, "reinforce_plus_plus") == Needs()
     assert needs_of(ADV_ESTIMATORS, "remax") == Needs(greedy_baseline=True)
     with pytest.raises(UserError, match="remax"):
@@ -235,7 +236,7 @@ def test_dr_grpo_is_r_minus_mean_and_rloo_is_scaled(case):
     for idx in _groups(uids).values():
         n, r = len(idx), scores[idx]
         if n == 1:
-            assert dr[idx].item() == pytest.approx(r.item()) and loo[idx].item() == 0
+            assert dr[idx].item() == pytest.approx(r.item()) and loo[idx].item() == pytest.approx(r.item())
             continue
         assert torch.allclose(dr[idx], r - r.mean(), atol=1e-5)
         assert torch.allclose(loo[idx], n / (n - 1) * (r - r.mean()), atol=1e-5)
