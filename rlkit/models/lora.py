@@ -25,6 +25,7 @@ so FSDP2 shards it exactly like the plain model and its state-dict names are the
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -84,9 +85,19 @@ class LoraModel:
     def config(self):
         return self.peft_model.peft_config[ADAPTER_NAME]
 
-    def disabled(self) -> contextlib.AbstractContextManager:
-        """The base model: inside this block every LoRA layer returns its base layer's output."""
-        return self.peft_model.disable_adapter()
+    @contextlib.contextmanager
+    def disabled(self) -> Iterator[None]:
+        """The base model: inside this block every LoRA layer returns its base layer's output.
+
+        peft also marks the adapters `requires_grad=False` for the block. The adapters stay trainable here instead:
+        FSDP2 reads which parameters are trainable at its first forward (their dtype is the dtype it reduces
+        gradients to), and the first forward of a run is often the reference's; with nothing trainable then, bf16
+        gradients later met float32 adapters ("attempting to assign a gradient with dtype BFloat16")."""
+        trainable = self.trainable_parameters()
+        with self.peft_model.disable_adapter():
+            for p in trainable:
+                p.requires_grad_(True)
+            yield
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.hf_model.parameters() if p.requires_grad]

@@ -264,3 +264,29 @@ def test_run_summary_lines_show_what_trains_and_the_optimizer_state():
     full = dict(memory_rows({**lora, "trainable_params": 135e6, "lora_rank": 0.0}))
     assert full["trainable parameters"].endswith("(100.00%, full fine-tuning)")
     assert memory_rows(None) == []
+
+
+@pytest.mark.parametrize("why", ["shard_single_worker", "gradient_checkpointing"])
+def test_bf16_lora_under_fsdp2_trains(tiny, process_group, why):
+    """bf16 compute with FSDP2 (several workers, offload, or gradient checkpointing in bf16 on one): FSDP2 reduces a
+    group's gradients to one dtype, so the frozen base is kept in float32 with the adapters there (a verl LoRA script
+    on a bf16 CPU failed its first update with "attempting to assign a gradient with dtype BFloat16 to a tensor with
+    grad_dtype Float" when the run's first forward was the reference's, with the adapter off: peft then marks the
+    adapters frozen, and FSDP2 reads the dtypes of the trainable parameters once, at that first forward); the
+    adapters still train alone and in float32."""
+    from rlkit.workers.fsdp_model import FSDPModel
+
+    fsdp = FSDPConfig(param_dtype="bfloat16", shard_single_worker=why == "shard_single_worker")
+    model = FSDPModel(str(tiny), fsdp, torch.device("cpu"), lora=LORA,
+                      gradient_checkpointing=why == "gradient_checkpointing")
+    model.setup_optimizer(OptimConfig(lr=1e-2), total_steps=2)
+    assert model.sharded
+    before = {k: v.clone() for k, v in model.iter_wrapped_params()}
+    with torch.no_grad(), model.lora.disabled():  # the run's first forward: the reference (the base, adapter off)
+        model.forward(*_batch(tokens(rows=2, length=8), 3))
+    model.module.train()
+    (-model.forward(*_batch(tokens(rows=2, length=8), 3), response_logits_only=False).log_probs.mean()).backward()
+    assert torch.isfinite(torch.tensor(model.clip_and_step(1.0)))
+    after = dict(model.iter_wrapped_params())
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(".lora_" in k for k in changed)
