@@ -25,7 +25,6 @@ so FSDP2 shards it exactly like the plain model and its state-dict names are the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 import json
 import re
 from collections.abc import Iterable, Iterator
