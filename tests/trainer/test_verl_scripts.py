@@ -34,8 +34,12 @@ def script_args(script: Path, env: dict[str, str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def script_env(toy_data, tiny_model, tmp_path_factory) -> dict[str, str]:
-    return {"DATA_DIR": str(toy_data), "MODEL_PATH": str(tiny_model), "SCRIPT_DIR": str(SCRIPTS),
+def script_env(toy_data, tmp_path_factory) -> dict[str, str]:
+    from rlkit.testing import save_tiny_model
+
+    # heads=2: head_dim 32, a size vLLM's CPU attention runs (the scripts name rollout.name=vllm)
+    model = save_tiny_model(tmp_path_factory.mktemp("model") / "tiny", heads=2, tie_embeddings=True)
+    return {"DATA_DIR": str(toy_data), "MODEL_PATH": str(model), "SCRIPT_DIR": str(SCRIPTS),
             "CKPTS_DIR": str(tmp_path_factory.mktemp("verl_ckpt"))}
 
 
