@@ -88,6 +88,20 @@ def worker_processes(trainer: Any) -> dict[str, int]:
     return out
 
 
+def executable_anon_mb() -> float:
+    """RSS of this process's anonymous executable mappings (/proc/self/smaps): code JIT-compiled at run time
+    (oneDNN's kernels, one per shape it meets)."""
+    total, exec_anon = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0] and len(head[1]) == 4:  # a mapping's header line
+                exec_anon = "x" in head[1] and len(head) == 5
+            elif exec_anon and line.startswith("Rss:"):
+                total += int(head[1])
+    return total / 1024
+
+
 def probe(_host: Any = None) -> dict[str, Any]:
     """Inside a process (a worker, through Ray's `__ray_call__`, or the driver): what its memory is made of.
     glibc's `mallinfo2` tells a leak (bytes in use grow) from fragmentation (free bytes kept in the heap grow);
@@ -118,6 +132,7 @@ def probe(_host: Any = None) -> dict[str, Any]:
         out["mmapped_n"] = info.hblks
     except (OSError, AttributeError):
         pass
+    out["jit_code_mb"] = executable_anon_mb()
     gc.collect()
     objs = gc.get_objects()
     counts = collections.Counter(type(o).__name__ for o in objs)
@@ -257,10 +272,13 @@ def run(toy: bool, steps: int, extra: list[str], probe_every: int = 0) -> tuple[
     return sampler.samples, meta
 
 
-def engine_cycles(cycles: int, generate: bool) -> list[dict[str, Any]]:
+def engine_cycles(cycles: int, generate: bool, vary: bool = False) -> list[dict[str, Any]]:
     """The engine alone (SmolLM2, this process): per cycle sleep (level 2, as a colocated CPU engine sleeps) -> wake
-    the weights -> load the full state dict (the weight sync) -> wake the KV cache -> [generate 8 x 32 tokens];
-    `probe()` after each sleep. Tells the engine's own sleep/wake/reload/generate cycle apart from the trainer's."""
+    the weights -> load the full state dict (the weight sync) -> wake the KV cache -> [generate 8 x 32 tokens, or
+    with `vary` 16 prompts of seeded random 60-250 tokens, as a training step's prompts differ]; `probe()` after each
+    sleep. Tells the engine's own sleep/wake/reload/generate cycle apart from the trainer's."""
+    import random
+
     from transformers import AutoModelForCausalLM
 
     from rlkit.config.rollout import RolloutConfig
@@ -279,13 +297,17 @@ def engine_cycles(cycles: int, generate: bool) -> list[dict[str, Any]]:
     for cycle in range(1, cycles + 1):
         engine.sleep(2)
         out.append({"step": cycle, **{k: v for k, v in probe().items() if k != "top_types"}})
-        print(f"engine cycle {cycle}: RSS {out[-1]['VmRSS']:.1f} MB, heap in use {out[-1]['heap_in_use_mb']:.1f} MB",
+        print(f"engine cycle {cycle}: RSS {out[-1]['VmRSS']:.1f} MB, heap in use {out[-1]['heap_in_use_mb']:.1f} MB, "
+              f"JIT code {out[-1]['jit_code_mb']:.1f} MB",
               flush=True)
         engine.wake_up(["weights"])
         engine.update_weights(state.items())
         engine.wake_up(["kv_cache"])
         if generate:
-            engine.llm.generate([{"prompt_token_ids": list(range(100, 300))}] * 8,
+            rng = random.Random(cycle)
+            prompts = ([list(range(100, 100 + rng.randint(60, 250))) for _ in range(16)] if vary
+                       else [list(range(100, 300))] * 8)
+            engine.llm.generate([{"prompt_token_ids": p} for p in prompts],
                                 SamplingParams(max_tokens=32, temperature=1.0), use_tqdm=False)
     engine.close()
     return out
@@ -347,6 +369,8 @@ def main() -> None:
     ap.add_argument("--engine-cycles", type=int, default=0,
                     help="instead of training: the SmolLM2 engine's sleep/wake/reload(/generate) cycle, N times")
     ap.add_argument("--no-generate", action="store_true", help="--engine-cycles without generation")
+    ap.add_argument("--vary-lengths", action="store_true",
+                    help="--engine-cycles: 16 prompts of random lengths per cycle (a training step's shapes)")
     ap.add_argument("--from-metrics", default=None,
                     help="instead of training: a run's metrics.jsonl -> the worker's RSS asleep per step (JSON)")
     ap.add_argument("--report", default=None, help="only print the table of a saved JSON")
@@ -370,8 +394,9 @@ def main() -> None:
         print(table(result))
         return
     if args.engine_cycles:
-        cycles = engine_cycles(args.engine_cycles, not args.no_generate)
-        name = "soak_engine" + ("_nogen" if args.no_generate else "")
+        cycles = engine_cycles(args.engine_cycles, not args.no_generate, args.vary_lengths)
+        name = "soak_engine" + ("_nogen" if args.no_generate else "_vary" if args.vary_lengths else "") + \
+            (f"_{args.tag}" if args.tag else "")
         per = growth([{"step": c["step"], "rss_mb": {"engine": c["VmRSS"]}} for c in cycles], 1)
         (RESULTS / f"{name}.json").write_text(json.dumps({"cycles": cycles, "growth": per}, indent=1))
         print(json.dumps(per), f"wrote {RESULTS / name}.json")

@@ -14,7 +14,9 @@ are the overrides. Only these are rewritten:
   (from ../shared/data/gsm8k when present, else the offline copy): the first 4096 train rows (the largest
   batch), 16 test rows;
 - model paths (`*.model.path`, `*tokenizer_path`, `*.input_tokenizer`) -> a tiny random model whose maximum
-  positions cover every script's lengths (a tiny scoring model for a discriminative `reward_model.model.path`);
+  positions cover every script's lengths (a tiny scoring model for a discriminative `reward_model.model.path`; a
+  tiny Qwen3-MoE for a mixture-of-experts script: its model's published name, or routing replay or expert
+  parallelism above 1 in its keys);
 - output folders (keys ending `_dir`, `save_path`, `output_dir`) -> a folder of the bench;
 - GPU/node counts: `trainer.n_gpus_per_node` at most 2 (2 where a script keeps verl's default of 8), every
   `*nnodes`=1, any other `*n_gpus_per_node`=1, and the parallel sizes (`*_parallel_size`) capped at those 2 workers.
@@ -160,9 +162,19 @@ def _int(value: str) -> int | None:
         return None
 
 
+#: a mixture-of-experts script: by its model's published name, or by keys only an MoE model uses
+MOE_NAME = re.compile(r"(?i)moe|-a\d+(\.\d+)?b\b|mixtral|deepseek-v[23]|dsv3|qwen3-?(30|235)b")
+MOE_KEY = re.compile(r"(router_replay\.mode=R[23]|router_replay=[Tt]rue|expert_model_parallel_size=([2-9]|\d\d))")
+
+
+def is_moe(overrides: list[str]) -> bool:
+    return any(MOE_KEY.search(o) or (_key(o).endswith("model.path") and MOE_NAME.search(o)) for o in overrides)
+
+
 def rewrite(overrides: list[str], paths: dict[str, str]) -> list[str]:
     """Only data/model paths, output folders and GPU/node counts changed (see the module's docstring)."""
     generative_rm = any(re.match(r"(reward\.)?reward_model\.rollout\.", _key(o)) for o in overrides)
+    policy = paths["moe"] if is_moe(overrides) else paths["model"]
     out = []
     for o in overrides:
         if "=" not in o or o.startswith("~"):
@@ -179,7 +191,7 @@ def rewrite(overrides: list[str], paths: dict[str, str]) -> list[str]:
             # a scoring model by its published name (FsfairX-LLaMA3-RM, Skywork-Reward...) even when an engine serves it
             scoring = not generative_rm or re.search(r"(?i)-RM\b|-RM-|reward", value) is not None
             rm = bare.startswith(("reward_model.", "reward.reward_model.")) and scoring
-            new = paths["rm" if rm else "model"]
+            new = paths["rm"] if rm else policy
         elif leaf.endswith("_dir") or leaf in ("save_path", "output_dir"):
             new = str(Path(paths["out"]) / leaf)
         elif bare == "trainer.n_gpus_per_node":
@@ -236,7 +248,14 @@ def fixtures(work: Path) -> dict[str, str]:
 
         pq.write_table(pq.read_table(data / "train.parquet").slice(0, TRAIN_ROWS), data / "train.parquet")
         pq.write_table(pq.read_table(data / "test.parquet").slice(0, VAL_ROWS), data / "val.parquet")
-    model, rm = work / "tiny_model", work / "tiny_rm"
+    model, rm, moe = work / "tiny_model", work / "tiny_rm", work / "tiny_moe"
+    if not (moe / "config.json").is_file():
+        from rlkit.testing import build_tiny_moe
+
+        net, tok = build_tiny_moe("qwen3_moe", hidden=64, heads=1, experts=4)  # head_dim 64
+        net.config.max_position_embeddings = MAX_POSITIONS
+        net.save_pretrained(moe)
+        tok.save_pretrained(moe)
     if not (model / "config.json").is_file():
         from rlkit.testing import build_tiny_model, build_tiny_tokenizer, save_tiny_reward_model
 
@@ -254,7 +273,7 @@ def fixtures(work: Path) -> dict[str, str]:
     out = work / "out"
     out.mkdir(exist_ok=True)
     return {"train": str(data / "train.parquet"), "test": str(data / "val.parquet"), "model": str(model),
-            "rm": str(rm), "out": str(out)}
+            "rm": str(rm), "moe": str(moe), "out": str(out)}
 
 
 # ----------------------------------------------------------------------------------------- classification

@@ -44,7 +44,8 @@ BATCH_KEYS: dict[str, BatchKey] = {
                           "1 on trained response tokens (tool output in multi-turn is 0)"),
     "rollout_log_probs": _key("B,R", FLOAT32, "rollout (calculate_log_probs)", "rollout correction, metrics",
                               "the engine's log p of each sampled token"),
-    "routed_experts": _key("B,S,L,K", INT, "rollout (return_routed_experts)", "actor (router replay)",
+    "routed_experts": _key("B,S,L,K", INT, "rollout (return_routed_experts), or actor.compute_log_prob "
+                           "(router_replay_from=old_log_prob)", "actor (router replay)",
                            "the experts each token was routed to, -1 = free"),
     "policy_version": _key("B", INT, "fully async rollout", "staleness metrics",
                            "the version of a sample's first token"),

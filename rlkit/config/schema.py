@@ -157,6 +157,9 @@ class ActorConfig:
                                            "router_aux_loss_coef; 0 = log it only")
     router_replay: bool = f(False, "MoE: the trainer's forward uses the experts the rollout engine chose for each "
                             "token (routing replay; the engine returns routed_experts, docs/moe.md)")
+    router_replay_from: str = f("rollout", "with router_replay: whose routes the trainer replays: rollout (the "
+                                "engine's, verl's R3) or old_log_prob (the actor's own in the old-log-prob pass, "
+                                "replayed in the update: verl's R2)")
     freeze_vision_tower: bool = f(False, "vision-language model: the image encoder is not trained (docs/vlm.md)")
     optim: OptimConfig = f(factory=OptimConfig, help="optimizer")
     fsdp_config: FSDPConfig = f(factory=FSDPConfig, help="FSDP2 settings")

@@ -127,15 +127,19 @@ def full_determinism(value: Any, key: str) -> tuple[dict, str]:
 
 
 def router_replay(target: str) -> Any:
-    """verl's routing-replay modes: R2 replays the trainer's own routes, R3 the rollout engine's (rlkit's)."""
+    """verl's routing-replay modes: R2 replays the routes of the trainer's own old-log-prob pass in the update, R3
+    the rollout engine's (`{target}_from`)."""
+    modes = {"R2": ("old_log_prob", "the experts of the actor's old-log-prob pass, replayed in the update"),
+             "R3": ("rollout", "the experts the rollout engine chose, replayed in training")}
+
     def derive(value: Any, key: str) -> tuple[dict, str]:
         mode = str(value).upper()
         if mode in ("DISABLED", "NONE"):
             return {}, ""
-        if mode == "R3":
-            return {target: True}, f"{target}=true (the experts the rollout engine chose, replayed in training)"
-        raise UserError(f"config key '{key}={value}' is not supported by rlkit: rlkit replays the rollout engine's "
-                        f"routes (verl's R3): set {key}=R3 or {target}=true")
+        if mode not in modes:
+            raise UserError(f"config key '{key}={value}': verl's routing-replay modes are disabled, R2 and R3")
+        source, what = modes[mode]
+        return {target: True, f"{target}_from": source}, f"{target}=true, {target}_from={source} ({what})"
     return derive
 
 

@@ -16,6 +16,11 @@ that router family normalises them, the given experts), so gradients still reach
 The scoring rule is declared per router class (`ROUTE_SCORES`); a family without one is refused. The routes
 stay in force until the next forward of the top module, so a backward that recomputes checkpointed layers
 uses them too.
+
+Capture (verl's R2: the routes of the trainer's own old-log-prob pass, replayed in the update): inside
+`capturing()` each forward that was handed `route_positions` (`POSITIONS`: each fed token's (SP rank, row,
+column) in its micro-batch, -1 on packing padding) records those positions and every router's chosen experts;
+rlkit/workers/route_capture.py puts them back at their rows and columns.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class RouterTap:
     """Records each router's logits and chosen experts while `recording()` is open; replays given routes."""
 
     INPUT = "routed_experts"  # the model input it consumes: (rows, tokens, layers, k) expert ids
+    POSITIONS = "route_positions"  # (rows, tokens, 3): where each fed token sits, for `capturing()`
     OWN_CHOICE = -1  # a token's route that keeps the router's own choice
 
     def __init__(self, model: torch.nn.Module, routers: list[torch.nn.Module]) -> None:
@@ -78,6 +84,9 @@ class RouterTap:
         self._layer = {id(router): i for i, router in enumerate(routers)}
         self._pending: torch.Tensor | None = None  # routes for the next forward (`replay`)
         self._forced: torch.Tensor | None = None  # routes of the current forward (and its recomputation)
+        self._next_positions: torch.Tensor | None = None  # (N, 3) of the next forward (`POSITIONS`)
+        self._positions: torch.Tensor | None = None
+        self._captured: list[tuple[torch.Tensor, list]] | None = None  # per forward: positions, each layer's
         model.register_forward_pre_hook(self._take_mask, with_kwargs=True)
         for router in routers:
             router.register_forward_hook(self._on_router)
@@ -99,7 +108,10 @@ class RouterTap:
 
     def inputs(self) -> dict[str, Callable[[torch.Tensor], None]]:
         """The model inputs this tap consumes, by name: the forward hands each its per-token value."""
-        return {self.INPUT: self.replay_rows}
+        return {self.INPUT: self.replay_rows, self.POSITIONS: self._take_positions}
+
+    def _take_positions(self, positions: torch.Tensor) -> None:
+        self._next_positions = positions.reshape(-1, positions.shape[-1])
 
     def replay_rows(self, routes: torch.Tensor) -> None:
         """`replay` of (rows, tokens, layers, k) routes selected as the tokens fed to the next forward (row-major
@@ -110,13 +122,27 @@ class RouterTap:
         mask = kwargs.get("attention_mask")
         self._mask = mask.reshape(-1).bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
         self._forced, self._pending = self._pending, None
+        self._positions, self._next_positions = self._next_positions, None
+        if self._captured is not None and self._positions is not None:
+            self._captured.append((self._positions, [None] * len(self.routers)))
 
     def _on_router(self, module: Any, args: tuple, output: Any) -> Any:
         if self._forced is not None:
             output = self._force(module, output)
         if self._on:
             self._record(output)
+        if self._captured and self._positions is not None:
+            self._captured[-1][1][self._layer[id(module)]] = output[2].detach()
         return output
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[list[tuple[torch.Tensor, list]]]:
+        """Per forward given `route_positions` while open: (positions (N, 3), each router's experts (N, k))."""
+        self._captured = []
+        try:
+            yield self._captured
+        finally:
+            self._captured = None
 
     def _force(self, router: Any, output: tuple) -> tuple:
         logits, _, own = output

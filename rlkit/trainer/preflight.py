@@ -240,6 +240,21 @@ def check_output_dirs(p: Preflight) -> None:
             p.problems.append(f"{key}: {problem}; choose a writable folder")
 
 
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def check_router_replay_model(p: Preflight) -> None:
+    """actor.router_replay needs routers: a model whose config.json declares experts."""
+    if p.model_dir is None or not p.cfg.actor_rollout_ref.actor.router_replay:
+        return
+    config = _model_config(p.model_dir)
+    config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
+    if not any(isinstance(config.get(k), int) and config[k] > 1 for k in EXPERT_COUNT_KEYS):
+        p.problems.append(f"actor_rollout_ref.actor.router_replay=true replays the routes of a mixture-of-experts "
+                          f"model; {p.model_dir} declares no experts ({', '.join(EXPERT_COUNT_KEYS)} in its "
+                          "config.json): set router_replay=false")
+
+
 def _model_config(model_dir: Path) -> dict:
     try:
         return json.loads((model_dir / "config.json").read_text())
@@ -359,7 +374,7 @@ def check_sequence_parallel(p: Preflight) -> None:
 CHECKS: list[Check] = [
     check_data, check_model, check_dataset, check_batch_rows, check_teachers, check_output_dirs, check_disk,
     check_resume, check_custom_reward, check_sequence_parallel, check_trackers, check_engine_kwargs,
-    check_engine_architecture, check_positions,
+    check_engine_architecture, check_positions, check_router_replay_model,
 ]
 
 

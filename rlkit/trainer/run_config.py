@@ -53,13 +53,18 @@ def tensor_parallel_backend(cfg: RLConfig) -> None:
 
 
 def router_replay_backend(cfg: RLConfig) -> None:
-    """`actor.router_replay` needs the rollout's routing: a backend that returns it, and no agent loop
-    (it does not record routes yet); vLLM 0.32 returns none on CPU (docs/moe.md)."""
+    """`actor.router_replay` of the rollout's routes needs a backend that returns them, and no agent loop (it does
+    not record routes yet); vLLM 0.32 returns none on CPU (docs/moe.md). The old-log-prob pass's routes (R2) need
+    neither."""
     from rlkit.errors import UserError
     from rlkit.rollout import route_returning_backends
 
-    rollout = cfg.actor_rollout_ref.rollout
-    if not cfg.actor_rollout_ref.actor.router_replay:
+    rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    sources = ("rollout", "old_log_prob")
+    if actor.router_replay_from not in sources:
+        raise UserError(f"actor_rollout_ref.actor.router_replay_from={actor.router_replay_from!r}: use one of "
+                        f"{', '.join(sources)}")
+    if not actor.router_replay or actor.router_replay_from == "old_log_prob":  # R2 needs nothing of the engine
         return
     able = route_returning_backends()
     if rollout.name not in able:

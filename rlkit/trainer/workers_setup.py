@@ -104,7 +104,8 @@ def rollout_role(cfg: RLConfig, model_path: str, colocated: bool) -> ClassWithIn
     (A separate engine never sleeps: finalize turns rollout.free_cache_engine off in that mode.)"""
     from rlkit.workers.rollout_worker import RolloutWorker
 
-    rollout, replay = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor.router_replay
+    actor = cfg.actor_rollout_ref.actor
+    rollout, replay = cfg.actor_rollout_ref.rollout, actor.router_replay and actor.router_replay_from == "rollout"
     if colocated:
         return ClassWithInitArgs(RolloutWorker, rollout, str(model_path), actor=Sibling("actor"), router_replay=replay)
     return ClassWithInitArgs(RolloutWorker, rollout, str(model_path), router_replay=replay)

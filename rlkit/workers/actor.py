@@ -35,6 +35,7 @@ from rlkit.workers.heads import ForwardOut
 from rlkit.workers.is_batch_norm import batch_is_scale
 from rlkit.workers.micro_batch import MicroBatching, in_row_order
 from rlkit.workers.model_inputs import ModelInputs
+from rlkit.workers.route_capture import positions, routes
 from rlkit.workers.topk import response_log_softmax
 from rlkit.workers.trainable import MicroLoss, TrainableModelRole, UpdatePlan
 
@@ -48,11 +49,15 @@ class _PolicyScorer(Worker):
     model_cfg: ModelConfig  # `path` is a local HF folder
     temperature: float  # the rollout's: log-probs of the distribution the samples were drawn from
     logits_chunk_size: int
-    router_replay: bool = False  # MoE: forward with the rollout's experts (`routed_experts`)
+    router_replay: bool = False  # MoE: forward with the batch's experts (`routed_experts`)
+    router_replay_from: str = "rollout"  # whose: the engine's (verl's R3) or the old-log-prob pass's (R2)
 
     def _forward(self, mb: Batch, response_length: int, with_entropy: bool,
-                 with_sum_pi_squared: bool = False) -> ForwardOut:
+                 with_sum_pi_squared: bool = False, capture: bool = False) -> ForwardOut:
+        """`capture`: the routers' choices are recorded with each token's place (rlkit/workers/route_capture.py)."""
         inputs = ModelInputs.of(mb["input_ids"], mb["attention_mask"], mb["position_ids"], self._routes(mb))
+        if capture:
+            inputs = inputs.with_extra(self.router_tap.POSITIONS, positions(*mb["input_ids"].shape, self.model.sp))
         if MODEL_INPUTS in mb.non_tensors:  # a vision-language batch: the rows' images (rlkit/data/images.py)
             inputs = inputs.with_images(self.model.module, list(mb.non_tensors[MODEL_INPUTS]))
         return self.model.forward(
@@ -64,17 +69,20 @@ class _PolicyScorer(Worker):
     def _routes(self, mb: Batch) -> torch.Tensor | None:
         if not self.router_replay:
             return None
+        if "routed_experts" not in mb and self.router_replay_from == "old_log_prob":
+            return None  # no old-log-prob pass (one on-policy pass): the update's own routes are the old policy's
         if "routed_experts" not in mb:
             raise UserError("actor_rollout_ref.actor.router_replay=true but the rollout returned no routed_experts: "
                             "use a rollout that records them (rollout.name=hf; docs/moe.md) or set router_replay=false")
         return mb["routed_experts"]
 
     def _log_probs(self, batch: Batch, micro: MicroBatching, with_entropy: bool,
-                   with_sum_pi_squared: bool = False) -> ForwardOut:
+                   with_sum_pi_squared: bool = False, capture_routes: bool = False) -> ForwardOut:
         """Per-token log-probs (and entropies, sum_v pi_v^2) of the batch's rows on CPU, in its row order, `micro`
-        rows per forward."""
+        rows per forward; `capture_routes`: also each token's experts (`routed_experts`, (B, S, layers, k))."""
         response_length = batch["responses"].shape[1]
-        parts: dict[str, list[torch.Tensor]] = {"log_probs": [], "entropy": [], "sum_pi_squared": []}
+        parts: dict[str, list[torch.Tensor]] = {"log_probs": [], "entropy": [], "sum_pi_squared": [],
+                                                "routed_experts": []}
         self.model.module.eval()
         with torch.no_grad():
             keys = FORWARD_KEYS + (["routed_experts"] if self.router_replay and "routed_experts" in batch else [])
@@ -82,14 +90,19 @@ class _PolicyScorer(Worker):
             keys += [k for k in SAMPLE_ID_KEYS if k in batch]  # the rows' ids, for --debug nan (shared, not copied)
             micros, order = micro.split(batch.select(keys))
             for mb in micros:
-                out = self._forward(mb, response_length, with_entropy, with_sum_pi_squared)
+                with self.router_tap.capturing() if capture_routes else contextlib.nullcontext() as records:
+                    out = self._forward(mb, response_length, with_entropy, with_sum_pi_squared, capture_routes)
+                if capture_routes:
+                    out = dataclasses.replace(out, routed_experts=routes(records, mb["attention_mask"],
+                                                                         self.router_tap.top_k, self.model.sp))
                 mask = mb["attention_mask"][:, -response_length:].to(out.log_probs.device).bool()
                 check_tensor("log-prob", out.log_probs[mask], mb, type(self).__name__)
                 for name, values in parts.items():
                     value = getattr(out, name)
                     if value is not None:
-                        values.append(value.float().cpu())
-        wanted = {"log_probs": True, "entropy": with_entropy, "sum_pi_squared": with_sum_pi_squared}
+                        values.append(value if name == "routed_experts" else value.float().cpu())
+        wanted = {"log_probs": True, "entropy": with_entropy, "sum_pi_squared": with_sum_pi_squared,
+                  "routed_experts": capture_routes}
         return ForwardOut(**{name: in_row_order(values, order) if wanted[name] else None
                              for name, values in parts.items()})
 
@@ -120,7 +133,7 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
                                           actor.ppo_max_token_len_per_gpu)
         self.log_prob = log_prob or self.update_micro
         self.logits_chunk_size = actor.logits_chunk_size
-        self.router_replay = actor.router_replay
+        self.router_replay, self.router_replay_from = actor.router_replay, actor.router_replay_from
         self.distillation = distillation
         self.sum_pi_squared = sum_pi_squared
 
@@ -162,11 +175,14 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch) -> Batch:
         maybe_break("actor.compute_log_prob")
-        out = self._log_probs(batch, self.log_prob, with_entropy=True, with_sum_pi_squared=self.sum_pi_squared)
+        capture = self.router_replay and self.router_replay_from == "old_log_prob"  # verl's R2
+        out = self._log_probs(batch, self.log_prob, with_entropy=True, with_sum_pi_squared=self.sum_pi_squared,
+                              capture_routes=capture)
         mask = batch["response_mask"].float()
         tensors = {"old_log_probs": out.log_probs, "entropys": out.entropy}
-        if out.sum_pi_squared is not None:
-            tensors["sum_pi_squared"] = out.sum_pi_squared
+        for name in ("sum_pi_squared", "routed_experts"):
+            if getattr(out, name) is not None:
+                tensors[name] = getattr(out, name)
         return Batch(tensors, meta={"metrics": {"actor/entropy": float(masked_mean(out.entropy, mask))}})
 
     @register(dispatch=Dispatch.DP_COMPUTE)

@@ -26,6 +26,7 @@ class ForwardOut:
     entropy: torch.Tensor | None = None  # (b, R)
     values: torch.Tensor | None = None  # (b, R)
     sum_pi_squared: torch.Tensor | None = None  # (b, R) float32, sum_v pi_v^2 at the log-probs' temperature
+    routed_experts: torch.Tensor | None = None  # (b, S, layers, k) captured routes (workers/route_capture.py)
 
     def rows(self, own: slice) -> ForwardOut:
         return ForwardOut(**{f.name: None if (t := getattr(self, f.name)) is None else t[own] for f in fields(self)})

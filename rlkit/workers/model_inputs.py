@@ -80,6 +80,10 @@ class ModelInputs:
         extras = {} if routed_experts is None else {RouterTap.INPUT: replayed_routes(routed_experts)}
         return cls(input_ids, attention_mask, position_ids, extras)
 
+    def with_extra(self, name: str, extra: TokenInput) -> ModelInputs:
+        """These inputs with one more per-token input."""
+        return replace(self, extras={**self.extras, name: extra})
+
     def with_images(self, module: torch.nn.Module, rows: list | None) -> ModelInputs:
         """These inputs with the rows' images (`multi_modal_inputs`, one per row, {} for none) and, for a model
         with 3-D rotary positions, those positions computed from the full rows (before any trimming/packing)."""

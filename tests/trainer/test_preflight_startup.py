@@ -168,3 +168,19 @@ def test_distillation_teachers_are_resolved_before_the_workers(toy_data, tiny_mo
     check_teachers(p)
     assert p.problems == [] and p.notes == [f"prompt + response for teacher 't' = 263 tokens, past the 256 positions "
                                             f"{tiny_model} was trained with (its outputs there are untrained)"]
+
+
+def test_router_replay_on_a_dense_model_fails_the_dry_run(toy_data, tiny_model, tmp_path):
+    """The actor refuses routing replay on a model without routers when it builds the model; the pre-flight reads
+    the experts from config.json first. A tiny MoE passes (R2: any rollout backend)."""
+    from rlkit.testing import save_tiny_moe
+    from rlkit.trainer.preflight import check_router_replay_model
+
+    replay = ["actor_rollout_ref.actor.router_replay=true", "actor_rollout_ref.actor.router_replay_from=old_log_prob"]
+    p = rl_report(toy_data, tiny_model, tmp_path, *replay)
+    check_router_replay_model(p)
+    assert len(p.problems) == 1 and "declares no experts" in p.problems[0] and "router_replay=false" in p.problems[0]
+    moe = save_tiny_moe(tmp_path / "moe", family="qwen3_moe", hidden=64, heads=1, experts=4)
+    p = rl_report(toy_data, moe, tmp_path, *replay)
+    check_router_replay_model(p)
+    assert p.problems == []

@@ -1,7 +1,8 @@
 """MoE routing replay under Ulysses sequence parallelism: each rank's routers see only its slice of the packed row
 (the group's micro-batches together), so the routes must be gathered and sliced exactly as the tokens are. Two gloo
 workers, a tiny Qwen3-MoE, routes that are not the model's own: the SP=2 forward and its gradients equal the
-SP=1 (data-parallel) forward on the same routes, and the routes changed the log-probs."""
+SP=1 (data-parallel) forward on the same routes, and the routes changed the log-probs; the routes captured for R2
+under SP=2 are SP=1's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from rlkit.config.schema import FSDPConfig
 from tests.gloo_workers import gloo_rank, run_on_gloo_workers
-from tests.workers.test_ulysses import compare, rank_batch, step
+from tests.workers.test_ulysses import R, compare, rank_batch, step
 
 
 def foreign_routes(batch: dict, experts: int, layers: int, seed: int) -> torch.Tensor:
@@ -41,6 +42,10 @@ def _worker(rank: int, store_path: str, path: str, results) -> None:
         assert torch.equal(torch.stack(tap.indices, dim=1), routes[batch["attention_mask"].bool()])
         assert not torch.allclose(own[0][valid], replayed[0][valid], atol=1e-3)
         compare(replayed, step(sp, batch, routed_experts=routes), valid, "moe/replay")
+        # R2's capture: each rank's routers see part of the group's rows; the routes land at this rank's own rows
+        from tests.workers.test_route_capture import capture
+
+        assert torch.equal(capture(sp, batch, True, R)[1], capture(dp, batch, True, R)[1])
 
 
 @pytest.mark.slow
