@@ -272,11 +272,12 @@ def run(toy: bool, steps: int, extra: list[str], probe_every: int = 0) -> tuple[
     return sampler.samples, meta
 
 
-def engine_cycles(cycles: int, generate: bool, vary: bool = False) -> list[dict[str, Any]]:
+def engine_cycles(cycles: int, generate: bool, vary: bool = False, bounded: bool = True) -> list[dict[str, Any]]:
     """The engine alone (SmolLM2, this process): per cycle sleep (level 2, as a colocated CPU engine sleeps) -> wake
     the weights -> load the full state dict (the weight sync) -> wake the KV cache -> [generate 8 x 32 tokens, or
     with `vary` 16 prompts of seeded random 60-250 tokens, as a training step's prompts differ]; `probe()` after each
-    sleep. Tells the engine's own sleep/wake/reload/generate cycle apart from the trainer's."""
+    sleep. Tells the engine's own sleep/wake/reload/generate cycle apart from the trainer's. `bounded`: oneDNN's
+    kernel caches bounded as in rlkit's workers (rlkit/utils/kernel_caches.py)."""
     import random
 
     from transformers import AutoModelForCausalLM
@@ -284,8 +285,11 @@ def engine_cycles(cycles: int, generate: bool, vary: bool = False) -> list[dict[
     from rlkit.config.rollout import RolloutConfig
     from rlkit.models.resolve import resolve_model_path
     from rlkit.rollout.vllm_rollout import VLLMRollout
+    from rlkit.utils.kernel_caches import bound_kernel_caches
     from rlkit.utils.vllm_env import prepare_vllm_env
 
+    if bounded:
+        bound_kernel_caches()  # as every rlkit worker does at its start
     prepare_vllm_env()
     from vllm import SamplingParams
 
@@ -371,6 +375,8 @@ def main() -> None:
     ap.add_argument("--no-generate", action="store_true", help="--engine-cycles without generation")
     ap.add_argument("--vary-lengths", action="store_true",
                     help="--engine-cycles: 16 prompts of random lengths per cycle (a training step's shapes)")
+    ap.add_argument("--unbounded-caches", action="store_true",
+                    help="--engine-cycles: oneDNN's kernel caches at their defaults (rlkit's workers bound them)")
     ap.add_argument("--from-metrics", default=None,
                     help="instead of training: a run's metrics.jsonl -> the worker's RSS asleep per step (JSON)")
     ap.add_argument("--report", default=None, help="only print the table of a saved JSON")
@@ -394,7 +400,8 @@ def main() -> None:
         print(table(result))
         return
     if args.engine_cycles:
-        cycles = engine_cycles(args.engine_cycles, not args.no_generate, args.vary_lengths)
+        cycles = engine_cycles(args.engine_cycles, not args.no_generate, args.vary_lengths,
+                               bounded=not args.unbounded_caches)
         name = "soak_engine" + ("_nogen" if args.no_generate else "_vary" if args.vary_lengths else "") + \
             (f"_{args.tag}" if args.tag else "")
         per = growth([{"step": c["step"], "rss_mb": {"engine": c["VmRSS"]}} for c in cycles], 1)

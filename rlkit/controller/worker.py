@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from rlkit.controller.decorator import Dispatch, DispatchInfo, register
+from rlkit.utils.kernel_caches import bound_kernel_caches
 
 DEFAULT_DIST_TIMEOUT_S = int(os.environ.get("RLKIT_DIST_TIMEOUT_S", "1800"))
 
@@ -104,6 +105,7 @@ class Worker:
     """Base for role classes. Subclasses call `super().__init__()` first."""
 
     def __init__(self) -> None:
+        bound_kernel_caches()  # before this process's first CPU matmul (rlkit/utils/kernel_caches.py)
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
