@@ -406,10 +406,13 @@ def write_markdown(results: dict, path: Path) -> None:
         for key, _ in keys.most_common():
             counts = [str(summary(c)["stops"].get(key, 0)) for c in entry["commits"].values()]
             lines.append(f"| `{key}` | " + " | ".join(counts) + " |")
-        runs = entry.get("real_steps", [])
-        if runs:
+        for key, what in (("real_steps", "seeded sample of accepted scripts"), ("real_steps_extra", "named scripts "
+                                                                                   "outside the sample (--also)")):
+            runs = entry.get(key, [])
+            if not runs:
+                continue
             ok = sum(r["ok"] for r in runs)
-            lines += ["", f"One real step, seeded sample of accepted scripts: **{ok} of {len(runs)}** trained.", "",
+            lines += ["", f"One real step, {what}: **{ok} of {len(runs)}** trained.", "",
                       "| verl commit | script | trained | s | stop |", "|---|---|---|---:|---|"]
             for r in runs:
                 lines.append(f"| {r['commit']} | {r['script']} | {'yes' if r['ok'] else 'no'} | {r['seconds']:.0f} "
@@ -438,6 +441,10 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="take the dry runs of --label from --out's JSON (the "
                     "commits it holds are not run again; e.g. to run the real steps after two dry-run processes)")
     ap.add_argument("--tree", help="an rlkit checkout to measure instead of this one (e.g. `git archive` of HEAD)")
+    ap.add_argument("--also", action="append", default=[],
+                    help="an accepted script (path under the verl export, e.g. examples/x/run.sh) also run for one "
+                         "real step, outside the sample (real_steps_extra)")
+    ap.add_argument("--note", default="", help="a line kept with the entry (machine, load, what differs)")
     args = ap.parse_args()
     if args.tree:
         os.environ["RLKIT_BENCH_TREE"] = str(Path(args.tree).resolve())
@@ -459,16 +466,20 @@ def main() -> None:
         print(json.dumps({name: summary(commits[name])}, indent=1), flush=True)
     rlkit_commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                   text=True).stdout.strip() + (f" (tree {args.tree})" if args.tree else " + work tree")
-    entry = {"rlkit_commit": rlkit_commit, "commits": commits, "real_steps": []}
+    entry = {"rlkit_commit": rlkit_commit, "commits": commits, "real_steps": [], "real_steps_extra": [],
+             **({"note": args.note} if args.note else {})}
     accepted = [(name, r) for name, c in commits.items() for r in c["rows"] if r["ok"]]
-    for name, row in random.Random(args.seed).sample(accepted, min(args.sample, len(accepted))):
-        root = Path(commits[name]["root"])
-        overrides = shrink(row["overrides"])
-        log = work / "steps" / f"{name}_{row['script'].replace('/', '_')}.log"
-        ok, line, took = real_step(row["options"], overrides, root, args.timeout, log)
-        entry["real_steps"].append({"commit": name, "script": row["script"], "ok": ok, "line": line,
-                                    "seconds": round(took, 1), "overrides": overrides})
-        print(f"{'STEP' if ok else 'FAIL'} {name} {row['script']} {took:.0f}s {line[:200]}", flush=True)
+    sample = random.Random(args.seed).sample(accepted, min(args.sample, len(accepted)))
+    extra = [(name, r) for name, r in accepted if r["script"] in args.also and (name, r) not in sample]
+    for runs, chosen in (("real_steps", sample), ("real_steps_extra", extra)):
+        for name, row in chosen:
+            root = Path(commits[name]["root"])
+            overrides = shrink(row["overrides"])
+            log = work / "steps" / f"{name}_{row['script'].replace('/', '_')}.log"
+            ok, line, took = real_step(row["options"], overrides, root, args.timeout, log)
+            entry[runs].append({"commit": name, "script": row["script"], "ok": ok, "line": line,
+                                "seconds": round(took, 1), "overrides": overrides})
+            print(f"{'STEP' if ok else 'FAIL'} {name} {row['script']} {took:.0f}s {line[:200]}", flush=True)
     results = json.loads(store.read_text()) if store.is_file() else {}  # again: another run may have written
     results[args.label] = entry
     store.write_text(json.dumps(results, indent=1) + "\n")
