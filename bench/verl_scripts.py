@@ -10,7 +10,8 @@ records its arguments; so line continuations, `$VAR`/`${VAR:-default}`, `$((...)
 `"$@"` (empty) are expanded by bash exactly as for a verl user. The arguments after `-m verl.trainer.main_ppo`
 are the overrides. Only these are rewritten:
 
-- data paths: `data.train_files`/`data.val_files` -> GSM8K parquet made by `rlkit data gsm8k`
+- data paths: `data.train_files`/`data.val_files` (or verl's default, ~/data/gsm8k, where a script gives none)
+  -> GSM8K parquet made by `rlkit data gsm8k`
   (from ../shared/data/gsm8k when present, else the offline copy): the first 4096 train rows (the largest
   batch), 16 test rows;
 - model paths (`*.model.path`, `*tokenizer_path`, `*.input_tokenizer`) -> a tiny random model whose maximum
@@ -205,6 +206,9 @@ def rewrite(overrides: list[str], paths: dict[str, str]) -> list[str]:
         out.append(f"{key}={new}")
     if not any(_key(o) == "trainer.n_gpus_per_node" for o in out):  # verl's default is 8 GPUs: rewritten to WORLD
         out.append(f"trainer.n_gpus_per_node={WORLD}")
+    for key, path in (("data.train_files", paths["train"]), ("data.val_files", paths["test"])):
+        if not any(_key(o) == key for o in out):  # verl's default, ~/data/gsm8k/*.parquet, is a data path too
+            out.append(f"{key}={path}")
     return out
 
 
@@ -252,7 +256,7 @@ def fixtures(work: Path) -> dict[str, str]:
     if not (moe / "config.json").is_file():
         from rlkit.testing import build_tiny_moe
 
-        net, tok = build_tiny_moe("qwen3_moe", hidden=64, heads=1, experts=4)  # head_dim 64
+        net, tok = build_tiny_moe("qwen3_moe", hidden=128, heads=2, experts=4)  # head_dim 64, 2 heads for TP/SP 2
         net.config.max_position_embeddings = MAX_POSITIONS
         net.save_pretrained(moe)
         tok.save_pretrained(moe)

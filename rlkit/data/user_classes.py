@@ -48,6 +48,12 @@ def _module(path: str, key: str) -> Any:
 
 
 def _import(dotted: str, key: str, shown: str) -> Any:
+    """The module, from the working directory first where it holds the package: verl is started as `python -m`
+    from the folder its `pkg://` paths are relative to (its own examples name `pkg://tests.utils...` of its
+    repository)."""
+    here, top = Path.cwd(), dotted.split(".")[0]
+    if ((here / top).is_dir() or (here / f"{top}.py").is_file()) and sys.path[:1] != [str(here)]:
+        sys.path.insert(0, str(here))
     try:
         return importlib.import_module(dotted)
     except ImportError as exc:

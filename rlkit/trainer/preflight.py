@@ -18,7 +18,12 @@ from typing import Any
 from rlkit.algo.run_needs import critic_enabled
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
-from rlkit.trainer.preflight_engine import check_engine_architecture, check_engine_kwargs, check_positions
+from rlkit.trainer.preflight_engine import (
+    check_engine_architecture,
+    check_engine_kwargs,
+    check_engine_tensor_parallel,
+    check_positions,
+)
 from rlkit.utils.fs_checks import free_bytes, human_bytes, writable_dir_problem
 
 BYTES_PER_PARAM_IN_CHECKPOINT = 4 + 8  # fp32 weights + AdamW's two fp32 moments (what FSDPModel.save writes)
@@ -343,6 +348,20 @@ def check_custom_reward(p: Preflight) -> None:
         p.problems.append(str(exc))
 
 
+def check_user_classes(p: Preflight) -> None:
+    """data.sampler and data.custom_cls name importable classes (imported here as the trainer will)."""
+    from rlkit.data.user_classes import load_user_object
+
+    d = p.cfg.data
+    for key, path, name in (("data.sampler", d.sampler.class_path, d.sampler.class_name),
+                            ("data.custom_cls", d.custom_cls.path, d.custom_cls.name)):
+        if path:
+            try:
+                load_user_object(path, name, key)
+            except UserError as exc:
+                p.problems.append(str(exc))
+
+
 def check_trackers(p: Preflight) -> None:
     """Each tracker in trainer.logger has its package installed (found now, not after the workers load)."""
     from rlkit.utils.tracking import missing_tracker_packages
@@ -374,7 +393,8 @@ def check_sequence_parallel(p: Preflight) -> None:
 CHECKS: list[Check] = [
     check_data, check_model, check_dataset, check_batch_rows, check_teachers, check_output_dirs, check_disk,
     check_resume, check_custom_reward, check_sequence_parallel, check_trackers, check_engine_kwargs,
-    check_engine_architecture, check_positions, check_router_replay_model,
+    check_engine_architecture, check_engine_tensor_parallel, check_positions, check_router_replay_model,
+    check_user_classes,
 ]
 
 

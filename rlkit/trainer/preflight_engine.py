@@ -1,5 +1,6 @@
 """Pre-flight checks of what the rollout engine will be asked to do: its extra arguments against the installed vLLM,
-the model's architecture against the engine that loads it, prompt + response against the model's positions.
+the model's architecture against the engine that loads it, its heads against the engine's tensor-parallel size,
+prompt + response against the model's positions.
 
 Each would otherwise fail after Ray and the workers started, inside the engine worker, with a traceback. None of
 them imports vLLM (rlkit.rollout.vllm_args / vllm_arch read its installed source), and none runs for `rollout.name=hf`
@@ -92,6 +93,26 @@ def check_engine_architecture(p: Any) -> None:
         p.problems.append(problem)
     if note:
         p.notes.append(note)
+
+
+def check_engine_tensor_parallel(p: Any) -> None:
+    """vLLM splits the attention heads over `rollout.tensor_model_parallel_size` ranks: the query heads must divide
+    evenly, and the key/value heads too (or be replicated: the size a multiple of them)."""
+    from rlkit.models.context import text_config
+
+    tp = p.cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if p.model_dir is None or not _vllm(p) or tp <= 1:
+        return
+    config = text_config(p.model_dir)
+    heads = config.get("num_attention_heads")
+    kv = config.get("num_key_value_heads") or heads
+    key = f"{ROLLOUT}.tensor_model_parallel_size={tp}"
+    if isinstance(heads, int) and heads % tp:
+        p.problems.append(f"{key}: vLLM splits the {heads} attention heads of {p.model_dir} over the engine's ranks, "
+                          f"and {tp} does not divide them; use a size that divides {heads}")
+    elif isinstance(kv, int) and kv % tp and tp % kv:
+        p.problems.append(f"{key}: the {kv} key/value heads of {p.model_dir} neither split over {tp} ranks nor "
+                          f"replicate to them; use a size that divides {kv} or a multiple of it")
 
 
 def length_problem(model_dir: Path, need: int, what: str, engine: bool) -> tuple[str | None, str | None]:

@@ -77,6 +77,33 @@ def test_a_package_path_is_imported(tmp_path, monkeypatch):
     assert sampler.order(0).tolist() == [2, 1, 0]
 
 
+def test_a_package_path_is_found_in_the_working_directory_as_python_m_finds_it(tmp_path, monkeypatch):
+    """verl runs from its repository with `python -m`, so `pkg://` paths of its examples are relative to the working
+    directory (e.g. `pkg://tests.utils.dataset...`); rlkit's console script looks there too."""
+    package = tmp_path / "mysamplers" / "curriculum"
+    package.mkdir(parents=True)
+    (tmp_path / "mysamplers" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "reverse.py").write_text(SAMPLER)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    sampler = UserSampler("pkg://mysamplers.curriculum.reverse", "ReverseSampler", Rows(3), DataConfig())
+    assert sampler.order(0).tolist() == [2, 1, 0]
+
+
+def test_the_preflight_imports_the_users_classes(tmp_path):
+    from rlkit.trainer.preflight import Preflight, check_user_classes
+
+    (tmp_path / "s.py").write_text(SAMPLER)
+    cfg = load_config("grpo", ["actor_rollout_ref.rollout.name=hf", f"data.sampler.class_path={tmp_path / 's.py'}",
+                               "data.sampler.class_name=ReverseSampler", "data.custom_cls.path=pkg://nowhere_x",
+                               "data.custom_cls.name=D"])
+    p = Preflight(cfg, allow_download=False)
+    check_user_classes(p)
+    assert p.problems == ["data.custom_cls: cannot import pkg://nowhere_x (No module named 'nowhere_x'); check the "
+                          "module path"]
+
+
 @pytest.mark.parametrize("path, name, words", [
     ("/no/such/file.py", "S", "data.sampler: no file /no/such/file.py"),
     ("pkg://no_such_module_here", "S", "data.sampler: cannot import pkg://no_such_module_here"),

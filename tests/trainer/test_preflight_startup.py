@@ -184,3 +184,21 @@ def test_router_replay_on_a_dense_model_fails_the_dry_run(toy_data, tiny_model, 
     p = rl_report(toy_data, moe, tmp_path, *replay)
     check_router_replay_model(p)
     assert p.problems == []
+
+
+def test_the_engines_tensor_parallel_size_against_the_models_heads(toy_data, tmp_path):
+    """vLLM refuses an engine whose ranks do not split the attention heads, inside the engine worker; the pre-flight
+    says it first (a tiny model with 2 heads, on 4 workers)."""
+    from rlkit.testing import save_tiny_model
+    from rlkit.trainer.preflight_engine import check_engine_tensor_parallel
+
+    model = save_tiny_model(tmp_path / "h2", heads=2)
+    for tp, problems in ((4, 1), (2, 0)):
+        p = rl_report(toy_data, model, tmp_path, f"{ROLLOUT}.name=vllm", f"{ROLLOUT}.tensor_model_parallel_size={tp}",
+                      "trainer.n_gpus_per_node=4")
+        check_engine_tensor_parallel(p)
+        assert len(p.problems) == problems, p.problems
+    p = rl_report(toy_data, model, tmp_path, f"{ROLLOUT}.name=vllm", f"{ROLLOUT}.tensor_model_parallel_size=4",
+                  "trainer.n_gpus_per_node=4")
+    check_engine_tensor_parallel(p)
+    assert "tensor_model_parallel_size=4" in p.problems[0] and "2 attention heads" in p.problems[0]
