@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SamplerClassConfig:
-    class_path: str | None = field(default=None, metadata={"help": "pkg://dotted.module or a .py file holding the "
-                                   "training sampler class; null = rlkit's seeded order (data.shuffle)"})
+    class_path: str | None = field(default=None, metadata={"help": "pkg://dotted.module (the working directory first, "
+                                   "as `python -m` finds it) or a .py file holding the training sampler class; null = "
+                                   "rlkit's seeded order (data.shuffle)"})
     class_name: str | None = field(default=None, metadata={"help": "the sampler class: built as cls(data_source="
                                    "dataset, data_config=data); an update(batch) method is called after each step"})
 
