@@ -1,6 +1,6 @@
 """The sandboxed side of the code judge (rlkit/sandbox/code_judge.py), part 1 of 3: the wire format.
 
-Stdlib only, no rlkit imports: the three parts (this, _judge_serve.py, _judge_test.py) are joined into one
+Stdlib only, no rlkit imports: the three parts (this, _judge_serve.py, _judge_run.py) are joined into one
 program that runs as `python -I -c <program> serve|test` inside the sandbox (code_judge.py passes it compiled);
 a line ending in `# child: joined` imports between parts for linters and readers and is dropped when joined.
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from rlkit.sandbox.process import SandboxLimits, SandboxProcess, pump
 
-CHILD_PARTS = ("_judge_wire.py", "_judge_serve.py", "_judge_test.py")
+CHILD_PARTS = ("_judge_wire.py", "_judge_serve.py", "_judge_run.py")
 
 
 def child_source() -> str:
