@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -81,11 +82,20 @@ def train(
         try:
             _train(algo, overrides, config, config_path, config_name, dry_run, address, debug, num_cpus)
         except (TrainingInterrupted, KeyboardInterrupt) as exc:
-            watch.stopping()
-            stop = exc if isinstance(exc, TrainingInterrupted) else TrainingInterrupted(None, None, None, watch.signum)
-            Console(stderr=True, soft_wrap=True).print(stop.line(sys.argv), markup=False, highlight=False)
-            leave_now(stop.exit_code)
-            raise typer.Exit(stop.exit_code) from None
+            interrupted(watch, exc if isinstance(exc, TrainingInterrupted) else
+                        TrainingInterrupted(None, None, None, watch.signum))
+        except Exception:  # our interrupt, wrapped by the library it hit (OmegaConf while the config loads)
+            if not watch.hit:
+                raise
+            interrupted(watch, TrainingInterrupted(None, None, None, watch.signum))
+
+
+def interrupted(watch: Any, stop: Any) -> None:
+    """The one line of a run stopped by Ctrl-C / SIGTERM (how to resume), then its exit status (130 / 143)."""
+    watch.stopping()
+    Console(stderr=True, soft_wrap=True).print(stop.line(sys.argv), markup=False, highlight=False)
+    leave_now(stop.exit_code)
+    raise typer.Exit(stop.exit_code) from None
 
 
 def leave_now(code: int) -> None:

@@ -244,6 +244,26 @@ def test_interrupt_line_replaces_the_resume_setting_and_quotes_arguments():
     assert TrainingInterrupted(0, 5, None).line().startswith("interrupted before the first step; no checkpoint")
 
 
+def test_ctrl_c_that_a_library_wrapped_in_its_own_error_is_still_one_line(monkeypatch):
+    """Ctrl-C while the config loads can land inside OmegaConf, which turns the KeyboardInterrupt into one of its own
+    errors (seen under load: a traceback ending `object_type=RuntimeConf`, exit 1). The signal was ours: one line,
+    exit 130."""
+    import rlkit_cli.commands.train as train_cmd
+
+    def load_config_hit_by_ctrl_c(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise ValueError("could not build the config\n    object_type=RuntimeConf") from None
+
+    monkeypatch.setattr(train_cmd, "_train", load_config_hit_by_ctrl_c)
+    monkeypatch.setattr(train_cmd, "leave_now", lambda code: None)
+    result = CliRunner().invoke(app, ["train", "grpo", "trainer.logger=[file]"])
+    assert result.exit_code == 130, result.output
+    assert result.output.strip().splitlines()[-1].startswith("interrupted before training started")
+
+
 def _interrupt(cmd: list[str], out: Path, ready, timeout: float = 300, sigterm: bool = False) -> tuple[int, str, str]:
     """Start `cmd` in its own process group, wait for `ready()`, then send SIGINT to the group (what a
     terminal's Ctrl-C does), or SIGTERM to the driver alone (what `kill PID` or a scheduler does);
