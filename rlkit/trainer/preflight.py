@@ -250,10 +250,11 @@ EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "mo
 
 def check_router_replay_model(p: Preflight) -> None:
     """actor.router_replay needs routers: a model whose config.json declares experts."""
+    from rlkit.models.context import text_config
+
     if p.model_dir is None or not p.cfg.actor_rollout_ref.actor.router_replay:
         return
-    config = _model_config(p.model_dir)
-    config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
+    config = text_config(p.model_dir)
     if not any(isinstance(config.get(k), int) and config[k] > 1 for k in EXPERT_COUNT_KEYS):
         p.problems.append(f"actor_rollout_ref.actor.router_replay=true replays the routes of a mixture-of-experts "
                           f"model; {p.model_dir} declares no experts ({', '.join(EXPERT_COUNT_KEYS)} in its "
