@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from rlkit.errors import UserError
+from rlkit.phases import call_outputs
 
 INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 FLOAT32 = (torch.float32,)
@@ -82,15 +83,9 @@ BATCH_KEYS: dict[str, BatchKey] = {
     "returns": _key("B,R", FLOAT32, "driver (compute_advantages)", "value loss", "per-token return target"),
 }
 
-#: what each worker call must return (the rollout's list is the minimum: it may add declared keys)
-CALL_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "generate_sequences": ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"),
-    "compute_log_prob": ("old_log_probs",),
-    "compute_ref_log_prob": ("ref_log_prob",),
-    "compute_values": ("values",),
-    "compute_rm_score": ("rm_scores",),
-    "compute_teacher_log_prob": ("teacher_log_probs",),
-}
+#: what each worker call must return (the rollout's list is the minimum: it may add declared keys); declared with
+#: the call's phase in rlkit/phases.py
+CALL_OUTPUTS: dict[str, tuple[str, ...]] = call_outputs()
 
 
 def check_output(role: str, call: str, out: object, rows: int, response_length: int | None) -> None:

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # bottom to top; a module's layer is the first entry that is a prefix of its dotted name
 LAYERS: list[tuple[str, ...]] = [
-    ("rlkit.errors", "rlkit.registry", "rlkit.protocol", "rlkit.batch_keys", "rlkit.testing"),
+    ("rlkit.errors", "rlkit.registry", "rlkit.protocol", "rlkit.phases", "rlkit.batch_keys", "rlkit.testing"),
     ("rlkit.config",),
     ("rlkit.utils",),
     ("rlkit.debug",),

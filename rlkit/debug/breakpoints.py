@@ -11,9 +11,8 @@ in the next collective, which is why debug mode relaxes the timeouts).
 Rules in `RLKIT_BREAK_AT` are comma separated: `PHASE[:rank=N|*][:step=N]`, PHASE may use
 shell wildcards (`actor.*`). The default rank is 0.
 
-Phases the workers announce (rlkit/workers): rollout.generate, rollout.validate,
-actor.compute_log_prob, actor.update_policy, ref.compute_log_prob, critic.compute_values,
-critic.update, teacher.compute_log_prob. The step is the trainer's global step: every worker call carries it from
+The phases the workers announce (rollout.generate, actor.update_policy, ...) are declared with their calls in
+rlkit/phases.py (`Call.breakpoint`). The step is the trainer's global step: every worker call carries it from
 the driver (rlkit.controller.worker_group), so it is set in every role, in both worker layouts.
 
 Test hooks (for the debug tests; comma separated phase patterns, every rank):
@@ -33,15 +32,13 @@ from dataclasses import dataclass
 from types import FrameType
 
 from rlkit.errors import UserError
+from rlkit.phases import break_names
 
 BREAK_AT_ENV = "RLKIT_BREAK_AT"
 BREAK_AT_KEY = "trainer.debug.break_at"
-# Every phase a worker announces with maybe_break() (a test keeps this in step with rlkit/workers).
-PHASES = (
-    "rollout.generate", "rollout.validate", "actor.compute_log_prob", "actor.update_policy",
-    "ref.compute_log_prob", "critic.compute_values", "critic.update", "reward_model.compute_rm_score",
-    "teacher.compute_log_prob",
-)  # fmt: skip
+# Every phase a worker announces with maybe_break(), declared with its call in rlkit/phases.py (a test keeps the
+# workers' literals in step with it)
+PHASES = break_names()
 TEST_RAISE_ENV = "RLKIT_TEST_RAISE_IN"
 TEST_BREAKPOINT_ENV = "RLKIT_TEST_BREAKPOINT_IN"
 RAY_WORKER_HOOK = "ray.util.rpdb.set_trace"  # what Ray puts in PYTHONBREAKPOINT in a worker

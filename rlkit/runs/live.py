@@ -16,18 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlkit.phases import PHASES
 from rlkit.runs.read import METRICS_FILE, log_dir_of, run_state
 from rlkit.runs.status import read_status
 
 log = logging.getLogger("rlkit.runs")
 
-#: the driver's step phase -> the roles working in it (the others wait)
-PHASE_ROLES = {
-    "gen": ("rollout", "reward_model", "actor"), "old_log_prob": ("actor",), "ref": ("ref", "actor"),
-    "teacher": ("teacher",), "values": ("critic",), "update_critic": ("critic",), "update_actor": ("actor",),
-    "update_weights": ("actor", "rollout"), "validate": ("rollout", "actor"), "checkpoint": ("actor", "critic"),
-    "step": ("actor", "rollout"),
-}
+#: the driver's step phase -> the roles working in it (the others wait), as rlkit/phases.py declares them
+PHASE_ROLES = {name: phase.busy for name, phase in PHASES.items() if phase.busy}
 
 
 class Follower:

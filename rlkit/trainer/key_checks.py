@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from rlkit.batch_keys import CALL_OUTPUTS, check_output
+from rlkit.phases import call_roles
 
-ROLES = ("actor", "rollout", "ref", "critic", "reward_model", "teacher")
+ROLES = call_roles()  # every role a phase calls (rlkit/phases.py)
 
 
 class CheckedView:

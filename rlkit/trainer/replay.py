@@ -27,12 +27,13 @@ from typing import Any
 import torch
 
 from rlkit.errors import UserError
+from rlkit.phases import role_call, training_calls
 from rlkit.protocol import Batch
 from rlkit.registry import Registry
 from rlkit.trainer.step_record import StepRecord, find_record, load_record
 
 #: the update each trained role runs in a step (the driver's call), replayed for the steps since the checkpoint
-UPDATES = {"actor": "update_actor", "critic": "update_critic"}
+UPDATES = training_calls()
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def _reference(host: Any, record: StepRecord, name: str) -> dict[str, float]:
     if "ref_log_prob" not in record.batch:
         raise UserError(f"step {record.step}'s batch has no ref_log_prob: that run used no reference; replay "
                         "--role actor or critic")
-    out = host.call(name, "compute_ref_log_prob", record.step, record.batch)
+    out = host.call(name, role_call("ref", "ref"), record.step, record.batch)
     mask = record.batch["response_mask"].bool()
     gap = (out["ref_log_prob"] - record.batch["ref_log_prob"]).abs()[mask]
     return {"ref/log_prob_max_abs_diff": float(gap.max()) if gap.numel() else 0.0}

@@ -1,9 +1,8 @@
 """What one training step returns (`RLTrainer.train_step`), typed: no private keys riding in the metrics.
 
-Timing names: `timing_s/<phase>` is the driver's wall time of one phase of the step, `phases` here
-(gen, reward, gen_baseline, old_log_prob, ref, values, adv, update_critic, update_actor,
-update_weights; gen_wait in one-step-off mode). `gen` is the whole generation stage as the
-driver sees it, so it includes the reward scoring (`reward`) and dynamic-sampling refills.
+Timing names: `timing_s/<phase>` is the driver's wall time of one phase of the step, `phases` here (the names
+rlkit/phases.py declares). `gen` is the whole generation stage as the driver sees it, so it includes the reward
+scoring (`reward`) and dynamic-sampling refills.
 Workers time their own work under other names, so neither overwrites the other: the rollout
 engine's generation is `timing_s/generate_sequences` (verl's name), a weight load into the
 engine `timing_s/rollout_load_weights`.

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from rlkit.phases import PHASES
 from rlkit.utils.tracker_base import TRACKERS, Generation, RunInfo, generation_rows
 
 # What the per-step table shows (fnmatch patterns, in display order); everything goes to the other backends.
@@ -23,7 +24,7 @@ CONSOLE_KEYS = [
     "train/loss", "train/grad_norm", "train/lr",  # rlkit train sft
     "rewards/accuracies", "rewards/margins",  # rlkit train dpo (TRL's names)
     "response_length/mean", "response_length/clip_ratio", "prompt_length/mean",
-    "timing_s/step", "timing_s/gen", "timing_s/update_actor", "timing_s/ref", "timing_s/update_critic",
+    "timing_s/step", *(f"timing_s/{name}" for name, phase in PHASES.items() if phase.console),
     "perf/throughput", "perf/tokens_per_s", "perf/mfu", "memory/*/rss_peak_gb", "memory/*/cuda_peak_allocated_gb",
     "val/*",
 ]

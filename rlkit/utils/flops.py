@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from rlkit.phases import PHASES
+
 #: Dense (no sparsity) spec-sheet peak in TFLOP/s: name fragment -> {dtype: peak}. First match wins.
 GPU_PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     ("GB200", {"bf16": 2500.0, "fp32": 80.0}),
@@ -185,10 +187,6 @@ def mfu(flops: float, seconds: float, peak: float) -> float:
 class MFUMeter:
     """`perf/mfu` of RL steps: FLOPs of the passes a step ran over its valid tokens / (step time x peak)."""
 
-    #: Phases of a step (the driver's names, `StepResult.phases`) that run one no-grad forward over the batch;
-    #: update_actor / update_critic run a forward + backward per epoch.
-    SCORE_PHASES = ("old_log_prob", "ref", "values")
-
     def __init__(self, model_config: Any, peak: float, source: str, actor_epochs: int = 1, critic_epochs: int = 1):
         self.model_config, self.peak, self.source = model_config, peak, source
         self.actor_epochs, self.critic_epochs = actor_epochs, critic_epochs
@@ -207,9 +205,12 @@ class MFUMeter:
 
     def step_flops(self, attention_mask: torch.Tensor, phases: Collection[str]) -> float:
         """FLOPs of the phases a step ran (`StepResult.phases`: "ref", "update_actor", ...) over these rows'
-        valid tokens. A phase the meter does not know (gen, reward, adv, ...) runs no counted matmuls."""
-        scored = sum(1 for p in self.SCORE_PHASES if p in phases)
-        trained = self.actor_epochs * ("update_actor" in phases) + self.critic_epochs * ("update_critic" in phases)
+        valid tokens. Each phase's kind is declared in rlkit/phases.py (`Phase.flops`): "forward" = one no-grad
+        forward, "train" = a forward and a backward per epoch of its role; the others run no counted matmuls."""
+        ran = [PHASES[p] for p in phases if p in PHASES]
+        scored = sum(1 for p in ran if p.flops == "forward")
+        epochs = {"actor": self.actor_epochs, "critic": self.critic_epochs}
+        trained = sum(epochs[c.role] for p in ran if p.flops == "train" for c in p.calls)
         return step_flops(self.model_config, attention_mask.sum(-1).tolist(), trained, scored)
 
     def __call__(self, flops: float, seconds: float) -> float:
