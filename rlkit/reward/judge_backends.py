@@ -23,17 +23,16 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from rlkit.config.judge import PREFIX, JudgeConfig
 from rlkit.errors import UserError
 from rlkit.registry import Registry
-
-T = TypeVar("T")
+from rlkit.utils.async_run import run_coroutine
+from rlkit.utils.network import post_with_retries
 
 
 @dataclass
@@ -57,54 +56,7 @@ JUDGE_BACKENDS: Registry[Any] = Registry(f"judge backend ({PREFIX}backend)")
 EngineFactory = Callable[[dict[str, Any]], Any]
 
 
-def run_coroutine(make: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine to completion from sync code, also when this thread already runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())  # type: ignore[arg-type]
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlkit-judge-loop") as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()  # type: ignore[arg-type]
-
-
 # ------------------------------------------------------------------ http
-RETRY_STATUS = (408, 429)
-
-
-@dataclass
-class Posted:
-    """What `post_with_retries` got: the reply to read (a success, or a 4xx not worth retrying), or None when every
-    attempt failed, with why the last one did."""
-
-    reply: Any | None
-    error: str
-    attempts: int
-
-
-async def post_with_retries(client: Any, gate: asyncio.Semaphore, httpx: Any, url: str, payload: dict, *,
-                            timeout_s: float, retries: int, backoff_s: float) -> Posted:
-    """POST `payload` under the concurrency `gate`, retrying timeouts, connection errors, 5xx, 408 and 429 with an
-    exponential backoff (the judge's and the served teacher's one retry policy)."""
-    error = "no attempt"
-    for attempt in range(retries + 1):
-        if attempt:
-            await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
-        async with gate:
-            try:
-                reply = await asyncio.wait_for(client.post(url, json=payload), timeout_s)
-            except (asyncio.TimeoutError, httpx.TimeoutException):
-                error = "timeout"
-                continue
-            except httpx.HTTPError as exc:
-                error = f"connection: {type(exc).__name__}: {exc}"
-                continue
-        if reply.status_code >= 500 or reply.status_code in RETRY_STATUS:
-            error = f"http {reply.status_code}"
-            continue
-        return Posted(reply, "", attempt + 1)
-    return Posted(None, error, retries + 1)
-
-
 @JUDGE_BACKENDS.register("http", "openai")
 class HTTPJudgeBackend:
     """An OpenAI-compatible chat-completions endpoint."""
@@ -137,7 +89,7 @@ class HTTPJudgeBackend:
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
 
     def complete(self, prompts: list[str]) -> list[Completion]:
-        return run_coroutine(lambda: self._complete_all(prompts))
+        return run_coroutine(self._complete_all(prompts))
 
     async def _complete_all(self, prompts: list[str]) -> list[Completion]:
         httpx = self.httpx

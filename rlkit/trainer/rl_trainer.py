@@ -19,6 +19,7 @@ from rlkit.algo.kl import make_kl_controller
 from rlkit.algo.metrics import compute_data_metrics
 from rlkit.algo.run_needs import run_needs
 from rlkit.config.schema import RLConfig
+from rlkit.data.prompt_stream import PromptStream
 from rlkit.debug import set_step
 from rlkit.debug.anomaly import check_tensor
 from rlkit.protocol import Batch
@@ -32,7 +33,6 @@ from rlkit.trainer.one_step_off import OneStepOffRollout
 from rlkit.trainer.preflight import log_dir_of
 from rlkit.trainer.rollout_source import (
     ROLLOUT_SOURCES,
-    PromptStream,
     RolloutContext,
     SyncRollout,
     repeat_with_uids,

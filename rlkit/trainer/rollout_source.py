@@ -19,7 +19,7 @@ in flight between steps, and `close()` stops whatever the source started.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from rlkit.algo.dapo import dynamic_sampling_filter
 from rlkit.algo.run_needs import run_needs
 from rlkit.config.schema import RLConfig
 from rlkit.data.images import ENGINE_INPUTS, MODEL_INPUTS
+from rlkit.data.prompt_stream import PromptStream
 from rlkit.protocol import Batch
 from rlkit.registry import Registry
 from rlkit.rollout.lifecycle import call_seed
@@ -43,31 +44,6 @@ def repeat_with_uids(prompts: Batch, n: int) -> Batch:
     """Give each prompt a uid, then repeat it n times (interleaved) so the samples of a group are adjacent."""
     prompts["uid"] = np.array([uuid.uuid4().hex for _ in range(len(prompts))], dtype=object)
     return prompts.repeat(n, interleave=True)
-
-
-class PromptStream:
-    """The training loader's batches, epoch after epoch; `peek` fetches the next one early (the same batch
-    `next` returns after it)."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-        self._epochs = self._forever()
-        self._ahead: list[Batch] = []
-
-    def _forever(self) -> Iterator[Batch]:
-        while True:
-            yield from self.loader
-
-    def __iter__(self) -> PromptStream:
-        return self
-
-    def __next__(self) -> Batch:
-        return self._ahead.pop(0) if self._ahead else next(self._epochs)
-
-    def peek(self) -> Batch:
-        if not self._ahead:
-            self._ahead.append(next(self._epochs))
-        return self._ahead[0]
 
 
 @dataclass

@@ -23,7 +23,8 @@ from typing import Any
 
 from rlkit.config.distillation import TeacherModelConfig
 from rlkit.errors import UserError
-from rlkit.reward.judge_backends import post_with_retries, run_coroutine
+from rlkit.utils.async_run import run_coroutine
+from rlkit.utils.network import post_with_retries
 
 
 @dataclass
@@ -49,7 +50,7 @@ class ServedTeacher:
 
     def score(self, sequences: list[list[int]]) -> list[Scored]:
         """Log-probs of every token but the first of each id sequence (position i: log p(ids[i] | ids[:i]))."""
-        return run_coroutine(lambda: self._score_all(sequences))
+        return run_coroutine(self._score_all(sequences))
 
     async def _score_all(self, sequences: list[list[int]]) -> list[Scored]:
         n = self.cfg.concurrency

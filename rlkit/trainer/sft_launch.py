@@ -43,7 +43,8 @@ def run_sft(cfg: SFTConfig, opts: Any, console: Console | None = None, trainer_c
     """Run an SFT job (`trainer_cls`: a trainer on the SFT layout, e.g. DPO's, with its `plan` and the `kind` of
     data files its pre-flight checks); returns the FitSummary (TrainingInterrupted on Ctrl-C / SIGTERM, as
     `rlkit train grpo`)."""
-    from rlkit.trainer.launch import actor_memory, run_fit
+    from rlkit.trainer.launch import run_fit
+    from rlkit.trainer.run_summary import actor_memory
     from rlkit.trainer.sft_trainer import SFTTrainer
     from rlkit.utils.cpu_precision import resolved_param_dtype
 

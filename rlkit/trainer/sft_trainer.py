@@ -17,8 +17,8 @@ from typing import Any
 from rlkit.config.sft_load import thinking_default, world_size
 from rlkit.config.sft_schema import SFTConfig
 from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, WorkerGroupView
+from rlkit.data.prompt_stream import PromptStream
 from rlkit.protocol import Batch
-from rlkit.trainer.rollout_source import PromptStream
 from rlkit.trainer.step_metrics import reduce_worker_metrics
 from rlkit.trainer.trainer_base import TrainerBase
 from rlkit.utils.memory_peak import phase_metrics

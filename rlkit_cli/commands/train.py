@@ -114,8 +114,9 @@ def leave_now(code: int) -> None:
 def _train(algo: str | None, overrides: list[str], config: Path | None, config_path: Path | None,
            config_name: str | None, dry_run: bool, address: str | None, debug: bool, num_cpus: int | None) -> None:
     from rlkit.config.load import to_yaml
-    from rlkit.trainer.launch import LaunchOptions, print_table, resource_plan, run_training
+    from rlkit.trainer.launch import LaunchOptions, resource_plan, run_training
     from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run_summary import print_table
     from rlkit.trainer.trainers import TRAINERS
 
     overrides = list(overrides or [])
@@ -157,7 +158,8 @@ def _train_other(name: str, overrides: list[str], config: Path | None, config_pa
                  config_name: str | None, dry_run: bool, address: str | None, num_cpus: int | None) -> None:
     """`rlkit train sft|dpo ...`: the entry's config, notices, dry run and run, with `rlkit train grpo`'s exits."""
     from rlkit.config.load import to_yaml
-    from rlkit.trainer.launch import LaunchOptions, print_table
+    from rlkit.trainer.launch import LaunchOptions
+    from rlkit.trainer.run_summary import print_table
     from rlkit.trainer.trainers import TRAINERS
 
     entry = TRAINERS.get(name)

@@ -130,7 +130,7 @@ def test_metrics_log_each_step_once_after_a_fresh_start_and_after_a_resume(tmp_p
 
 # ------------------------------------------------------------------------------------------------ console
 def test_console_names_step_0_and_keeps_paths_whole_in_a_log_file(tmp_path):
-    from rlkit.trainer.launch import print_table
+    from rlkit.trainer.run_summary import print_table
     from rlkit.utils.console_tracker import ConsoleTracker
     from rlkit.utils.tracker_base import RunInfo
 

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -280,25 +279,3 @@ def batching_server(
         context_limit=config.model_len,
         last_call_s=last_call_s,
     )
-
-
-def run_coroutine(coro: Any) -> Any:
-    """`asyncio.run`, also from a thread that already runs an event loop (then on a helper thread)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(coro)
-        except BaseException as exc:  # re-raised in the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="rlkit-agent-loop")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]

@@ -37,11 +37,12 @@ from rlkit.config.agent import MultiTurnConfig
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.rollout.agent.chat import ChatRenderer
-from rlkit.rollout.agent.engine import AsyncEngine, TurnRequest, run_coroutine
+from rlkit.rollout.agent.engine import AsyncEngine, TurnRequest
 from rlkit.rollout.agent.interaction import Interaction
 from rlkit.rollout.agent.parser import ToolCall, ToolParser
 from rlkit.rollout.agent.tools import Tool, ToolResult, release_tool, run_tool
 from rlkit.rollout.base import assemble_output
+from rlkit.utils.async_run import run_coroutine
 from rlkit.utils.once import Once
 from rlkit.utils.tokens import pad_token_id
 

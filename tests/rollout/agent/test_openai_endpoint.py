@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from rlkit.config.agent import MultiTurnConfig
-from rlkit.rollout.agent.engine import run_coroutine
 from rlkit.rollout.agent.loop import AgentLoop
 from rlkit.rollout.agent.openai_endpoint import EXTERNAL_AGENTS, OpenAIEndpoint
 from rlkit.rollout.agent.parser import HermesParser
 from rlkit.rollout.agent.tools import build_tools
+from rlkit.utils.async_run import run_coroutine
 from tests.rollout.agent.scripted import ScriptedEngine, call
 from tests.rollout.agent.test_loop_scripted import TOK, make_prompts
 

@@ -169,9 +169,9 @@ def test_verl_gsm8k_tool_config_end_to_end_in_the_loop(tmp_path):
     """verl's gsm8k setup as its scripts run it: the YAML's tool, called by its schema name, with the row's
     ground truth in verl's dataset layout (extra_info.tools_kwargs.<name>.create_kwargs)."""
     from rlkit.data.collation import collate
-    from rlkit.rollout.agent.engine import run_coroutine
     from rlkit.rollout.agent.loop import AgentLoop
     from rlkit.rollout.agent.parser import HermesParser
+    from rlkit.utils.async_run import run_coroutine
     from tests.rollout.agent.scripted import ScriptedEngine, call, tiny_tokenizer
 
     tok = tiny_tokenizer()  # word-level: the tool is named with a word it knows ("answer", not calc_gsm8k_reward)
