@@ -7,8 +7,8 @@ import types
 import pytest
 
 from rlkit.data.prompt_stream import PromptStream
-from rlkit.trainer.rl_trainer import SOURCES
-from rlkit.trainer.rollout_source import ROLLOUT_SOURCES, source_name
+from rlkit.trainer.step.rl_trainer import SOURCES
+from rlkit.trainer.step.rollout_source import ROLLOUT_SOURCES, source_name
 
 
 def test_the_stream_cycles_epochs_and_peek_returns_what_next_returns():

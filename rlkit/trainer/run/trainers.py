@@ -35,19 +35,19 @@ def _sft_load(*args: Any, **kwargs: Any) -> Any:
 
 
 def _sft_plan(cfg: Any) -> Any:
-    from rlkit.trainer.sft_launch import sft_plan
+    from rlkit.trainer.kinds.sft_launch import sft_plan
 
     return sft_plan(cfg)
 
 
 def _sft_run(cfg: Any, opts: Any, console: Any) -> Any:
-    from rlkit.trainer.sft_launch import run_sft
+    from rlkit.trainer.kinds.sft_launch import run_sft
 
     return run_sft(cfg, opts, console)
 
 
 def _sft_check(cfg: Any) -> list[str]:
-    from rlkit.trainer.sft_launch import sft_preflight
+    from rlkit.trainer.kinds.sft_launch import sft_preflight
 
     return sft_preflight(cfg)
 
@@ -63,19 +63,19 @@ def _dpo_load(*args: Any, **kwargs: Any) -> Any:
 
 
 def _dpo_plan(cfg: Any) -> Any:
-    from rlkit.trainer.dpo_launch import dpo_plan
+    from rlkit.trainer.kinds.dpo_launch import dpo_plan
 
     return dpo_plan(cfg)
 
 
 def _dpo_run(cfg: Any, opts: Any, console: Any) -> Any:
-    from rlkit.trainer.dpo_launch import run_dpo
+    from rlkit.trainer.kinds.dpo_launch import run_dpo
 
     return run_dpo(cfg, opts, console)
 
 
 def _dpo_check(cfg: Any) -> list[str]:
-    from rlkit.trainer.dpo_launch import dpo_preflight
+    from rlkit.trainer.kinds.dpo_launch import dpo_preflight
 
     return dpo_preflight(cfg)
 
