@@ -36,12 +36,11 @@ from rlkit.models.model_info import special_token_ids
 from rlkit.protocol import Batch
 from rlkit.trainer.step.partial_rollout import PartialChunk
 from rlkit.trainer.step.rollout_pump import RolloutPump, VersionClock, VersionedRoute
-from rlkit.trainer.step.rollout_source import ROLLOUT_SOURCES, RolloutContext, RolloutSource, repeat_with_uids
+from rlkit.trainer.step.rollout_source import RolloutContext, RolloutSource, repeat_with_uids
 from rlkit.trainer.step.sample_buffer import SampleBuffer, StalenessBudget
 from rlkit.trainer.step.step_result import Timer
 
 
-@ROLLOUT_SOURCES.register("fully_async")
 class FullyAsyncRollout(RolloutSource):
     """Full batches from a rollout pump with bounded staleness (see the module docstring)."""
 

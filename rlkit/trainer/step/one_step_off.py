@@ -31,7 +31,7 @@ from typing import Any
 
 from rlkit.protocol import Batch
 from rlkit.rollout.lifecycle import call_seed
-from rlkit.trainer.step.rollout_source import ROLLOUT_SOURCES, RolloutContext, RolloutSource, repeat_with_uids
+from rlkit.trainer.step.rollout_source import RolloutContext, RolloutSource, repeat_with_uids
 from rlkit.trainer.step.step_result import Timer
 
 
@@ -44,7 +44,6 @@ class _InFlight:
     prompts: Batch  # the un-repeated prompts
 
 
-@ROLLOUT_SOURCES.register("one_step_off")
 class OneStepOffRollout(RolloutSource):
     """The batch launched one step earlier on the separate rollout group (see the module docstring)."""
 

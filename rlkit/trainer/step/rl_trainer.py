@@ -36,8 +36,8 @@ from rlkit.trainer.step.generations import dump, generations, pick
 from rlkit.trainer.step.key_checks import check_batch_keys
 from rlkit.trainer.step.one_step_off import OneStepOffRollout
 from rlkit.trainer.step.rollout_source import (
-    ROLLOUT_SOURCES,
     RolloutContext,
+    RolloutSource,
     SyncRollout,
     repeat_with_uids,
     source_name,
@@ -113,7 +113,7 @@ class RLTrainer(TrainerBase):
         self.teacher = _teacher_stage(cfg, self.tokenizer, workers)  # distillation: None when off
         self.rollout_ctx = RolloutContext(cfg, workers, self.reward_fn, PromptStream(self.train_loader),
                                           lambda: self.global_step, self.total_steps, self.model_path, self.tokenizer)
-        self.source = ROLLOUT_SOURCES.get(source_name(cfg))(self.rollout_ctx)  # sync, one-step-off, fully async
+        self.source = ROLLOUT_SOURCES[source_name(cfg)](self.rollout_ctx)  # sync, one-step-off, fully async
 
     # ------------------------------------------------------------------ step
     def run_step(self) -> StepResult:
@@ -379,7 +379,10 @@ def _mfu_meter(cfg: RLConfig, model_path: str):
         return None
 
 
-#: the registered sources (imported for their registration; the registry picks one by name)
-SOURCES = (SyncRollout, OneStepOffRollout, FullyAsyncRollout)
+#: the rollout sources by name (`source_name(cfg)` picks one)
+ROLLOUT_SOURCES: dict[str, type[RolloutSource]] = {
+    "sync": SyncRollout, "one_step_off": OneStepOffRollout, "fully_async": FullyAsyncRollout,
+}
+SOURCES = tuple(ROLLOUT_SOURCES.values())
 
 __all__ = ["RLTrainer", "FitSummary"]

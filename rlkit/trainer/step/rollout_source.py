@@ -2,7 +2,7 @@
 
 The RL step (rlkit/trainer/step/rl_trainer.py) does not know how its samples were made. It calls
 `source.next_batch(timer)` and gets `train_batch_size x rollout.n` generated, rewarded rows (and the
-metrics of making them). The sources, registry `ROLLOUT_SOURCES`, picked by `source_name(cfg)`:
+metrics of making them). The sources (`ROLLOUT_SOURCES` in rl_trainer.py), picked by `source_name(cfg)`:
 
 * `sync` (this module): generate now with the current weights on the colocated engine; dynamic sampling
   (DAPO's `algorithm.filter_groups`) and the greedy baseline (ReMax) are parts of it;
@@ -32,7 +32,6 @@ from rlkit.config.schema import RLConfig
 from rlkit.data.images import ENGINE_INPUTS, MODEL_INPUTS
 from rlkit.data.prompt_stream import PromptStream
 from rlkit.protocol import Batch
-from rlkit.registry import Registry
 from rlkit.rollout.lifecycle import call_seed
 from rlkit.trainer.step.step_result import Timer
 
@@ -111,16 +110,12 @@ class RolloutSource:
         """Stop what the source started (called once when the run ends)."""
 
 
-ROLLOUT_SOURCES: Registry[type[RolloutSource]] = Registry("rollout source")
-
-
 def source_name(cfg: RLConfig) -> str:
     """The source a config asks for (`finalize` has refused both async switches at once)."""
     t = cfg.trainer
     return "fully_async" if t.fully_async else "one_step_off" if t.one_step_off_policy else "sync"
 
 
-@ROLLOUT_SOURCES.register("sync")
 class SyncRollout(RolloutSource):
     """Generate n samples per prompt now and score them; with dynamic sampling, refill until the batch is full."""
 
