@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = {"bfloat16": (0.05, 0.5), "float32": (1e-4, 1e-3)}  # (mean, max) |diff| in nats (log-probs, entropy)
 OPTIONAL = ("ray", "vllm", "hydra", "omegaconf", "debugpy")  # what the lent GPU machine lacks
 RLKIT_MODULES = ("rlkit.workers.actor", "rlkit.workers.rollout_worker", "rlkit.rollout.hf_rollout",
-                 "rlkit.controller.worker_group", "rlkit.trainer.advantage_stage", "rlkit.trainer.roles")
+                 "rlkit.controller.worker_group", "rlkit.trainer.step.advantage_stage", "rlkit.trainer.run.roles")
 #: the random model's shape: Qwen2.5-0.5B's on a GPU (494M parameters with its 151936-token vocabulary), tiny on CPU
 SHAPES = {
     "cuda": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -170,7 +170,7 @@ def check_numerics(model_path: Path, device: str) -> dict:
 # ------------------------------------------------------------------------------------------------ the host
 def run_config(model_path: Path, device: str, *, compile_layers: bool, offload: bool) -> Any:
     """The run config of the GRPO check (Hydra composition: hydra-core/omegaconf travel as wheels)."""
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     w = WORKLOAD[device]
     arr = "actor_rollout_ref"
@@ -193,10 +193,10 @@ def run_config(model_path: Path, device: str, *, compile_layers: bool, offload: 
 def build_host(cfg: Any, model_path: Path) -> Any:
     """actor + colocated rollout in this process, as `rlkit debug replay` builds them (no Ray)."""
     from rlkit.controller.worker_group import ClassWithInitArgs, Sibling, local_host
-    from rlkit.trainer.roles import actor_role
+    from rlkit.trainer.run.roles import actor_role
     from rlkit.workers.rollout_worker import RolloutWorker
 
-    arr = cfg.actor_rollout_ref  # the colocated rollout role as rlkit.trainer.workers_setup.rollout_role builds it
+    arr = cfg.actor_rollout_ref  # the colocated rollout role as rlkit.trainer.run.workers_setup.rollout_role builds it
     rollout = ClassWithInitArgs(RolloutWorker, arr.rollout, str(model_path), actor=Sibling("actor"),
                                 router_replay=arr.actor.router_replay)
     host = local_host({"actor": actor_role(cfg, str(model_path), total_steps=8), "rollout": rollout})
@@ -241,7 +241,7 @@ def grpo_step(host: Any, cfg: Any, batch: Any, device: str, step: int) -> tuple[
     import torch
 
     from rlkit.reward.placement import on_last_token
-    from rlkit.trainer.advantage_stage import compute_advantages, shape_rewards
+    from rlkit.trainer.step.advantage_stage import compute_advantages, shape_rewards
 
     phases: dict[str, float] = {}
     out, phases["gen"] = _timed(lambda: host.call("rollout", "generate_sequences", step, batch, seed=step), device)

@@ -200,9 +200,9 @@ def main() -> None:
     from rich.console import Console
 
     from rlkit.config.load import to_dict
-    from rlkit.trainer.launch import LaunchOptions, init_ray
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.launch import LaunchOptions, init_ray
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
 
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:
         overrides = workload_overrides(args.model, args.data, args.steps, args.rollout, args.kl_coef, tmp) + extra

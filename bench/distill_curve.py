@@ -71,8 +71,8 @@ def overrides(data: Path, student: Path, teacher: Path, out: Path, steps: int, e
 def run(algo: str, ovr: list[str], log_dir: Path) -> list[dict]:
     import ray
 
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
 
     if not ray.is_initialized():

@@ -128,8 +128,8 @@ def run(args: argparse.Namespace) -> dict:
     import ray
 
     from rlkit.config.load import to_dict
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
 
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:
         scratch = Path(tmp)

@@ -99,8 +99,8 @@ def fit(preset: str, overrides_: list[str], log_dir: Path) -> tuple[list[dict], 
     """One fit in this process on a local Ray (2 CPUs); returns (every logged row, the fit summary)."""
     import ray
 
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
 
     if not ray.is_initialized():

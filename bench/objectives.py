@@ -86,8 +86,8 @@ def run(preset: str, overrides: list[str], log_dir: Path) -> tuple[list[dict], d
     """Fit in this process on a local Ray (2 CPUs); returns (train rows, first val, last val)."""
     import ray
 
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
 
     if not ray.is_initialized():

@@ -62,8 +62,8 @@ def build_rm(kind: str, policy: str, out: Path) -> str:
 def one_run(args: argparse.Namespace, model: str, data: Path, scratch: Path, extra: list[str]) -> dict:
     import ray
 
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
 
     cfg = load_config("grpo", overrides(args, model, data, scratch) + extra)
     ray.init(

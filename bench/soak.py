@@ -243,8 +243,8 @@ def overrides(toy: bool, steps: int, out: Path, extra: list[str]) -> tuple[str, 
 def run(toy: bool, steps: int, extra: list[str], probe_every: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     import ray
 
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
 
     out = CACHE / ("run_toy" if toy else "run_smollm2")

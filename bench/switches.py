@@ -85,8 +85,8 @@ def run_variant(name: str, overrides: list[str], model: str, data: str, batch, r
     import psutil
     from _rlkit_worker import RssSampler, workload_overrides  # noqa: I001 - bench-local module
 
-    from rlkit.trainer.roles import actor_role
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.roles import actor_role
+    from rlkit.trainer.run.run_config import load_config
 
     cfg = load_config("grpo", workload_overrides(model, data, 100, "hf", 0.0, "/tmp/rlkit-switches") + overrides)
     role = actor_role(cfg, model, 100)

@@ -67,7 +67,7 @@ BATCH_KEYS: dict[str, BatchKey] = {
                            "sum over the vocabulary of pi^2 at each token, at the sampling temperature"),
     "ref_log_prob": _key("B,R", FLOAT32, "ref.compute_ref_log_prob", "KL loss / KL in reward", "the reference's log p"),
     "values": _key("B,R", FLOAT32, "critic.compute_values", "GAE, value loss", "the critic's value per token"),
-    # distillation (rlkit/trainer/teacher_stage.py)
+    # distillation (rlkit/trainer/step/teacher_stage.py)
     "teacher_log_probs": _key("B,R", FLOAT32, "teacher.compute_teacher_log_prob (aligned by the driver)",
                               "distillation loss", "the teacher's log p of each sampled token"),
     "teacher_mask": _key("B,R", FLOAT32, "driver (teacher stage)", "distillation loss",

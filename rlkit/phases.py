@@ -3,10 +3,10 @@ name a worker announces for `trainer.debug.break_at`, the roles at work, and how
 
 A phase's name is the driver's timer name (`with timer("ref"):` -> `timing_s/ref`), the phase `status.json` shows
 and the one the hang watch names. Every reader derives its own view from `PHASES`: the batch-key contract
-(rlkit/batch_keys.py `CALL_OUTPUTS`), `--debug`'s checked roles (trainer/key_checks.py), the breakpoint names
+(rlkit/batch_keys.py `CALL_OUTPUTS`), `--debug`'s checked roles (trainer/step/key_checks.py), the breakpoint names
 (debug/breakpoints.py), the FLOP meter (utils/flops.py), `rlkit top`'s busy roles (runs/live.py), the console's
-timing rows (utils/console_tracker.py) and `rlkit debug replay`'s calls (trainer/replay.py). A new phase is one row
-here, its `with timer(...)` in `RLTrainer.train_step`, and the worker method it calls.
+timing rows (utils/console_tracker.py) and `rlkit debug replay`'s calls (trainer/replay/replay.py). A new phase is
+one row here, its `with timer(...)` in `RLTrainer.train_step`, and the worker method it calls.
 """
 
 from __future__ import annotations

@@ -27,10 +27,22 @@ _ALL: list[Registry[Any]] = []  # every registry, for extension_modules()
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str) -> None:
+    """`fill`: the modules whose import registers the built-in entries, imported at the first lookup, so a reader
+    never has to know which import fills the registry (registries whose entries live beside them need none)."""
+
+    def __init__(self, kind: str, fill: tuple[str, ...] = ()) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._fill = fill
         _ALL.append(self)
+
+    def _loaded(self) -> dict[str, T]:
+        """The entries, the built-in ones imported first (`fill`)."""
+        if self._fill:
+            modules, self._fill = self._fill, ()  # cleared first: a filling module may look the registry up
+            for module in modules:
+                importlib.import_module(module)
+        return self._items
 
     def register(self, name: str, *aliases: str) -> Callable[[T], T]:
         """Decorator: `@REG.register("grpo")` adds the object under its name (and aliases)."""
@@ -54,24 +66,24 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         try:
-            return self._items[name]
+            return self._loaded()[name]
         except KeyError:
             close = difflib.get_close_matches(name, self._items, n=3)
             hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             raise UserError(f"unknown {self.kind} '{name}'. Known: {', '.join(sorted(self._items))}.{hint}") from None
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return name in self._loaded()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._items))
+        return iter(sorted(self._loaded()))
 
     def names(self) -> list[str]:
-        return sorted(self._items)
+        return sorted(self._loaded())
 
     def builtin_names(self) -> list[str]:
         """Names of the entries rlkit itself registers (plugins left out), e.g. for the docs."""
-        return sorted(k for k, obj in self._items.items() if _is_builtin(getattr(obj, "__module__", None)))
+        return sorted(k for k, obj in self._loaded().items() if _is_builtin(getattr(obj, "__module__", None)))
 
 
 def _is_builtin(module: str | None) -> bool:

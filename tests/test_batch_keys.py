@@ -8,7 +8,7 @@ import torch
 from rlkit.batch_keys import BATCH_KEYS, CALL_OUTPUTS, check_output
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
-from rlkit.trainer.key_checks import CheckedView, check_batch_keys
+from rlkit.trainer.step.key_checks import CheckedView, check_batch_keys
 
 
 def _rollout_out(rows: int = 4, prompt: int = 5, response: int = 3) -> Batch:

@@ -1,5 +1,5 @@
 """mean@k / best@k / pass@k / maj@k over k scored samples per prompt: one definition for validation
-(`val/<data_source>/...`, rlkit.trainer.step_metrics) and `rlkit eval` (rlkit.eval.evaluator).
+(`val/<data_source>/...`, rlkit.trainer.step.step_metrics) and `rlkit eval` (rlkit.eval.evaluator).
 
 Per sample: its score, whether it is correct, its extracted answer (or None) and its length.
 A sample is correct when the scorer's `acc` extra says so (correctness without format

@@ -2,7 +2,7 @@
 
 The bottom layer: everything imports it, it imports nothing of rlkit but `rlkit.errors`.
 What only a higher layer knows reaches `finalize` as hooks (see rlkit/config/finalize.py);
-`rlkit.trainer.run_config.load_config` is the composition + finalize that `rlkit train` runs.
+`rlkit.trainer.run.run_config.load_config` is the composition + finalize that `rlkit train` runs.
 """
 
 from rlkit.config.finalize import ConfigHook, finalize

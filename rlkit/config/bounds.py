@@ -3,7 +3,7 @@ zero batch size stops the run at start-up with the key and the value, before any
 (a negative lr would otherwise train "backwards" without a word).
 
 Cross-field checks (sizes that must divide) live in checks.py; registry names in the layers
-that own the registries (finalize hooks, rlkit.trainer.run_config).
+that own the registries (finalize hooks, rlkit.trainer.run.run_config).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each failure is a UserError that says which keys disagree and what to change. Checks that need
 a registry (names, what an algorithm entry needs, which backends run tensor-parallel) belong to
-the layers that own the registries; they reach `finalize` as hooks (rlkit.trainer.run_config).
+the layers that own the registries; they reach `finalize` as hooks (rlkit.trainer.run.run_config).
 """
 
 from __future__ import annotations

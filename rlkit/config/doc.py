@@ -1,7 +1,7 @@
 """Generate the config reference (docs/config.md) from the schema, so it cannot drift.
 
 `render(names_of)` takes the registered names of registry-valued keys from the caller (the
-config layer imports no registry). Run: `python -m rlkit.trainer.run_config > docs/config.md`
+config layer imports no registry). Run: `python -m rlkit.trainer.run.run_config > docs/config.md`
 (a test checks the file is current).
 """
 
@@ -49,7 +49,7 @@ def render(names_of: Callable[[str], list[str] | None] = lambda key: None) -> st
     out = [
         "# Config reference",
         "",
-        "Generated from `rlkit/config/schema.py` by `python -m rlkit.trainer.run_config`; do not edit.",
+        "Generated from `rlkit/config/schema.py` by `python -m rlkit.trainer.run.run_config`; do not edit.",
         "Set any key on the command line: `rlkit train grpo data.train_batch_size=32 actor_rollout_ref.rollout.n=8`",
         "(Hydra's override grammar: `+key=v`, `++key=v`, `~key`, `[a,b]`, `${interpolation}`; README.md, Config).",
         "Presets (`rlkit train <preset>`, the Hydra group `algorithm`) change a few of these defaults;",

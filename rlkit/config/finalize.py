@@ -7,7 +7,7 @@ printed config, not switched on later by the trainer).
 `rlkit.config` imports no other rlkit layer. What only a layer above knows (is vLLM installed,
 which names a registry holds, what an advantage estimator needs, which debug phases exist)
 comes in as hooks: functions that fill in or check a config, passed by the caller
-(`rlkit.trainer.run_config.HOOKS` for `rlkit train`).
+(`rlkit.trainer.run.run_config.HOOKS` for `rlkit train`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""verl's `ray_kwargs`: what the run passes to `ray.init` (rlkit/trainer/ray_init_kwargs.py merges it with
+"""verl's `ray_kwargs`: what the run passes to `ray.init` (rlkit/trainer/run/ray_init_kwargs.py merges it with
 rlkit's own arguments) and where Ray's timeline goes."""
 
 from __future__ import annotations

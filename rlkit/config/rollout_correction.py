@@ -13,7 +13,7 @@
 
 `settle_rollout_correction` spells them one way (a level name or None; both bounds filled in when rejection is on),
 so `--dry-run` prints what runs; `check_rollout_correction` says what is wrong with them. Level names are checked
-against their registry with the other registry-valued keys (rlkit.trainer.registered_names).
+against their registry with the other registry-valued keys (rlkit.trainer.run.registered_names).
 """
 
 from __future__ import annotations

@@ -14,11 +14,8 @@ from rlkit.reward.registry import (
     SCORERS,
     build_reward_manager,
     get_scorer,
-    load_builtin_scorers,
     scorer_name_for,
 )
-
-load_builtin_scorers()
 
 __all__ = [
     "CustomReward",
@@ -30,7 +27,6 @@ __all__ = [
     "bind_custom",
     "build_reward_manager",
     "get_scorer",
-    "load_builtin_scorers",
     "load_custom_fn",
     "scorer_name_for",
 ]

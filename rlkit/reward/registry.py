@@ -19,7 +19,6 @@ The `rule` manager calls one scorer per sample; other managers may see the batch
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,20 +31,17 @@ if TYPE_CHECKING:
     from rlkit.protocol import Batch
 
 Scorer = Callable[..., Any]
-SCORERS: Registry[Scorer] = Registry("reward scorer")
-
-_BUILTIN_MODULES = ("gsm8k", "math_equiv", "toy_copy", "code", "shapes")
+_BUILTIN_MODULES = ("gsm8k", "math_equiv", "toy_copy", "code", "shapes")  # their import registers the scorers
+SCORERS: Registry[Scorer] = Registry("reward scorer", fill=tuple(f"rlkit.reward.{m}" for m in _BUILTIN_MODULES))
 
 
 class RewardFn(Protocol):
     def __call__(self, batch: Batch) -> Batch: ...
 
 
-#: name -> reward manager class (see the module docstring for what a class provides).
-REWARD_MANAGERS: Registry[Any] = Registry("reward manager")
-
-# modules whose import registers the built-in managers
+#: name -> reward manager class (see the module docstring for what a class provides), filled by these modules
 _MANAGER_MODULES = ("manager", "coevolve", "batch_manager", "dapo_manager", "prime_manager")
+REWARD_MANAGERS: Registry[Any] = Registry("reward manager", fill=tuple(f"rlkit.reward.{m}" for m in _MANAGER_MODULES))
 
 #: data_source -> scorer name; `scorer_overrides` in the config take precedence.
 DATA_SOURCES: dict[str, str] = {
@@ -65,15 +61,8 @@ DATA_SOURCES: dict[str, str] = {
 }
 
 
-def load_builtin_scorers() -> None:
-    """Import the built-in scorer modules so their `@SCORERS.register` has run."""
-    for name in _BUILTIN_MODULES:
-        importlib.import_module(f"rlkit.reward.{name}")
-
-
 def scorer_name_for(data_source: str, overrides: Mapping[str, str] | None = None) -> str:
     """Overrides, then the default map, then a data_source that is itself a scorer name."""
-    load_builtin_scorers()
     if overrides and data_source in overrides:
         return overrides[data_source]
     if data_source in DATA_SOURCES:
@@ -88,26 +77,17 @@ def scorer_name_for(data_source: str, overrides: Mapping[str, str] | None = None
 
 
 def get_scorer(name: str) -> Scorer:
-    load_builtin_scorers()
     return SCORERS.get(name)
 
 
 # ---------------------------------------------------------------------------------------------- managers
-def load_builtin_managers() -> None:
-    """Import the modules that register the built-in reward managers."""
-    for name in _MANAGER_MODULES:
-        importlib.import_module(f"rlkit.reward.{name}")
-
-
 def reward_manager_class(name: str) -> Any:
-    load_builtin_managers()
     return REWARD_MANAGERS.get(name)
 
 
 def check_reward_manager(cfg: RLConfig) -> None:
     """The configured manager exists, accepts `reward_model.reward_kwargs`, and its own checks pass."""
     rm = cfg.reward_model
-    load_builtin_managers()
     if rm.reward_manager not in REWARD_MANAGERS:
         raise UserError(f"reward_model.reward_manager='{rm.reward_manager}' is not registered; "
                         f"choose one of {REWARD_MANAGERS.names()}")

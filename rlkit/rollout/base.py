@@ -93,7 +93,7 @@ class RolloutBackend(ABC):
         return {}
 
 
-ROLLOUT_BACKENDS: Registry[type[RolloutBackend]] = Registry("rollout backend")
+ROLLOUT_BACKENDS: Registry[type[RolloutBackend]] = Registry("rollout backend", fill=("rlkit.rollout",))
 
 
 def assemble_output(

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlkit.registry import Registry
-
 Series = tuple[list[float], list[float]]  # (steps, values)
 
 
@@ -27,23 +25,24 @@ class Panel:
 
 
 #: family -> [(panel title, metric globs)]; a trainer kind not registered reads as RL (every estimator's name)
-CURVES: Registry[list[tuple[str, tuple[str, ...]]]] = Registry("curve family")
-CURVES.add("rl", [
+CURVES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+    "rl": [
     ("reward and validation score", ("critic/score/mean", "val/*score/mean*", "val-core/*")),
     ("response length", ("response_length/mean",)),
     ("entropy", ("actor/entropy",)),
     ("KL / clip fraction", ("actor/ppo_kl", "actor/pg_clipfrac", "actor/kl_loss", "critic/vf_clipfrac")),
     ("loss", ("actor/pg_loss", "critic/vf_loss")),
-])
-CURVES.add("sft", [
+],
+    "sft": [
     ("loss", ("train/loss", "val/loss")),
     ("perplexity", ("val/perplexity",)),
-])
-CURVES.add("dpo", [
+],
+    "dpo": [
     ("loss", ("train/loss", "val/loss")),
     ("accuracy", ("*accuracies*",)),
     ("margins", ("*margins*",)),
-])
+    ],
+}
 MEMORY_GLOBS = ("memory/driver/rss_peak_gb", "memory/worker/rss_peak_gb", "memory/*/cuda_peak_gb*")
 REWARD_PANEL = 0  # the first RL panel: what `rlkit top` and the quickstart show
 
@@ -92,7 +91,7 @@ def build_panels(runs: list[tuple[str, list[dict[str, Any]]]], kind: str,
     """The panels of one run (or several overlaid: `runs` = [(label, rows)], labels prefixed when more than one).
     `metrics` (globs): one panel each instead of the trainer's curves."""
     many = len(runs) > 1
-    groups = [(m, (m,)) for m in metrics] if metrics else CURVES.get(family(kind))
+    groups = [(m, (m,)) for m in metrics] if metrics else CURVES[family(kind)]
     panels = []
     for title, patterns in groups:
         panel = Panel(title)

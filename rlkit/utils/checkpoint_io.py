@@ -34,7 +34,7 @@ PREFIX = "global_step_"
 LATEST = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(rf"^{PREFIX}(\d+)$")
 TEMP_DIR = re.compile(rf"^{PREFIX}\d+\.(tmp|old|del)-(\d+)$")
-RECORD_DIR = "steps"  # step records (rlkit/trainer/step_record.py) live beside the checkpoints they replay from
+RECORD_DIR = "steps"  # step records (rlkit/trainer/replay/step_record.py) live beside the checkpoints they replay from
 RECORD_FILE = re.compile(r"^step_(\d+)\.pt$")
 __all__ = ["CheckpointError", "begin_checkpoint", "commit_checkpoint", "load_with_fallback",
            "open_checkpoint", "resolve_resume", "list_checkpoints", "find_latest_checkpoint"]

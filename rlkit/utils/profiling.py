@@ -1,6 +1,6 @@
 """Per-step profiles of the worker calls (verl's `global_profiler` keys): what a user opens in Perfetto or TensorBoard.
 
-The driver turns the config into a `ProfilePlan` (rlkit/trainer/workers_setup.py) that travels to every worker
+The driver turns the config into a `ProfilePlan` (rlkit/trainer/run/workers_setup.py) that travels to every worker
 process in `$RLKIT_PROFILE`; each process's `StepProfiler` wraps the worker calls of the listed steps, for the roles
 and ranks the plan selects, and writes one file per call:
 

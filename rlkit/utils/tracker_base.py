@@ -37,7 +37,7 @@ class RunInfo:
     config: dict[str, Any]
 
 
-TRACKERS: Registry[type] = Registry("tracker")
+TRACKERS: Registry[type] = Registry("tracker", fill=("rlkit.utils.tracking",))
 
 #: one validation generation as the trackers log it: {"input": str, "output": str, "score": float}
 Generation = dict[str, Any]

@@ -1,7 +1,7 @@
 """Actor and reference roles: FSDP2 policies that score and (the actor) train on rollouts.
 
 Each receives its own config section and the few run values it reads, as constructor
-arguments (`rlkit.trainer.roles` builds them from the run config); none sees the whole config.
+arguments (`rlkit.trainer.run.roles` builds them from the run config); none sees the whole config.
 
 With LoRA (`actor_rollout_ref.model.lora_rank` > 0) there is no reference worker: the actor
 scores the reference itself with its adapter switched off (`compute_ref_log_prob`), so the

@@ -1,7 +1,7 @@
 """Critic role: a value head on the policy's backbone type, trained with the clipped value loss.
 
 It receives its own config section (`critic`) and the few run values it reads as constructor
-arguments (`rlkit.trainer.roles` builds them); the update is the shared loop of `trainable.py`.
+arguments (`rlkit.trainer.run.roles` builds them); the update is the shared loop of `trainable.py`.
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ from rlkit.workers.master_dither import dither_masters
 from rlkit.workers.model_inputs import ModelInputs, TokenInput
 from rlkit.workers.model_load import Rank0Weights, load_model, on_meta, rank0_load_wanted
 from rlkit.workers.packing import pack_mask, trim_left_padding  # noqa: F401  (trim_left_padding: re-exported)
+from rlkit.workers.parallel_layout import ParallelLayout
 from rlkit.workers.shape_buckets import token_bucket
 from rlkit.workers.varlen_attention import enable as enable_varlen
 from rlkit.workers.varlen_attention import packed_kwargs
@@ -84,23 +85,10 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return out
 
 
-def hybrid_mesh(fsdp_size: int, world: int, device: torch.device) -> Any:
-    """verl's `fsdp_size` = n < world: a (world / n, n) mesh on which FSDP2 shards each parameter over n
-    consecutive ranks and replicates it over the world / n groups (HSDP: gradients are reduce-scattered in
-    the group, then all-reduced over the replicas; the average over every rank, as with one group).
-    None (-1 or n >= world, as verl): one FSDP group over the default process group. A collective (new groups)."""
-    if fsdp_size == -1 or fsdp_size >= world:
-        return None
-    if fsdp_size < 1 or world % fsdp_size:
-        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must be -1 or divide the {world} workers")
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh(device.type, (world // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard"))
-
-
 class FSDPModel:
-    """A causal LM (or a value model) wrapped with FSDP2 on the default process group (or, with
-    `fsdp_config.fsdp_size`, on a hybrid-sharding mesh: `hybrid_mesh`)."""
+    """A causal LM (or a value model) wrapped with FSDP2, built in four steps — load, adapt, place, head — the
+    placing by the role's `ParallelLayout` (rlkit/workers/parallel_layout.py: FSDP2 over the default process
+    group or a hybrid-sharding mesh with `fsdp_config.fsdp_size`, Ulysses groups)."""
 
     def __init__(
         self,
@@ -132,74 +120,80 @@ class FSDPModel:
         self.value_head = value_head
         self.param_dtype = resolve_dtype(fsdp.param_dtype, device)
         self.token_bucket = token_bucket(device, self.param_dtype)  # few matmul shapes (rlkit/workers/shape_buckets.py)
+        self.layout = ParallelLayout.of(fsdp.fsdp_size, ulysses_sequence_parallel_size)
         config = apply_config_overrides(  # verl's model.override_config, before the weights load
             AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code), config_overrides)
         use_lora = lora is not None and lora_enabled(lora) and not value_head
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        rank0 = rank0_load_wanted(device, world)  # rank 0 reads the weights, the others build on meta (model_load.py)
-        # a frozen LoRA base needs no float32 master copy: store it in the compute dtype
+        rank0 = rank0_load_wanted(device, self.layout.world)  # rank 0 reads, the others build on meta (model_load.py)
+        # 1. load: a frozen LoRA base needs no float32 master copy: store it in the compute dtype
         model = load_model(model_path, config, auto_class, value_head, rank0, attn_implementation=attn_implementation,
                            dtype=self.param_dtype if use_lora else torch.float32, trust_remote_code=trust_remote_code)
         self.varlen_reason = enable_varlen(model)  # None: packed rows attend per sequence without a mask
         if self.varlen_reason is not None:
             log.info("remove-padding packs with a block-diagonal mask: %s", self.varlen_reason)
-        self.sp = ulysses.SequenceParallel.create(ulysses_sequence_parallel_size)
-        if self.sp is not None:
-            if self.varlen_reason is not None:
+            if self.layout.sp > 1:
                 raise ValueError(f"ulysses_sequence_parallel_size > 1 needs the varlen attention: {self.varlen_reason}")
-            text = config.get_text_config()  # a VLM's language model's (the attention split over the group)
-            ulysses.check_heads(
-                text.num_attention_heads,
-                getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
-                self.sp.size,
-                "",
-            )
+        self.sp = self.layout.sequence_parallel(config)
+        # 2. adapt: frozen parts, checkpointing, LoRA, compiled layers, dithered masters
+        self._adapt(model, fsdp, lora if use_lora else None, gradient_checkpointing, compile_layers, freeze_vision)
+        # 3. place: shard (or keep, or copy for compute) along the layout, then onto the device
+        self._place(model, fsdp, gradient_checkpointing, Rank0Weights(model) if rank0 else None)
+        self.module = model
+        # 4. head: the router taps of an MoE, the log-prob or value head on top (in `forward`)
+        self.router_tap = RouterTap.attach(model)  # MoE: router hooks (aux loss, load metrics, replay); None if dense
+        logits_to_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
+        self.head = make_head(value_head, fused_lm_head, logits_to_keep)
+        # model inputs that are not the model's keywords, by name -> who takes them (MoE: the replayed routes)
+        self._input_consumers = self.router_tap.inputs() if self.router_tap is not None else {}
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+
+    def _adapt(self, model: torch.nn.Module, fsdp: FSDPConfig, lora: Any, gradient_checkpointing: bool,
+               compile_layers: bool | str, freeze_vision: bool) -> None:
+        """What is trained and how the loaded model runs, before it is placed (`lora`: the model section when
+        LoRA is on)."""
         if freeze_vision:
             log.info("vision tower frozen: %d parameters", freeze_vision_tower(model))
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.config = model.config
-        self.lora: LoraModel | None = wrap_lora(model, lora, adapter_dtype=torch.float32) if use_lora else None
+        self.lora: LoraModel | None = wrap_lora(model, lora, adapter_dtype=torch.float32) if lora is not None else None
         self._lora_scalings = self.lora.scalings() if self.lora is not None else {}
         if layer_compile.wanted(compile_layers, model):
             layer_compile.compile_layers(_decoder_layers(model))
         # meta ranks of the rank-0 load skip it: they receive rank 0's dithered masters (the same seed's)
-        if fsdp.dither_master_weights and not use_lora and self.param_dtype != torch.float32 and not on_meta(model):
+        if fsdp.dither_master_weights and lora is None and self.param_dtype != torch.float32 and not on_meta(model):
             moved = dither_masters(model.parameters(), self.param_dtype)
             log.info("%s compute: %.1f%% of the fp32 masters dithered off the grid", self.param_dtype, 100 * moved)
-        mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])
-        offload = CPUOffloadPolicy() if (fsdp.param_offload and device.type == "cuda") else None
+
+    def _place(self, model: torch.nn.Module, fsdp: FSDPConfig, gradient_checkpointing: bool,
+               from_rank0: Rank0Weights | None) -> None:
+        """FSDP2 on the layout's mesh (each decoder layer a unit), with mixed precision and offload; one worker
+        keeps the plain module; then the weights onto the device (rank 0's, broadcast, for a rank-0 load)."""
+        offload = CPUOffloadPolicy() if (fsdp.param_offload and self.device.type == "cuda") else None
         self.params_offloaded = offload is not None  # FSDP2 keeps them (and grads) on the host, steps them there
         # one worker: FSDP2 would only add copies and hooks. In bf16 a compute copy casts once per optimizer step
         # (rlkit/workers/compute_copy.py); gradient checkpointing recomputes outside `computing()`, so FSDP2 there
-        self.sharded = (fsdp.shard_single_worker or world > 1 or offload is not None
+        self.sharded = (fsdp.shard_single_worker or self.layout.world > 1 or offload is not None
                         or (self.param_dtype != torch.float32 and gradient_checkpointing))
         self.compute_copy = (ComputeCopy(model, self.param_dtype)
                              if not self.sharded and self.param_dtype != torch.float32 else None)
-        from_rank0 = Rank0Weights(model) if rank0 else None  # rank 0's module as sharding finds it
         if self.sharded:
-            shard_kwargs = {"mp_policy": mp}
+            shard_kwargs: dict[str, Any] = {
+                "mp_policy": MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])}
             if offload is not None:
                 shard_kwargs["offload_policy"] = offload
-            mesh = hybrid_mesh(fsdp.fsdp_size, world, device)
+            mesh = self.layout.fsdp_mesh(self.device)
             if mesh is not None:
                 shard_kwargs["mesh"] = mesh
             for layer in _decoder_layers(model):
                 fully_shard(layer, **shard_kwargs)
             fully_shard(model, **shard_kwargs)
         if from_rank0 is not None:
-            from_rank0.place(model, device, offload is not None)
+            from_rank0.place(model, self.device, offload is not None)
             from_rank0.fill(model)
         elif offload is None:
-            model.to(device)
-        self.module = model
-        self.router_tap = RouterTap.attach(model)  # MoE: router hooks (aux loss, load metrics, replay); None if dense
-        logits_to_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
-        self.head = make_head(value_head, fused_lm_head, logits_to_keep)  # on top of the model, in `forward`
-        # model inputs that are not the model's keywords, by name -> who takes them (MoE: the replayed routes)
-        self._input_consumers = self.router_tap.inputs() if self.router_tap is not None else {}
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+            model.to(self.device)
 
     # ------------------------------------------------------------ training
     def trainable_parameters(self) -> list[torch.nn.Parameter]:

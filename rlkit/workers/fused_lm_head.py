@@ -7,8 +7,8 @@ Here the logits exist one chunk of rows at a time, in float32, in forward and ag
 and two floats per token.
 
 `LM_HEAD_KERNELS` maps a device type to the implementation used there; every device gets the
-chunked torch one below (registered for "cpu", the fallback for any device type without an entry).
-Seam for a maintained kernel: register a function with the same signature under "cuda". Liger's
+chunked torch one below (the entry for "cpu", the fallback for any device type without an entry).
+Seam for a maintained kernel: add a function with the same signature under "cuda". Liger's
 `LigerFusedLinearCrossEntropyFunction` is the candidate, but as of this writing it returns no
 entropy (nor sum_v p_v^2, which the optimal token baselines read), and its per-token (`reduction="none"`)
 backward was wrong before Liger PR #1298 (every token's gradient scaled by the first token's upstream grad), so
@@ -23,8 +23,6 @@ from typing import Any, NamedTuple
 
 import torch
 
-from rlkit.registry import Registry
-
 
 class HeadStats(NamedTuple):
     """Per row, float32: log p(label) (with grad), and when asked the entropy (with grad) and sum_v p_v^2 (no grad;
@@ -38,7 +36,6 @@ class HeadStats(NamedTuple):
 # (hidden (T, H), weight (V, H), bias (V,) | None, labels (T,), temperature, chunk_size, with_entropy,
 #  with_sum_pi_squared) -> HeadStats
 LMHeadKernel = Callable[..., HeadStats]
-LM_HEAD_KERNELS: Registry[LMHeadKernel] = Registry("fused LM-head kernel")
 
 
 def _row_chunks(rows: int, chunk_size: int) -> list[slice]:
@@ -143,7 +140,6 @@ class ChunkedLMHeadLogProb(torch.autograd.Function):
         )
 
 
-@LM_HEAD_KERNELS.register("cpu")
 def chunked_lm_head_logprob(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -162,6 +158,11 @@ def chunked_lm_head_logprob(
     return HeadStats(lp, ent if with_entropy else None, p2 if with_sum_pi_squared else None)
 
 
+
+#: device type -> its kernel; a device without one gets the chunked kernel
+LM_HEAD_KERNELS: dict[str, LMHeadKernel] = {"cpu": chunked_lm_head_logprob}
+
+
 def fused_lm_head_logprob(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -172,9 +173,9 @@ def fused_lm_head_logprob(
     with_entropy: bool = False,
     with_sum_pi_squared: bool = False,
 ) -> HeadStats:
-    """The kernel registered for `hidden`'s device type (the chunked torch one where none is)."""
+    """The kernel of `hidden`'s device type (the chunked torch one where none is)."""
     kind = hidden.device.type
-    kernel = LM_HEAD_KERNELS.get(kind) if kind in LM_HEAD_KERNELS else chunked_lm_head_logprob
+    kernel = LM_HEAD_KERNELS.get(kind, chunked_lm_head_logprob)
     return kernel(hidden, weight, bias, labels, temperature, chunk_size, with_entropy, with_sum_pi_squared)
 
 

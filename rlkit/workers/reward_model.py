@@ -135,7 +135,7 @@ class RewardModelWorker(Worker):
 
     def __init__(self, reward_model: RewardModelConfig) -> None:
         """`reward_model`: the reward_model section with `model.path` / `model.input_tokenizer` resolved to
-        local folders (rlkit.trainer.roles.reward_model_role)."""
+        local folders (rlkit.trainer.run.roles.reward_model_role)."""
         super().__init__()
         self.cfg = reward_model
 

@@ -1,6 +1,6 @@
 """Rollout role: one generation engine per worker, driven by its `EngineLifecycle`.
 
-Two layouts (rlkit/trainer/workers_setup.py), one class:
+Two layouts (rlkit/trainer/run/workers_setup.py), one class:
 
 - colocated (hybrid engine): the worker shares its process with the actor and is handed that
   actor at construction; `sync_weights` streams the actor's full tensors into the engine one

@@ -1,7 +1,7 @@
 """The local teachers of on-policy distillation: frozen FSDP2 models that score the student's samples.
 
 One role holds every local teacher of the run (`distillation.teacher_models`, each its own model); the driver
-(rlkit/trainer/teacher_stage.py) sends each teacher its rows, already in the teacher's tokens when its tokenizer
+(rlkit/trainer/step/teacher_stage.py) sends each teacher its rows, already in the teacher's tokens when its tokenizer
 differs from the student's, and names the teacher in the call. Like the reference, it is colocated with the
 actor (one more role of the trainer processes) unless `distillation.nnodes` gives it a group of its own.
 """

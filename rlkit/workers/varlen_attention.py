@@ -31,17 +31,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rlkit.registry import Registry
 from rlkit.workers import ulysses
 
 PREFIX = "rlkit_varlen_"
 
 #: (q (T,H,d), k (T,Hkv,d), v (T,Hkv,d), cu_seqlens (n+1,) int32, max_len, scale, dropout) -> out (T,H,d)
 VarlenKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float, float], torch.Tensor]
-VARLEN_KERNELS: Registry[VarlenKernel] = Registry("varlen attention kernel (by device type)")
 
 
-@VARLEN_KERNELS.register("cpu", "mps", "xpu")
 @torch.compiler.disable  # a Python loop over data-dependent bounds: eager inside a compiled layer (layer_compile.py)
 def sdpa_per_segment(
     q: torch.Tensor,
@@ -81,7 +78,6 @@ def _cpu_flash(q: torch.Tensor, max_len: int) -> bool:
     return not needs_grad or q.dtype == torch.float32 or max_len > MATH_PATH_MAX_LEN
 
 
-@VARLEN_KERNELS.register("cuda")
 def cuda_varlen(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -100,6 +96,12 @@ def cuda_varlen(
     return flash_attn_varlen_func(
         q, k, v, cu, cu, max_len, max_len, dropout_p=dropout, softmax_scale=scale, causal=True
     )
+
+
+
+#: device type -> its kernel
+VARLEN_KERNELS: dict[str, VarlenKernel] = {"cpu": sdpa_per_segment, "mps": sdpa_per_segment,
+                                           "xpu": sdpa_per_segment, "cuda": cuda_varlen}
 
 
 def segments_from_positions(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -128,7 +130,8 @@ def _varlen_call(
     if group is not None:
         q, k, v = ulysses.heads_to_sequence(q, k, v, group)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out = VARLEN_KERNELS.get(q.device.type)(q, k, v, cu, max_len, scale, dropout if module.training else 0.0)
+    kernel = VARLEN_KERNELS.get(q.device.type, sdpa_per_segment)
+    out = kernel(q, k, v, cu, max_len, scale, dropout if module.training else 0.0)
     if group is not None:
         out = ulysses.sequence_to_heads(out, group)
     return out.unsqueeze(0)

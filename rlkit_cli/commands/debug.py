@@ -169,7 +169,7 @@ def replay(
 
     Example: [bold]rlkit debug replay checkpoints/rlkit/run --step 4 --break-at actor.update_policy[/bold]
     """
-    from rlkit.trainer.replay import replay_step
+    from rlkit.trainer.replay.replay import replay_step
 
     result = replay_step(run, step, role, break_at, say=lambda line: console.print(line, markup=False, soft_wrap=True))
     table = Table(title=f"step {step} replayed ({role}; updates of steps {result.steps})", title_justify="left")

@@ -17,8 +17,8 @@ DEBUG_MODES = {"on": "on", "post-mortem": "post-mortem", "postmortem": "post-mor
 
 
 def trainer_names() -> str:
-    """The non-RL trainers with their one-line help, read from the registry (rlkit.trainer.trainers is light)."""
-    from rlkit.trainer.trainers import TRAINERS
+    """The non-RL trainers with their one-line help, read from the registry (rlkit.trainer.run.trainers is light)."""
+    from rlkit.trainer.run.trainers import TRAINERS
 
     return "; ".join(f"{name}, {TRAINERS.get(name).help}" for name in TRAINERS.names())
 
@@ -76,7 +76,7 @@ def train(
     130 when stopped with Ctrl-C, 143 with SIGTERM (kill, Slurm, Kubernetes); the last line then says
     how to resume.
     """
-    from rlkit.trainer.interrupt import InterruptWatch, TrainingInterrupted
+    from rlkit.trainer.run.interrupt import InterruptWatch, TrainingInterrupted
 
     with InterruptWatch() as watch:  # Ctrl-C while the config loads and the pre-flight runs: the same one line
         try:
@@ -114,10 +114,10 @@ def leave_now(code: int) -> None:
 def _train(algo: str | None, overrides: list[str], config: Path | None, config_path: Path | None,
            config_name: str | None, dry_run: bool, address: str | None, debug: bool, num_cpus: int | None) -> None:
     from rlkit.config.load import to_yaml
-    from rlkit.trainer.launch import LaunchOptions, resource_plan, run_training
-    from rlkit.trainer.run_config import load_config
-    from rlkit.trainer.run_summary import print_table
-    from rlkit.trainer.trainers import TRAINERS
+    from rlkit.trainer.run.launch import LaunchOptions, resource_plan, run_training
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.run.run_summary import print_table
+    from rlkit.trainer.run.trainers import TRAINERS
 
     overrides = list(overrides or [])
 
@@ -143,7 +143,7 @@ def _train(algo: str | None, overrides: list[str], config: Path | None, config_p
     for line in notices:
         err.print(line, markup=False, highlight=False, style="yellow")
     if dry_run:
-        from rlkit.trainer.preflight import preflight
+        from rlkit.trainer.run.preflight import preflight
 
         console.print(to_yaml(cfg))
         print_table(console, resource_plan(cfg))
@@ -158,9 +158,9 @@ def _train_other(name: str, overrides: list[str], config: Path | None, config_pa
                  config_name: str | None, dry_run: bool, address: str | None, num_cpus: int | None) -> None:
     """`rlkit train sft|dpo ...`: the entry's config, notices, dry run and run, with `rlkit train grpo`'s exits."""
     from rlkit.config.load import to_yaml
-    from rlkit.trainer.launch import LaunchOptions
-    from rlkit.trainer.run_summary import print_table
-    from rlkit.trainer.trainers import TRAINERS
+    from rlkit.trainer.run.launch import LaunchOptions
+    from rlkit.trainer.run.run_summary import print_table
+    from rlkit.trainer.run.trainers import TRAINERS
 
     entry = TRAINERS.get(name)
     notices: list[str] = []
@@ -195,7 +195,7 @@ def _run_reporting(run, checkpoints: str) -> None:
     except (WorkerError, RayActorError) as exc:
         from rich.text import Text
 
-        from rlkit.trainer.interrupt import rerun_command
+        from rlkit.trainer.run.interrupt import rerun_command
         from rlkit.utils.checkpoint_io import find_latest_checkpoint
 
         if isinstance(exc, WorkerError) and (line := line_in(exc.detail)) is not None:

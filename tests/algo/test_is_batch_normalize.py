@@ -9,7 +9,7 @@ import torch
 from rlkit.algo.rollout_correction import RolloutCorrection, is_scale_of
 from rlkit.config.schema import AlgorithmConfig
 from rlkit.protocol import Batch
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 from rlkit.workers.is_batch_norm import batch_is_scale
 
 HF = ["actor_rollout_ref.rollout.name=hf"]

@@ -70,7 +70,7 @@ def test_data_metrics_optional_keys():
 def test_accuracy_from_scorer_extras_train_and_validation():
     """A scorer's `acc` extra (correctness without the format bonus) becomes reward/acc/mean on train
     batches and val/<source>/acc/mean@n, pass@n on validation, computed by hand here."""
-    from rlkit.trainer.step_metrics import validation_metrics
+    from rlkit.trainer.step.step_metrics import validation_metrics
 
     batch = make_batch(with_values=False)
     batch.non_tensors["reward_extra/acc"] = np.array([1.0, 0.0], dtype=object)

@@ -11,7 +11,7 @@ from rlkit.algo import ADV_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, agg_loss, masked
 from rlkit.algo.needs import Needs, needs, needs_of, rows, sequences
 from rlkit.algo.run_needs import agg_unit, critic_enabled, ref_needed, run_needs
 from rlkit.errors import UserError
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 from rlkit.workers.micro_batch import loss_scales
 
 HF = ["actor_rollout_ref.rollout.name=hf"]
@@ -76,7 +76,7 @@ def test_a_new_loss_that_reads_the_reference_gets_one(registered):
 
     from rich.console import Console
 
-    from rlkit.trainer.launch import resource_plan
+    from rlkit.trainer.run.launch import resource_plan
 
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(resource_plan(cfg))

@@ -11,8 +11,8 @@ from rlkit.algo.pf_ppo import REWEIGHTS, pf_ppo_indices, pf_ppo_resample
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
-from rlkit.trainer.advantage_stage import compute_advantages
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
+from rlkit.trainer.step.advantage_stage import compute_advantages
 
 HF = ["actor_rollout_ref.rollout.name=hf"]
 

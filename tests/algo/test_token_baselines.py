@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from rlkit.algo.advantages import ADV_ESTIMATORS, AdvantageInputs
 from rlkit.algo.needs import Needs, needs_of
 from rlkit.errors import UserError
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 
 EXAMPLES = settings(max_examples=25, deadline=None)
 EPS = 1e-8

@@ -38,7 +38,7 @@ def readme_commands() -> set[str]:
 def test_cli_table_lists_every_command():
     missing = cli_commands() - readme_commands()
     assert not missing, f"README.md CLI table lacks: {sorted(missing)}"
-    from rlkit.trainer.trainers import TRAINERS
+    from rlkit.trainer.run.trainers import TRAINERS
 
     trainers = {"train"} | {f"train {name}" for name in TRAINERS}  # `rlkit train sft`: a trainer, not a subcommand
     assert not readme_commands() - cli_commands() - trainers, "the table names commands the CLI does not have"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.runs.status import read_status
-from rlkit.trainer.interrupt import InterruptWatch
+from rlkit.trainer.run.interrupt import InterruptWatch
 from tests.trainer.conftest import (
     REPO,
     cli_env,

@@ -13,7 +13,7 @@ import pytest
 from rlkit.config import compose_config, finalize
 from rlkit.config.schema import REMOVED_KEYS
 from rlkit.errors import UserError
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 
 HF = ["actor_rollout_ref.rollout.name=hf"]
 OFF = ["trainer.one_step_off_policy=true"]

@@ -10,8 +10,8 @@ import pytest
 
 from rlkit.config.micro_batch_sizes import settle_micro_batches
 from rlkit.errors import UserError
-from rlkit.trainer.roles import actor_role
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.roles import actor_role
+from rlkit.trainer.run.run_config import load_config
 from rlkit.workers.micro_batch import MicroBatching
 
 HF = ["actor_rollout_ref.rollout.name=hf"]

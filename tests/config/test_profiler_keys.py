@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rlkit.errors import UserError
-from rlkit.trainer.run_config import load_config
-from rlkit.trainer.workers_setup import profile_plan
+from rlkit.trainer.run.run_config import load_config
+from rlkit.trainer.run.workers_setup import profile_plan
 
 BASE = ["data.train_files=/tmp/x.parquet", "actor_rollout_ref.model.path=/tmp/model", "trainer.device=cpu"]
 

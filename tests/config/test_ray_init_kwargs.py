@@ -9,8 +9,8 @@ import sys
 import pytest
 from rich.console import Console
 
-from rlkit.trainer.ray_init_kwargs import merge_ray_init
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.ray_init_kwargs import merge_ray_init
+from rlkit.trainer.run.run_config import load_config
 
 BASE = ["data.train_files=/tmp/x.parquet", "actor_rollout_ref.model.path=/tmp/model", "trainer.device=cpu"]
 OURS = {"runtime_env": {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "RLKIT_DIST_TIMEOUT_S": "1800"},
@@ -53,8 +53,8 @@ def test_joining_a_cluster_drops_what_ray_refuses_there_in_one_line():
 def test_a_real_ray_gets_the_env_vars_and_the_timeline(tmp_path, monkeypatch):
     import ray
 
-    from rlkit.trainer.launch import LaunchOptions, init_ray
-    from rlkit.trainer.ray_init_kwargs import write_timeline
+    from rlkit.trainer.run.launch import LaunchOptions, init_ray
+    from rlkit.trainer.run.ray_init_kwargs import write_timeline
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     if ray.is_initialized():

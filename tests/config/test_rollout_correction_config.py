@@ -9,7 +9,7 @@ import pytest
 
 from rlkit.algo.rollout_correction import RolloutCorrection
 from rlkit.errors import UserError
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 
 HF = ["actor_rollout_ref.rollout.name=hf"]
 LP = ["actor_rollout_ref.rollout.calculate_log_probs=true"]

@@ -8,7 +8,7 @@ import pytest
 
 from rlkit.config.load import compose_config
 from rlkit.errors import UserError
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 
 HF = ["actor_rollout_ref.rollout.name=hf"]
 ACTOR = "actor_rollout_ref.actor"

@@ -8,7 +8,7 @@ import torch
 
 from rlkit.config.optim import OptimConfig, settle_optim
 from rlkit.errors import UserError
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 from rlkit.utils.lr_schedule import lr_lambda
 from rlkit.utils.optimizer import build_optimizer
 

@@ -7,7 +7,7 @@ from rlkit.data import RLDataset
 from rlkit.data.user_dataset import rl_dataset_keys
 from rlkit.rollout.agent.chat import ChatRenderer
 from rlkit.testing import CHAT_TEMPLATE, build_tiny_tokenizer
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 
 from .conftest import toy_row
 

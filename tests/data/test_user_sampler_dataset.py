@@ -17,7 +17,7 @@ from rlkit.data.user_dataset import UserDataset
 from rlkit.data.user_sampler import UserSampler
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 
 SAMPLER = textwrap.dedent("""
     class ReverseSampler:
@@ -92,7 +92,7 @@ def test_a_package_path_is_found_in_the_working_directory_as_python_m_finds_it(t
 
 
 def test_the_preflight_imports_the_users_classes(tmp_path):
-    from rlkit.trainer.preflight import Preflight, check_user_classes
+    from rlkit.trainer.run.preflight import Preflight, check_user_classes
 
     (tmp_path / "s.py").write_text(SAMPLER)
     cfg = load_config("grpo", ["actor_rollout_ref.rollout.name=hf", f"data.sampler.class_path={tmp_path / 's.py'}",

@@ -386,7 +386,7 @@ def test_break_at_scalar_list_and_unknown_phase():
 
 
 def test_break_at_from_the_command_line():
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     base = ["data.train_files=/tmp/x.parquet"]
     cfg = load_config("grpo", [*base, "trainer.debug.break_at=actor.update_policy"])

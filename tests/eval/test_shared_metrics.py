@@ -12,7 +12,7 @@ from rlkit.eval.evaluator import _rows, aggregate
 from rlkit.protocol import Batch
 from rlkit.reward.manager import RewardManager
 from rlkit.testing import build_tiny_tokenizer
-from rlkit.trainer.step_metrics import validation_metrics
+from rlkit.trainer.step.step_metrics import validation_metrics
 
 K = 3
 # (data_source, ground truth, k responses); the gsm8k scorer extracts "#### N" (strict), toy_copy scores digits

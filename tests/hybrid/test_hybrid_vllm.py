@@ -40,7 +40,7 @@ def make_toy_and_model(tmp_path, save_model=None):
 
 
 def toy_config(toy, model, tmp_path, steps, extra=()):
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     return load_config("grpo", [
         f"data.train_files={toy}/train.parquet", f"data.val_files={toy}/test.parquet", "data.val_max_samples=32",
@@ -61,7 +61,7 @@ def metric_rows(tmp_path) -> list[dict]:
 
 def fit_toy(cfg, tmp_path):
     """Build the trainer of `cfg` (file tracker under tmp_path/logs), fit, always shut down; returns the summary."""
-    from rlkit.trainer.rl_trainer import RLTrainer
+    from rlkit.trainer.step.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
 
     trainer = RLTrainer(cfg, tracker=Tracking(["file"], log_dir=tmp_path / "logs"))
@@ -77,7 +77,7 @@ def train_sync_and_compare(tmp_path, steps: int, extra=(), check_group=None, sav
     output equals a fresh single-rank engine loaded from the exported checkpoint and differs from
     before training; engine and trainer log-probs agree (float32 on both sides)."""
     from rlkit.rollout import RolloutConfig, VLLMRollout
-    from rlkit.trainer.rl_trainer import RLTrainer
+    from rlkit.trainer.step.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
     from rlkit.workers.fsdp_model import export_hf
 

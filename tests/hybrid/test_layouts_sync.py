@@ -49,7 +49,7 @@ class CheckAfterEachStep:
 # batch against the trainer's, then the synced engine against a fresh one): the parameter is kept for a local rerun
 @pytest.mark.parametrize("one_step_off", [True], ids=["separate-rollout"])
 def test_engine_equals_trainer_after_every_sync(one_step_off, tmp_path, ray_local):
-    from rlkit.trainer.rl_trainer import RLTrainer
+    from rlkit.trainer.step.rl_trainer import RLTrainer
 
     toy, model = make_toy_and_model(tmp_path)
     cfg = toy_config(toy, model, tmp_path, steps=STEPS, extra=[

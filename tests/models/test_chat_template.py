@@ -10,7 +10,7 @@ from rlkit.errors import UserError
 from rlkit.models.chat_template import with_chat_template
 from rlkit.models.loading import load_tokenizer
 from rlkit.testing import save_tiny_model
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 
 TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
             "{% if add_generation_prompt %}>>{% endif %}")

@@ -9,7 +9,7 @@ import torch
 from rlkit.config.fsdp import FSDPConfig
 from rlkit.errors import UserError
 from rlkit.testing import save_tiny_model
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 from rlkit.workers.fsdp_model import FSDPModel
 
 OV = "actor_rollout_ref.model.override_config"

@@ -228,7 +228,7 @@ def test_bf16_base_keeps_float32_adapters(tiny, process_group):
 )
 def test_lora_config_errors_name_the_key(overrides, message):
     from rlkit.errors import UserError
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     with pytest.raises(UserError, match=message):
         load_config("grpo", overrides)
@@ -255,7 +255,7 @@ def test_lora_adapter_path_starts_from_that_adapter(tiny, tmp_path):
 
 
 def test_run_summary_lines_show_what_trains_and_the_optimizer_state():
-    from rlkit.trainer.run_summary import memory_rows
+    from rlkit.trainer.run.run_summary import memory_rows
 
     lora = {"params": 135e6, "trainable_params": 2.44e6, "optimizer_state_mb": 18.6, "grad_mb": 9.3, "lora_rank": 8.0}
     rows = dict(memory_rows(lora))

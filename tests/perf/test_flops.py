@@ -101,7 +101,7 @@ def test_moe_total_and_active_parameters_match_the_model(family):
 
 def test_the_run_summary_shows_an_moe_policys_active_and_total_weights(tmp_path):
     from rlkit.testing import save_tiny_model, save_tiny_moe
-    from rlkit.trainer.run_summary import memory_rows, moe_params
+    from rlkit.trainer.run.run_summary import memory_rows, moe_params
 
     moe = moe_params(str(save_tiny_moe(tmp_path / "moe", "qwen3_moe")))
     assert 0 < moe["moe_active_params"] < moe["moe_total_params"]

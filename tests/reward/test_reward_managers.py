@@ -11,7 +11,7 @@ from rlkit.reward.coevolve import CoevolveReward
 from rlkit.reward.manager import RewardManager
 from rlkit.reward.placement import decode_responses, last_valid_index, on_last_token, response_lengths
 from rlkit.reward.registry import REWARD_MANAGERS, build_reward_manager
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 
 HF = ["actor_rollout_ref.rollout.name=hf"]
 COEVOLVE = ["reward_model.reward_manager=coevolve", "data.shuffle=false", "data.train_batch_size=4",

@@ -10,7 +10,7 @@ import torch
 from rlkit.errors import UserError
 from rlkit.reward.mix import build_reward_fn
 from rlkit.testing import build_tiny_tokenizer
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 from rlkit.workers.reward_model import RewardModelWorker
 from tests.reward.rm_helpers import policy_batch, save_rm
 

@@ -11,8 +11,8 @@ from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.reward.registry import build_reward_manager
 from rlkit.testing import build_tiny_tokenizer
-from rlkit.trainer.advantage_stage import shape_rewards
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
+from rlkit.trainer.step.advantage_stage import shape_rewards
 
 HF = ["actor_rollout_ref.rollout.name=hf"]
 
@@ -91,7 +91,7 @@ def test_batch_function_errors_are_one_line(tmp_path, tok):
 
 
 def test_batch_signature_is_checked_before_the_run(tmp_path):
-    from rlkit.trainer.preflight import Preflight, check_custom_reward
+    from rlkit.trainer.run.preflight import Preflight, check_custom_reward
 
     path = tmp_path / "reward.py"
     path.write_text(CONSTANT_FN)  # a per-sample function: not what the batch manager calls

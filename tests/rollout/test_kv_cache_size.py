@@ -44,7 +44,7 @@ def test_cap_and_fallback(tmp_path, monkeypatch):
 
 
 def test_batch_rows_come_from_the_batch():
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     cfg = load_config("grpo", ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
                               "actor_rollout_ref.actor.ppo_mini_batch_size=4"])

@@ -121,8 +121,8 @@ def fit(algo: str, overrides: list[str], log_dir: Path, keep_state: bool = False
     """Run the trainer on the config (its rollout source: sync, one-step-off or fully async) in this process, on
     the shared local Ray; `expect`: the rollout source class it must use. Returns (summary, metrics rows, actor
     weights)."""
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
 
     ensure_ray()

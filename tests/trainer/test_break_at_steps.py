@@ -17,9 +17,9 @@ import pytest
 import ray
 
 from rlkit.models.resolve import resolve_model_path
-from rlkit.trainer.rl_trainer import RLTrainer
-from rlkit.trainer.run_config import load_config
-from rlkit.trainer.workers_setup import build_workers
+from rlkit.trainer.run.run_config import load_config
+from rlkit.trainer.run.workers_setup import build_workers
+from rlkit.trainer.step.rl_trainer import RLTrainer
 from tests.trainer.conftest import toy_overrides
 
 PAUSE_LINE = re.compile(r"\[rlkit\.debug\] pausing at phase '([\w.]+)' \(rank (\d+), step (\w+)\)")

@@ -7,7 +7,7 @@ import pytest
 from rlkit.config.bounds import BOUNDS, lookup
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 from tests.trainer.conftest import run_cli
 
 HF = ["actor_rollout_ref.rollout.name=hf"]

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlkit.errors import UserError
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 from rlkit_cli.main import app
 from tests.trainer.conftest import run_cli, toy_overrides
 

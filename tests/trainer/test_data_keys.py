@@ -18,7 +18,7 @@ import torch
 
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
-from rlkit.trainer.step_result import Timer
+from rlkit.trainer.step.step_result import Timer
 from tests.trainer.conftest import toy_overrides
 
 DIGITS = re.compile(r"copy the digits : ([\d ]+)")
@@ -49,8 +49,8 @@ class ScriptedRollout:
 
 
 def _trainer(toy_data, tiny_model, tmp_path, algo: str = "grpo", **extra):
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
 
     values = dict(data__train_batch_size=4, actor_rollout_ref__actor__ppo_mini_batch_size=4,
                   actor_rollout_ref__rollout__n=2, data__val_files=toy_data / "test.parquet")

@@ -19,8 +19,8 @@ import torch
 
 from rlkit.config.dpo_load import load_dpo_config
 from rlkit.errors import UserError
-from rlkit.trainer.dpo_trainer import DPOTrainer, dpo_role
-from rlkit.trainer.sft_trainer import SFTWorkers
+from rlkit.trainer.kinds.dpo_trainer import DPOTrainer, dpo_role
+from rlkit.trainer.kinds.sft_trainer import SFTWorkers
 
 MARKER = "think"
 STEPS, BSZ = 15, 8

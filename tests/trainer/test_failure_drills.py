@@ -25,8 +25,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlkit.trainer import trainer_base
-from rlkit.trainer.trainer_base import TrainerBase
+from rlkit.trainer.run import trainer_base
+from rlkit.trainer.run.trainer_base import TrainerBase
 from rlkit.utils.checkpoint_io import LATEST, CheckpointError, is_complete, list_checkpoints
 from tests.trainer.conftest import cli_env, read_metrics, rlkit_cmd, toy_overrides
 

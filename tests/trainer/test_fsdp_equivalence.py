@@ -24,8 +24,8 @@ from transformers import AutoModelForCausalLM
 
 from rlkit.protocol import Batch
 from rlkit.testing import build_tiny_tokenizer
-from rlkit.trainer.run_config import load_config
-from rlkit.trainer.workers_setup import build_workers
+from rlkit.trainer.run.run_config import load_config
+from rlkit.trainer.run.workers_setup import build_workers
 from tests.trainer.conftest import toy_overrides
 
 PROMPTS, N, R = 8, 4, 6  # 8 prompts x 4 samples = 32 rows, responses up to 6 tokens

@@ -14,9 +14,9 @@ import statistics
 import pytest
 
 from rlkit.errors import UserError
-from rlkit.trainer.fully_async import FullyAsyncRollout
-from rlkit.trainer.rl_trainer import RLTrainer
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
+from rlkit.trainer.step.fully_async import FullyAsyncRollout
+from rlkit.trainer.step.rl_trainer import RLTrainer
 from rlkit.utils.tracking import Tracking
 from tests.trainer.conftest import fit, read_metrics, toy_overrides, train_rows
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from rlkit.protocol import Batch
-from rlkit.trainer.fully_async import staleness_metrics
-from rlkit.trainer.partial_rollout import PartialChunk
-from rlkit.trainer.sample_buffer import Finished, SampleBuffer, StalenessBudget
+from rlkit.trainer.step.fully_async import staleness_metrics
+from rlkit.trainer.step.partial_rollout import PartialChunk
+from rlkit.trainer.step.sample_buffer import Finished, SampleBuffer, StalenessBudget
 
 STOP, PAD = 2, 0
 
@@ -154,7 +154,7 @@ def test_partial_chunk_without_segments_asks_for_the_whole_response():
 
 
 def test_pump_take_drops_stale_chunks_frees_their_budget_and_counts_them():
-    from rlkit.trainer.rollout_pump import RolloutPump, VersionClock
+    from rlkit.trainer.step.rollout_pump import RolloutPump, VersionClock
 
     budget, buffer = StalenessBudget(batch=4, threshold=1, started=10), SampleBuffer(threshold=1)
     pump = RolloutPump(None, iter([]), None, VersionClock(value=3), budget, buffer, segment=0)
@@ -167,7 +167,7 @@ def test_pump_take_drops_stale_chunks_frees_their_budget_and_counts_them():
 
 
 def test_pump_take_raises_the_pumps_error():
-    from rlkit.trainer.rollout_pump import RolloutPump, VersionClock
+    from rlkit.trainer.step.rollout_pump import RolloutPump, VersionClock
 
     pump = RolloutPump(None, iter([]), None, VersionClock(), StalenessBudget(4, 1), SampleBuffer(1), segment=0)
     pump.error = ValueError("engine died")

@@ -12,8 +12,8 @@ import torch
 
 from rlkit.protocol import Batch
 from rlkit.testing import build_tiny_tokenizer
-from rlkit.trainer.generations import dump, generations, pick
-from rlkit.trainer.rl_trainer import RLTrainer
+from rlkit.trainer.step.generations import dump, generations, pick
+from rlkit.trainer.step.rl_trainer import RLTrainer
 from rlkit.utils.tracking import Tracking
 
 

@@ -1,4 +1,4 @@
-"""A hang is named, not waited out (trainer.hang_timeout_s, rlkit/trainer/hang_watch.py): a real run whose rank 1
+"""A hang is named, not waited out (trainer.hang_timeout_s, rlkit/trainer/run/hang_watch.py): a real run whose rank 1
 waits in an all-reduce that rank 0 never joins stops within the limit, naming the group, the rank, the collective
 and where it was called, with every process's stack in the log dir and the resume line; and the watch's rules
 (limits from the phase's history, what a stack says a worker waits in) on their own."""
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from rlkit.debug.stacks import Proc
-from rlkit.trainer.hang_watch import HangStopped, HangWatch, classify
+from rlkit.trainer.run.hang_watch import HangStopped, HangWatch, classify
 from tests.trainer.conftest import fit, toy_overrides
 
 PLUGIN = "tests.trainer.hang_plugin"

@@ -11,9 +11,9 @@ import io
 from rich.console import Console
 
 from rlkit.controller import Sibling
-from rlkit.trainer.launch import resource_plan
-from rlkit.trainer.run_config import load_config
-from rlkit.trainer.workers_setup import plan_layout, role_specs
+from rlkit.trainer.run.launch import resource_plan
+from rlkit.trainer.run.run_config import load_config
+from rlkit.trainer.run.workers_setup import plan_layout, role_specs
 from rlkit.workers.rollout_worker import RolloutWorker
 from tests.trainer.conftest import toy_overrides
 

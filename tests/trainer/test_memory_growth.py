@@ -37,8 +37,8 @@ def slope(values: list[float]) -> float:
 
 @pytest.mark.timeout(600)
 def test_rss_per_step_is_flat_over_thirty_toy_steps(toy_data, vllm_model, tmp_path):
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
 
     ensure_ray()

@@ -109,7 +109,7 @@ def test_lora_checkpoint_estimate_counts_the_adapter_not_the_model(tiny_model):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from rlkit.trainer.preflight import BYTES_PER_PARAM_IN_CHECKPOINT, checkpoint_size
+    from rlkit.trainer.run.preflight import BYTES_PER_PARAM_IN_CHECKPOINT, checkpoint_size
 
     full = checkpoint_size(tiny_model)
     lora = checkpoint_size(tiny_model, lora_rank=8)
@@ -230,7 +230,7 @@ def test_eval_checks_out_before_generating(toy_data, tiny_model, tmp_path):
 
 
 def test_interrupt_line_replaces_the_resume_setting_and_quotes_arguments():
-    from rlkit.trainer.interrupt import TrainingInterrupted
+    from rlkit.trainer.run.interrupt import TrainingInterrupted
 
     argv = ["/opt/venv/bin/rlkit", "train", "grpo", "trainer.resume_mode=disable", "trainer.logger=[file]",
             "trainer.experiment_name=my run"]

@@ -17,7 +17,7 @@ def test_gdpo_reads_the_reward_components_the_manager_returned():
     """The advantage stage hands gdpo the `reward_extra/<name>` columns named by algorithm.gdpo_reward_keys."""
     from rlkit.config.schema import RLConfig
     from rlkit.errors import UserError
-    from rlkit.trainer.advantage_stage import compute_advantages
+    from rlkit.trainer.step.advantage_stage import compute_advantages
 
     cfg = RLConfig()
     cfg.algorithm.adv_estimator = "gdpo"
@@ -43,7 +43,7 @@ def test_gdpo_reads_the_reward_components_the_manager_returned():
     ("vespo", {"policy_loss": "vespo", "loss_agg_mode": "token-mean"}),
 ])
 def test_trl_loss_type_sets_its_objective_with_one_notice(loss_type, expect):
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     notices: list[str] = []
     cfg = load_config("grpo", [f"actor_rollout_ref.actor.loss_type={loss_type}"], notices=notices)
@@ -54,14 +54,14 @@ def test_trl_loss_type_sets_its_objective_with_one_notice(loss_type, expect):
 
 def test_trl_loss_type_outside_trls_list_is_refused():
     from rlkit.errors import UserError
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     with pytest.raises(UserError, match="loss_type=vespa.*not one of TRL's loss types.*vespo"):
         load_config("grpo", ["actor_rollout_ref.actor.loss_type=vespa"])
 
 
 def test_verl_policy_loss_keys_reach_the_actor_section():
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     cfg = load_config("grpo", ["actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov",
                                "actor_rollout_ref.actor.policy_loss.kl_cov_ratio=0.01",

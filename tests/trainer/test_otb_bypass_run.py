@@ -31,10 +31,10 @@ OTB = ("optimal_token_baseline", "tir_optimal_token_baseline")
 def runs(toy_data, tiny_model, tmp_path_factory):
     """name -> (summary, train rows, the recorded batch of step 2)."""
     from rlkit.models.resolve import resolve_model_path
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
-    from rlkit.trainer.step_record import load_record, record_path
-    from rlkit.trainer.workers_setup import build_workers
+    from rlkit.trainer.replay.step_record import load_record, record_path
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.run.workers_setup import build_workers
+    from rlkit.trainer.step.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
 
     ensure_ray()
@@ -95,7 +95,7 @@ def test_advantage_stage_passes_the_rollout_correction_weights():
     computes them from old and rollout log-probs); without it, by nothing."""
     from rlkit.algo.rollout_correction import RolloutCorrection
     from rlkit.config.schema import RLConfig
-    from rlkit.trainer.advantage_stage import compute_advantages
+    from rlkit.trainer.step.advantage_stage import compute_advantages
 
     g = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
@@ -129,8 +129,8 @@ def test_the_old_log_prob_forward_runs_for_sum_pi_squared_even_in_one_pass(toy_d
     estimator reads sum_pi_squared, which only that forward computes."""
     import types
 
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
 
     workers = types.SimpleNamespace(rollout=None, reward_model=None, world_size=1, memory_peaks=lambda skip: {})
     for estimator, needed in (("grpo", False), *((name, True) for name in OTB)):

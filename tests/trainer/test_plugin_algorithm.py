@@ -49,7 +49,7 @@ def test_plugin_entries_train(plugin, toy_data, tiny_model, tmp_path):
 def test_workers_without_the_plugin_name_what_is_missing(toy_data, tiny_model, tmp_path):
     """Without the plugin nothing is registered under its names: the config check says so before Ray starts."""
     from rlkit.errors import UserError
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     with pytest.raises(UserError, match="test_plugin_ref_anchored' is not registered"):
         load_config("grpo", toy_overrides(toy_data, tiny_model, tmp_path,
@@ -61,7 +61,7 @@ def test_workers_without_the_plugin_name_what_is_missing(toy_data, tiny_model, t
 
 def test_plugins_key_registers_for_the_cli(toy_data, tiny_model, tmp_path):
     """`trainer.plugins=[module]` imports the module first, so `rlkit train` accepts its names."""
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     sys.modules.pop(PLUGIN, None)
     try:

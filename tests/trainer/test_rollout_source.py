@@ -7,8 +7,8 @@ import types
 import pytest
 
 from rlkit.data.prompt_stream import PromptStream
-from rlkit.trainer.rl_trainer import SOURCES
-from rlkit.trainer.rollout_source import ROLLOUT_SOURCES, source_name
+from rlkit.trainer.step.rl_trainer import ROLLOUT_SOURCES, SOURCES
+from rlkit.trainer.step.rollout_source import source_name
 
 
 def test_the_stream_cycles_epochs_and_peek_returns_what_next_returns():
@@ -27,4 +27,4 @@ def test_the_config_picks_a_registered_source(fully_async, one_step_off, name):
     cfg = types.SimpleNamespace(trainer=trainer)
     assert source_name(cfg) == name
     assert ROLLOUT_SOURCES.get(name) in SOURCES
-    assert set(ROLLOUT_SOURCES.names()) == {"sync", "one_step_off", "fully_async"}
+    assert set(ROLLOUT_SOURCES) == {"sync", "one_step_off", "fully_async"}

@@ -1,5 +1,5 @@
-"""A served teacher over real HTTP (rlkit/trainer/served_teacher.py) through the teacher phase
-(rlkit/trainer/teacher_stage.py): a local server returns fixed prompt log-probs, or answers slowly, fails, or
+"""A served teacher over real HTTP (rlkit/trainer/step/served_teacher.py) through the teacher phase
+(rlkit/trainer/step/teacher_stage.py): a local server returns fixed prompt log-probs, or answers slowly, fails, or
 sends malformed replies; a failed sample is masked out and counted, never the run's end."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from rlkit.config.schema import RLConfig
 from rlkit.protocol import Batch
 from rlkit.testing import build_tiny_tokenizer
-from rlkit.trainer.teacher_stage import TeacherStage
+from rlkit.trainer.step.teacher_stage import TeacherStage
 from tests.data.test_token_alignment import chunked_tokenizer
 
 #: the behaviour of a request, chosen by its first prompt word (everything else: a normal reply)

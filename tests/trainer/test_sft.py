@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from rlkit.config.sft_load import load_sft_config
-from rlkit.trainer.sft_trainer import SFTTrainer, SFTWorkers, sft_role
+from rlkit.trainer.kinds.sft_trainer import SFTTrainer, SFTWorkers, sft_role
 from rlkit.workers.sft_worker import step_loss
 from tests.gloo_workers import gloo_rank, run_on_gloo_workers
 from tests.trainer.conftest import REPO

@@ -11,7 +11,7 @@ import torch
 
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
-from rlkit.trainer.step_record import StepRecorder, find_record, load_record
+from rlkit.trainer.replay.step_record import StepRecorder, find_record, load_record
 
 
 def _recorder(root: Path, steps: list[int], save_freq: int = 1) -> StepRecorder:
@@ -73,7 +73,7 @@ def test_errors_name_the_recorded_steps_and_the_fix(tmp_path):
 
 
 def test_the_config_keys_are_checked_at_start_up():
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     cfg = load_config("grpo", ["trainer.debug.record_steps=[4,3,4]", "trainer.deterministic=true"])
     assert cfg.trainer.debug.record_steps == [3, 4] and cfg.trainer.max_worker_restarts == 3
@@ -111,7 +111,7 @@ def test_the_checkpoint_a_recorded_step_replays_from_stays_out_of_the_rotation(t
 
 
 def test_the_steps_between_the_checkpoint_and_a_recorded_step_are_recorded_too(tmp_path):
-    from rlkit.trainer.step_record import recorded_steps, steps_to_record
+    from rlkit.trainer.replay.step_record import recorded_steps, steps_to_record
 
     assert steps_to_record([2], 1) == {2}
     assert steps_to_record([7], 5) == {6, 7} and steps_to_record([5, 10], 5) == {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
@@ -126,8 +126,8 @@ def test_the_steps_between_the_checkpoint_and_a_recorded_step_are_recorded_too(t
 def test_replay_errors_never_advise_what_the_run_did(tmp_path):
     """A run recorded before the rotation kept the checkpoint (save_freq=1 and 2 kept): the error names the removed
     checkpoint and the one fix, not `save_freq=1`, which the run had."""
-    from rlkit.trainer.replay import _check_base_kept, _record_of
-    from rlkit.trainer.step_record import StepRecord
+    from rlkit.trainer.replay.replay import _check_base_kept, _record_of
+    from rlkit.trainer.replay.step_record import StepRecord
 
     trainer = SimpleNamespace(save_freq=1, max_actor_ckpt_to_keep=2)
     record = StepRecord(2, _batch(), SimpleNamespace(trainer=trainer), "model", 4, str(tmp_path), str(tmp_path))

@@ -11,7 +11,7 @@ import logging
 import pytest
 import torch
 
-from rlkit.trainer.step_result import StepResult
+from rlkit.trainer.step.step_result import StepResult
 from rlkit.utils import flops
 from tests.trainer.conftest import toy_overrides
 
@@ -49,8 +49,8 @@ def test_train_step_returns_a_step_result(ray_local, toy_data, tiny_model, tmp_p
     the engine's own time under its own name, FLOPs counted from the phases. Before it, a step of
     trainer.critic_warmup=1 (one critic-only step: the actor first updates at step 2): the critic trains, the actor's
     weights and the engines' stay as they were."""
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
 
     overrides = toy_overrides(
         toy_data, tiny_model, tmp_path, data__train_batch_size=4, actor_rollout_ref__rollout__n=2,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlkit.trainer.trainer_base import TrainerBase
+from rlkit.trainer.run.trainer_base import TrainerBase
 
 
 class Died(RuntimeError):

@@ -7,7 +7,7 @@ import io
 import torch
 from rich.console import Console
 
-from rlkit.trainer.run_summary import phase_memory_rows
+from rlkit.trainer.run.run_summary import phase_memory_rows
 from rlkit.utils.console_tracker import ConsoleTracker, console_group
 from rlkit.utils.memory_peak import PhasePeaks, note, phase_metrics, rss_gb, tensor_gb, use_sink
 from rlkit.utils.tracker_base import RunInfo

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from rlkit.errors import UserError
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 from rlkit.utils.console_tracker import ConsoleTracker
 from rlkit.utils.tracker_backends import MlflowTracker
 from rlkit.utils.tracker_base import RunInfo
@@ -36,7 +36,7 @@ def test_an_unknown_logger_name_fails_at_load():
 
 def test_a_missing_tracker_package_fails_pre_flight_with_the_pip_command(monkeypatch):
     """The missing package is simulated: mlflow's tracker asks for a module name that does not exist."""
-    from rlkit.trainer.preflight import Preflight, check_trackers
+    from rlkit.trainer.run.preflight import Preflight, check_trackers
 
     monkeypatch.setattr(MlflowTracker, "packages", ("rlkit_no_such_package",))
     cfg = load_config("grpo", [*HF, "trainer.logger=[console,mlflow]"])

@@ -12,8 +12,8 @@ from data_prep.shapes import command as shapes
 from rlkit.data.schema import arrow_schema
 from rlkit.errors import UserError
 from rlkit.testing import save_tiny_idefics3
-from rlkit.trainer.preflight import preflight
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.preflight import preflight
+from rlkit.trainer.run.run_config import load_config
 from tests.trainer.conftest import toy_overrides
 
 

@@ -17,9 +17,9 @@ from rlkit.data.schema import arrow_schema
 from rlkit.errors import UserError
 from rlkit.models.loading import load_image_processor, load_tokenizer
 from rlkit.testing import save_tiny_vlm
-from rlkit.trainer.preflight import preflight
-from rlkit.trainer.rollout_source import PROMPT_KEYS, RolloutContext, repeat_with_uids
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.preflight import preflight
+from rlkit.trainer.run.run_config import load_config
+from rlkit.trainer.step.rollout_source import PROMPT_KEYS, RolloutContext, repeat_with_uids
 from tests.trainer.conftest import toy_overrides
 
 

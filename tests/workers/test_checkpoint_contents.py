@@ -12,7 +12,7 @@ from rlkit.config.fsdp import FSDPConfig
 from rlkit.config.optim import OptimConfig
 from rlkit.errors import UserError
 from rlkit.testing import save_tiny_model
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 from rlkit.workers.fsdp_model import FSDPModel
 from rlkit.workers.trainable import TrainableModelRole
 

@@ -359,7 +359,7 @@ def test_bench_writes_its_table(tmp_path):
 
 def test_config_rejects_fused_head_without_response_logits_only(toy_data, model_path, tmp_path):
     from rlkit.errors import UserError
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
     from tests.trainer.conftest import toy_overrides
 
     base = toy_overrides(toy_data, model_path, tmp_path, actor_rollout_ref__model__fused_lm_head=True)

@@ -143,7 +143,7 @@ def test_hsdp_on_four_workers(model_and_single, tmp_path):
 
 
 def test_config_refuses_a_size_that_does_not_divide_the_workers(toy_data, tmp_path):
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
     from tests.trainer.conftest import toy_overrides
 
     base = toy_overrides(toy_data, str(tmp_path / "unused-model"), tmp_path, trainer__n_gpus_per_node=4)
@@ -157,7 +157,7 @@ def test_config_refuses_a_size_that_does_not_divide_the_workers(toy_data, tmp_pa
         load_config("ppo", [*base, "critic.model.fsdp_config.fsdp_size=3"])  # verl's older critic layout
     with pytest.raises(UserError, match="fsdp_config.fsdp_size=0: use -1"):
         load_config("grpo", [*base, "actor_rollout_ref.actor.fsdp_config.fsdp_size=0"])
-    from rlkit.workers.fsdp_model import hybrid_mesh
+    from rlkit.workers.parallel_layout import ParallelLayout
 
     for size in (-1, 4, 8):  # as in verl: one FSDP group over the 4 workers, no mesh
-        assert hybrid_mesh(size, 4, torch.device("cpu")) is None
+        assert ParallelLayout.of(size, world=4).fsdp_mesh(torch.device("cpu")) is None

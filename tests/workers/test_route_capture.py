@@ -44,7 +44,7 @@ def test_captured_routes_are_the_routers_choices_at_their_tokens(moe_folders, re
 
 
 def test_verl_r2_maps_to_the_old_log_prob_routes_and_needs_no_route_returning_engine():
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     actor = load_config(None, ["actor_rollout_ref.actor.router_replay.mode=R2",
                                "actor_rollout_ref.rollout.name=vllm"]).actor_rollout_ref.actor

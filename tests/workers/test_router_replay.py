@@ -200,7 +200,7 @@ def test_activation_checkpointing_recomputes_with_the_replayed_routes(moe_folder
 def test_router_replay_config_errors_name_the_key(overrides, message):
     """Refused when the config is loaded, not at the first rollout."""
     from rlkit.errors import UserError
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
 
     with pytest.raises(UserError, match=message):
         load_config("grpo", ["actor_rollout_ref.actor.router_replay=true", *overrides])

@@ -131,7 +131,7 @@ def test_sp2_matches_sp1_on_two_gloo_workers(model_paths, tmp_path):
 
 
 def test_config_refuses_sp_that_does_not_divide_the_workers(toy_data, tmp_path):
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
     from tests.trainer.conftest import toy_overrides
 
     base = toy_overrides(toy_data, str(tmp_path / "unused-model"), tmp_path, trainer__n_gpus_per_node=2)

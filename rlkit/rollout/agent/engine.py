@@ -259,7 +259,7 @@ EngineServerFactory = Callable[[RolloutBackend, SamplingConfig, Sequence[int], R
 #: `actor_rollout_ref.rollout.mode` -> a factory of the server one agent rollout runs against:
 #: (backend, sampling, extra stop ids, rollout config, the previous server's last call duration).
 #: "sync" is here; "async" (continuous batching) in rlkit/rollout/agent/continuous.py.
-ENGINE_SERVERS: Registry[EngineServerFactory] = Registry("rollout mode")
+ENGINE_SERVERS: Registry[EngineServerFactory] = Registry("rollout mode", fill=("rlkit.rollout.agent.continuous",))
 
 
 @ENGINE_SERVERS.register("sync")

@@ -51,8 +51,8 @@ def overrides(root, name, *extra):
 
 
 def run(root, name, *extra):
-    from rlkit.trainer.rl_trainer import RLTrainer
-    from rlkit.trainer.run_config import load_config
+    from rlkit.trainer.run.run_config import load_config
+    from rlkit.trainer.step.rl_trainer import RLTrainer
 
     cfg = load_config("grpo", overrides(root, name, *extra))
     trainer = RLTrainer(cfg)

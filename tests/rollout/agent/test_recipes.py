@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.trainer.run_config import load_config
+from rlkit.trainer.run.run_config import load_config
 
 RECIPES = Path(__file__).resolve().parents[3] / "recipes"
 

@@ -19,8 +19,8 @@ from rlkit.config.sft_schema import SFTConfig
 from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, WorkerGroupView
 from rlkit.data.prompt_stream import PromptStream
 from rlkit.protocol import Batch
-from rlkit.trainer.step_metrics import reduce_worker_metrics
-from rlkit.trainer.trainer_base import TrainerBase
+from rlkit.trainer.run.trainer_base import TrainerBase
+from rlkit.trainer.step.step_metrics import reduce_worker_metrics
 from rlkit.utils.memory_peak import phase_metrics
 from rlkit.workers.micro_batch import MicroBatching, balance_across_ranks
 from rlkit.workers.sft_worker import step_loss
@@ -65,7 +65,7 @@ def build_sft_workers(cfg: SFTConfig, model_path: str, total_steps: int,
                       runtime_env: dict | None = None, role: ClassWithInitArgs | None = None) -> SFTWorkers:
     """Spawn one SFT worker per device (or CPU process) and load the model on each; `role`: another trainer's
     worker on the same layout (DPO's), default the SFT worker."""
-    from rlkit.trainer.workers_setup import use_gpu
+    from rlkit.trainer.run.workers_setup import use_gpu
 
     t = cfg.trainer
     pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu(cfg), cpus_per_process=t.cpus_per_worker,

@@ -101,7 +101,7 @@ def supervised_preflight(cfg: Any, kind: str, allow_download: bool = False) -> l
     and the trackers. UserError listing every problem; the notes otherwise."""
     from rlkit.config.sft_load import world_size
     from rlkit.models.resolve import resolve_model_path
-    from rlkit.trainer.preflight_engine import length_problem
+    from rlkit.trainer.run.preflight_engine import length_problem
     from rlkit.utils.fs_checks import writable_dir_problem
     from rlkit.utils.tracking import missing_tracker_packages
 

@@ -112,8 +112,8 @@ def rollout_role(cfg: RLConfig, model_path: str, colocated: bool) -> ClassWithIn
 
 
 def role_specs(cfg: RLConfig, layout: Layout, model_path: str, total_steps: int) -> list[dict[str, ClassWithInitArgs]]:
-    """Each group's roles with their constructor arguments (rlkit/trainer/roles.py; the rollout's here)."""
-    from rlkit.trainer.roles import actor_role, critic_role, ref_role, reward_model_role, teacher_role
+    """Each group's roles with their constructor arguments (rlkit/trainer/run/roles.py; the rollout's here)."""
+    from rlkit.trainer.run.roles import actor_role, critic_role, ref_role, reward_model_role, teacher_role
 
     build = {
         "actor": lambda: actor_role(cfg, model_path, total_steps),

@@ -16,7 +16,7 @@ trains on it. The correction is truncated importance sampling with the engine's 
 nothing to overlap with and runs synchronously.
 
 The layout (actor group + rollout group) is `build_workers`'s separate-rollout layout
-(rlkit/trainer/workers_setup.py); weights travel as one full state dict through Ray's object
+(rlkit/trainer/run/workers_setup.py); weights travel as one full state dict through Ray's object
 store (rank 0 of the actor gathers it; the rollout workers read the same object), not through
 the driver (`ObjectStoreRoute`, rlkit/rollout/lifecycle.py).
 
@@ -31,8 +31,8 @@ from typing import Any
 
 from rlkit.protocol import Batch
 from rlkit.rollout.lifecycle import call_seed
-from rlkit.trainer.rollout_source import ROLLOUT_SOURCES, RolloutContext, RolloutSource, repeat_with_uids
-from rlkit.trainer.step_result import Timer
+from rlkit.trainer.step.rollout_source import RolloutContext, RolloutSource, repeat_with_uids
+from rlkit.trainer.step.step_result import Timer
 
 
 @dataclass
@@ -44,12 +44,11 @@ class _InFlight:
     prompts: Batch  # the un-repeated prompts
 
 
-@ROLLOUT_SOURCES.register("one_step_off")
 class OneStepOffRollout(RolloutSource):
     """The batch launched one step earlier on the separate rollout group (see the module docstring)."""
 
     def __init__(self, ctx: RolloutContext) -> None:
-        """The config is finalized (rlkit.trainer.run_config.load_config): rollout log-probs and the correction
+        """The config is finalized (rlkit.trainer.run.run_config.load_config): rollout log-probs and the correction
         are on for this mode."""
         super().__init__(ctx)
         self._pending: _InFlight | None = None

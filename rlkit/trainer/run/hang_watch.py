@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.debug.stacks import Proc, dump, render
-from rlkit.trainer.interrupt import TrainingInterrupted
+from rlkit.trainer.run.interrupt import TrainingInterrupted
 
 log = logging.getLogger("rlkit.trainer")
 

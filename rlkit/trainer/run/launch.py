@@ -14,7 +14,7 @@ from rich.table import Table
 
 from rlkit.config.checks import world_size
 from rlkit.config.schema import RLConfig
-from rlkit.trainer.run_summary import actor_memory, moe_params, print_table, summary_table
+from rlkit.trainer.run.run_summary import actor_memory, moe_params, print_table, summary_table
 
 
 @dataclass
@@ -27,7 +27,7 @@ class LaunchOptions:
 def resource_plan(cfg: RLConfig) -> Table:
     """What will run where (printed by --dry-run and at start-up)."""
     from rlkit.reward.mix import describe as describe_reward
-    from rlkit.trainer.workers_setup import plan_layout
+    from rlkit.trainer.run.workers_setup import plan_layout
     from rlkit.utils.cpu_precision import plan_row
 
     t = cfg.trainer
@@ -84,7 +84,7 @@ def anomaly_settings(cfg: RLConfig, opts: LaunchOptions) -> dict[str, str]:
 
     from rlkit.debug.anomaly import anomaly_env, anomaly_mode
     from rlkit.debug.runtime import get_mode
-    from rlkit.trainer.preflight import log_dir_of
+    from rlkit.trainer.run.preflight import log_dir_of
 
     mode = get_mode(opts.debug)
     asked = getattr(getattr(cfg.trainer, "debug", None), "detect_anomaly", False)  # SFT/DPO configs: no key
@@ -111,7 +111,7 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
     )
     from rlkit.debug.listeners import use_loopback_node
     from rlkit.debug.stacks import run_env
-    from rlkit.trainer.ray_init_kwargs import merge_ray_init
+    from rlkit.trainer.run.ray_init_kwargs import merge_ray_init
     from rlkit.utils.quiet import verbose, worker_env
 
     settings = debug_settings(opts.debug)
@@ -165,9 +165,9 @@ def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = N
     TrainingInterrupted (step reached, last complete checkpoint) instead of a traceback.
     """
     from rlkit.debug.runtime import get_mode
-    from rlkit.trainer.key_checks import check_batch_keys
-    from rlkit.trainer.preflight import preflight
-    from rlkit.trainer.rl_trainer import RLTrainer
+    from rlkit.trainer.run.preflight import preflight
+    from rlkit.trainer.step.key_checks import check_batch_keys
+    from rlkit.trainer.step.rl_trainer import RLTrainer
     from rlkit.utils.status_line import waiting
 
     console = console or Console()
@@ -202,9 +202,9 @@ def run_fit(cfg: Any, opts: LaunchOptions, console: Console, start: Callable[[],
     import ray
 
     from rlkit.debug.runtime import get_mode
-    from rlkit.trainer.interrupt import InterruptWatch, TrainingInterrupted
-    from rlkit.trainer.preflight import log_dir_of
-    from rlkit.trainer.ray_init_kwargs import write_timeline
+    from rlkit.trainer.run.interrupt import InterruptWatch, TrainingInterrupted
+    from rlkit.trainer.run.preflight import log_dir_of
+    from rlkit.trainer.run.ray_init_kwargs import write_timeline
     from rlkit.utils.checkpoint_io import find_latest_checkpoint
     from rlkit.utils.status_line import waiting
     from rlkit.utils.tracking import Tracking

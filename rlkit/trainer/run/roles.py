@@ -51,7 +51,7 @@ def teacher_role(cfg: RLConfig, model_path: str) -> ClassWithInitArgs:
     """The local distillation teachers (folders resolved), frozen as the reference is, scoring at the rollout's
     temperature; top-k when the loss reads it."""
     from rlkit.algo.distill_loss import DISTILL_LOSSES
-    from rlkit.trainer.teacher_stage import local_teacher_paths
+    from rlkit.trainer.step.teacher_stage import local_teacher_paths
     from rlkit.workers.teacher import TeacherWorker
 
     arr, loss = cfg.actor_rollout_ref, cfg.distillation.distillation_loss

@@ -1,8 +1,8 @@
 """Fully asynchronous rollout (`trainer.fully_async=true`): the rollout streams, the trainer consumes full batches.
 
-Same separate-rollout layout as one-step-off (rlkit/trainer/one_step_off.py): the engines have a
+Same separate-rollout layout as one-step-off (rlkit/trainer/step/one_step_off.py): the engines have a
 worker group of their own and weights reach them through Ray's object store. Instead of one
-batch ahead, a driver thread (`RolloutPump`, rlkit/trainer/rollout_pump.py) keeps small
+batch ahead, a driver thread (`RolloutPump`, rlkit/trainer/step/rollout_pump.py) keeps small
 generation requests in flight all the time and puts finished chunks into a buffer; each step
 takes `train_batch_size x rollout.n` samples from it (oldest policy version first, GRPO groups
 whole), trains on them with the unchanged RL step, and pushes the new weights, which the
@@ -34,19 +34,18 @@ import torch
 
 from rlkit.models.model_info import special_token_ids
 from rlkit.protocol import Batch
-from rlkit.trainer.partial_rollout import PartialChunk
-from rlkit.trainer.rollout_pump import RolloutPump, VersionClock, VersionedRoute
-from rlkit.trainer.rollout_source import ROLLOUT_SOURCES, RolloutContext, RolloutSource, repeat_with_uids
-from rlkit.trainer.sample_buffer import SampleBuffer, StalenessBudget
-from rlkit.trainer.step_result import Timer
+from rlkit.trainer.step.partial_rollout import PartialChunk
+from rlkit.trainer.step.rollout_pump import RolloutPump, VersionClock, VersionedRoute
+from rlkit.trainer.step.rollout_source import RolloutContext, RolloutSource, repeat_with_uids
+from rlkit.trainer.step.sample_buffer import SampleBuffer, StalenessBudget
+from rlkit.trainer.step.step_result import Timer
 
 
-@ROLLOUT_SOURCES.register("fully_async")
 class FullyAsyncRollout(RolloutSource):
     """Full batches from a rollout pump with bounded staleness (see the module docstring)."""
 
     def __init__(self, ctx: RolloutContext) -> None:
-        """The config is finalized (rlkit.trainer.run_config.load_config): rollout log-probs and the correction
+        """The config is finalized (rlkit.trainer.run.run_config.load_config): rollout log-probs and the correction
         are on, and no estimator needs a greedy baseline (refused there)."""
         super().__init__(ctx)
         self.clock = VersionClock()

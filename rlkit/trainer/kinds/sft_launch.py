@@ -32,8 +32,8 @@ def sft_plan(cfg: SFTConfig) -> Table:
 
 def sft_preflight(cfg: SFTConfig, allow_download: bool = False, kind: str = "sft") -> list[str]:
     """The data files as the `kind` trainer reads them (format, layout, rows against the batch), the model (resolved
-    without a download unless allowed), the checkpoint folder, the trackers (rlkit/trainer/preflight_data.py)."""
-    from rlkit.trainer.preflight_data import supervised_preflight
+    without a download unless allowed), the checkpoint folder, the trackers (rlkit/trainer/run/preflight_data.py)."""
+    from rlkit.trainer.run.preflight_data import supervised_preflight
 
     return supervised_preflight(cfg, kind, allow_download)
 
@@ -43,9 +43,9 @@ def run_sft(cfg: SFTConfig, opts: Any, console: Console | None = None, trainer_c
     """Run an SFT job (`trainer_cls`: a trainer on the SFT layout, e.g. DPO's, with its `plan` and the `kind` of
     data files its pre-flight checks); returns the FitSummary (TrainingInterrupted on Ctrl-C / SIGTERM, as
     `rlkit train grpo`)."""
-    from rlkit.trainer.launch import run_fit
-    from rlkit.trainer.run_summary import actor_memory
-    from rlkit.trainer.sft_trainer import SFTTrainer
+    from rlkit.trainer.kinds.sft_trainer import SFTTrainer
+    from rlkit.trainer.run.launch import run_fit
+    from rlkit.trainer.run.run_summary import actor_memory
     from rlkit.utils.cpu_precision import resolved_param_dtype
 
     console = console or Console()

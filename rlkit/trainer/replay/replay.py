@@ -1,6 +1,6 @@
 """`rlkit debug replay RUN_OR_CKPT --step N`: run step N's update again in this process, without Ray.
 
-The run recorded the batch step N's updates received (rlkit/trainer/step_record.py). Here the role's worker
+The run recorded the batch step N's updates received (rlkit/trainer/replay/step_record.py). Here the role's worker
 class is built as the Ray worker builds it (`local_host`: the same `_WorkerHost`, rank 0 of a single-process
 group), the checkpoint before step N is loaded into it, and the recorded batches of the steps after that
 checkpoint up to N go through the same registered method the driver called (`update_actor`, `update_critic`,
@@ -30,7 +30,7 @@ from rlkit.errors import UserError
 from rlkit.phases import role_call, training_calls
 from rlkit.protocol import Batch
 from rlkit.registry import Registry
-from rlkit.trainer.step_record import StepRecord, find_record, load_record
+from rlkit.trainer.replay.step_record import StepRecord, find_record, load_record
 
 #: the update each trained role runs in a step (the driver's call), replayed for the steps since the checkpoint
 UPDATES = training_calls()
@@ -50,7 +50,7 @@ class RoleReplay:
 
 
 def _update(host: Any, record: StepRecord, name: str) -> dict[str, float]:
-    from rlkit.trainer.step_metrics import reduce_worker_metrics
+    from rlkit.trainer.step.step_metrics import reduce_worker_metrics
 
     out = host.call(name, UPDATES[name], record.step, record.batch)
     return reduce_worker_metrics(out.meta.get("metrics", {}))
@@ -189,8 +189,8 @@ def _host_role(cfg: Any, role: str) -> str:
 
 
 def _role_spec(cfg: Any, record: StepRecord, name: str) -> Any:
-    from rlkit.trainer.roles import actor_role, critic_role, ref_role
-    from rlkit.trainer.workers_setup import rollout_role
+    from rlkit.trainer.run.roles import actor_role, critic_role, ref_role
+    from rlkit.trainer.run.workers_setup import rollout_role
 
     build = {
         "actor": lambda: actor_role(cfg, record.model_path, record.total_steps),
@@ -250,7 +250,7 @@ def _check_base_kept(record: StepRecord, start: int) -> None:
 
 def _record_of(record: StepRecord, step: int, checkpoint: Path | None) -> StepRecord:
     """The record of an earlier step of the same run (replayed on the way from the checkpoint to step N)."""
-    from rlkit.trainer.step_record import record_path, recorded_steps
+    from rlkit.trainer.replay.step_record import record_path, recorded_steps
 
     path = record_path(record.checkpoint_root, step)
     if not path.is_file():

@@ -1,8 +1,8 @@
 """The RL trainer: one class for every algorithm (GRPO, PPO, RLOO, REINFORCE++, DAPO, ReMax...) and every rollout
 mode. The algorithm is chosen by registry names in the config and the rollout mode by the rollout source
-(synchronous, one-step-off, fully async: rlkit/trainer/rollout_source.py); the step never branches on either.
+(synchronous, one-step-off, fully async: rlkit/trainer/step/rollout_source.py); the step never branches on either.
 Read `train_step` top to bottom: it is the RL algorithm, in numbered phases. The loop around it (resume,
-validation and checkpoint schedules, tracking) is `TrainerBase`'s (rlkit/trainer/trainer_base.py).
+validation and checkpoint schedules, tracking) is `TrainerBase`'s (rlkit/trainer/run/trainer_base.py).
 """
 
 from __future__ import annotations
@@ -25,25 +25,25 @@ from rlkit.debug.anomaly import check_tensor
 from rlkit.protocol import Batch
 from rlkit.reward.mix import build_reward_fn
 from rlkit.runs.status import PhaseTimer
-from rlkit.trainer.advantage_stage import compute_advantages, shape_rewards
-from rlkit.trainer.fully_async import FullyAsyncRollout
-from rlkit.trainer.generations import dump, generations, pick
-from rlkit.trainer.key_checks import check_batch_keys
-from rlkit.trainer.one_step_off import OneStepOffRollout
-from rlkit.trainer.preflight import log_dir_of
-from rlkit.trainer.rollout_source import (
-    ROLLOUT_SOURCES,
+from rlkit.trainer.replay.step_record import StepRecorder
+from rlkit.trainer.run.preflight import log_dir_of
+from rlkit.trainer.run.trainer_base import FitSummary, TrainerBase
+from rlkit.trainer.run.worker_death import find_death
+from rlkit.trainer.run.workers_setup import WorkerHandles, build_workers
+from rlkit.trainer.step.advantage_stage import compute_advantages, shape_rewards
+from rlkit.trainer.step.fully_async import FullyAsyncRollout
+from rlkit.trainer.step.generations import dump, generations, pick
+from rlkit.trainer.step.key_checks import check_batch_keys
+from rlkit.trainer.step.one_step_off import OneStepOffRollout
+from rlkit.trainer.step.rollout_source import (
     RolloutContext,
+    RolloutSource,
     SyncRollout,
     repeat_with_uids,
     source_name,
 )
-from rlkit.trainer.step_metrics import reduce_worker_metrics, validation_metrics
-from rlkit.trainer.step_record import StepRecorder
-from rlkit.trainer.step_result import StepResult, Timer
-from rlkit.trainer.trainer_base import FitSummary, TrainerBase
-from rlkit.trainer.worker_death import find_death
-from rlkit.trainer.workers_setup import WorkerHandles, build_workers
+from rlkit.trainer.step.step_metrics import reduce_worker_metrics, validation_metrics
+from rlkit.trainer.step.step_result import StepResult, Timer
 from rlkit.utils.memory_peak import is_call_peak
 from rlkit.workers.micro_batch import balance_across_ranks
 
@@ -113,7 +113,7 @@ class RLTrainer(TrainerBase):
         self.teacher = _teacher_stage(cfg, self.tokenizer, workers)  # distillation: None when off
         self.rollout_ctx = RolloutContext(cfg, workers, self.reward_fn, PromptStream(self.train_loader),
                                           lambda: self.global_step, self.total_steps, self.model_path, self.tokenizer)
-        self.source = ROLLOUT_SOURCES.get(source_name(cfg))(self.rollout_ctx)  # sync, one-step-off, fully async
+        self.source = ROLLOUT_SOURCES[source_name(cfg)](self.rollout_ctx)  # sync, one-step-off, fully async
 
     # ------------------------------------------------------------------ step
     def run_step(self) -> StepResult:
@@ -155,7 +155,7 @@ class RLTrainer(TrainerBase):
         if w.ref is not None:
             with timer("ref"):
                 batch.union(w.ref.compute_ref_log_prob(batch))
-        # 3b. distillation: every sampled token's log-prob under its row's teacher (rlkit/trainer/teacher_stage.py)
+        # 3b. distillation: every sampled token's log-prob under its row's teacher (rlkit/trainer/step/teacher_stage.py)
         if self.teacher is not None:
             with timer("teacher"):
                 scored, teacher_metrics = self.teacher(batch)
@@ -355,7 +355,7 @@ def _teacher_stage(cfg: RLConfig, tokenizer: Any, workers: WorkerHandles) -> Any
     """The distillation teachers' phase (None when distillation is off)."""
     if not cfg.distillation.enabled:
         return None
-    from rlkit.trainer.teacher_stage import TeacherStage, local_teacher_paths
+    from rlkit.trainer.step.teacher_stage import TeacherStage, local_teacher_paths
 
     return TeacherStage(cfg, tokenizer, workers.teacher, local_teacher_paths(cfg))
 
@@ -379,7 +379,10 @@ def _mfu_meter(cfg: RLConfig, model_path: str):
         return None
 
 
-#: the registered sources (imported for their registration; the registry picks one by name)
-SOURCES = (SyncRollout, OneStepOffRollout, FullyAsyncRollout)
+#: the rollout sources by name (`source_name(cfg)` picks one)
+ROLLOUT_SOURCES: dict[str, type[RolloutSource]] = {
+    "sync": SyncRollout, "one_step_off": OneStepOffRollout, "fully_async": FullyAsyncRollout,
+}
+SOURCES = tuple(ROLLOUT_SOURCES.values())
 
 __all__ = ["RLTrainer", "FitSummary"]

@@ -8,7 +8,7 @@ the reward manager, which backends can run tensor-parallel and the agent's tool 
 
     cfg = load_config("grpo", ["actor_rollout_ref.rollout.n=8"])
 
-`python -m rlkit.trainer.run_config > docs/config.md` regenerates the config reference.
+`python -m rlkit.trainer.run.run_config > docs/config.md` regenerates the config reference.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def named_entries(cfg: RLConfig) -> None:
     """The user's plugins imported, every registry-valued key's name registered, the algorithm entries'
     declared needs met (then `critic.enable: null` becomes what they need), the reward manager's options."""
     from rlkit.algo.run_needs import critic_enabled
-    from rlkit.trainer.registered_names import check_named_entries
+    from rlkit.trainer.run.registered_names import check_named_entries
 
     check_named_entries(cfg)
     cfg.critic.enable = critic_enabled(cfg)
@@ -117,7 +117,7 @@ def load_config(algo: str | None = "grpo", overrides: list[str] | None = None, c
 
 def reference() -> str:
     """docs/config.md: the schema reference, each registry-named key listing its registered names."""
-    from rlkit.trainer.registered_names import registered_names
+    from rlkit.trainer.run.registered_names import registered_names
 
     return render(lambda key: registered_names(key, builtin_only=True))  # a user's plugins stay out of the docs
 

@@ -5,8 +5,8 @@ It owns the prompts (its own pass over the training loader), cuts them into chun
 `MAX_IN_FLIGHT` generation requests queued on the rollout group (non-blocking futures), so the
 engine never idles and a weight push waits behind at most that many requests. A chunk is
 generated in segments of `trainer.partial_rollout_segment` tokens (one segment of the whole
-response when 0; rlkit/trainer/partial_rollout.py); unfinished chunks go first, new chunks start
-only while `StalenessBudget` allows (rlkit/trainer/sample_buffer.py). Finished chunks go into the
+response when 0; rlkit/trainer/step/partial_rollout.py); unfinished chunks go first, new chunks start
+only while `StalenessBudget` allows (rlkit/trainer/step/sample_buffer.py). Finished chunks go into the
 `SampleBuffer`, which the trainer's thread empties one batch at a time (`take`).
 
 Versions: `VersionClock.value` is the policy version the engines hold *for the next request*:
@@ -30,8 +30,8 @@ import ray
 
 from rlkit.protocol import Batch
 from rlkit.rollout.lifecycle import ObjectStoreRoute, call_seed
-from rlkit.trainer.partial_rollout import PartialChunk
-from rlkit.trainer.sample_buffer import Finished, SampleBuffer, StalenessBudget, Taken
+from rlkit.trainer.step.partial_rollout import PartialChunk
+from rlkit.trainer.step.sample_buffer import Finished, SampleBuffer, StalenessBudget, Taken
 
 log = logging.getLogger("rlkit.trainer")
 MAX_IN_FLIGHT = 2  # requests queued on the rollout group: one generating, one ready behind it

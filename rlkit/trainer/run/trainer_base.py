@@ -33,10 +33,10 @@ import torch
 
 from rlkit.runs.publish import begin_run_status
 from rlkit.runs.status import RunStatus
-from rlkit.trainer.hang_watch import OFF as HANG_WATCH_OFF
-from rlkit.trainer.hang_watch import HangStopped, HangWatch
-from rlkit.trainer.interrupt import _ACTIVE as interrupt_watches
-from rlkit.trainer.interrupt import raise_if_interrupted
+from rlkit.trainer.run.hang_watch import OFF as HANG_WATCH_OFF
+from rlkit.trainer.run.hang_watch import HangStopped, HangWatch
+from rlkit.trainer.run.interrupt import _ACTIVE as interrupt_watches
+from rlkit.trainer.run.interrupt import raise_if_interrupted
 from rlkit.utils.memory_peak import DRIVER_PEAK, PhasePeaks
 
 log = logging.getLogger("rlkit.trainer")
@@ -191,7 +191,7 @@ class TrainerBase:
     # ------------------------------------------------------------- hangs
     def _hang_watch(self) -> HangWatch:
         """The watch of this run's phases (off where the config has no trainer.hang_timeout_s, or it is 0/null)."""
-        from rlkit.trainer.preflight import log_dir_of
+        from rlkit.trainer.run.preflight import log_dir_of
 
         timeout = getattr(self.cfg.trainer, "hang_timeout_s", None) if self.watch_hangs else None
         return HangWatch(timeout, Path(log_dir_of(self.cfg)) if timeout else None, processes=self.watched_processes,

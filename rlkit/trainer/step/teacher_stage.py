@@ -25,7 +25,7 @@ from rlkit.controller import WorkerGroupView
 from rlkit.data.token_alignment import align_to_student, student_spans, teacher_spans
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
-from rlkit.trainer.served_teacher import ServedTeacher
+from rlkit.trainer.step.served_teacher import ServedTeacher
 
 log = logging.getLogger("rlkit.trainer")
 

@@ -18,7 +18,7 @@ from typing import Any
 from rlkit.algo.run_needs import critic_enabled
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
-from rlkit.trainer.preflight_engine import (
+from rlkit.trainer.run.preflight_engine import (
     check_engine_architecture,
     check_engine_kwargs,
     check_engine_tensor_parallel,
@@ -133,7 +133,7 @@ def check_dataset(p: Preflight) -> None:
 
 def check_batch_rows(p: Preflight) -> None:
     """One generation batch fits in the training rows (the loader drops a last partial batch, verl's drop_last)."""
-    from rlkit.trainer.preflight_data import batch_rows_problem
+    from rlkit.trainer.run.preflight_data import batch_rows_problem
 
     d = p.cfg.data
     key = "data.gen_batch_size" if d.gen_batch_size != d.train_batch_size else "data.train_batch_size"
@@ -216,7 +216,7 @@ def check_teachers(p: Preflight) -> None:
     """distillation: each local teacher's model resolves (in a dry run, if on this machine) and holds prompt +
     response, which it scores whole (past its positions: a note)."""
     from rlkit.config.distillation import teachers
-    from rlkit.trainer.preflight_engine import length_problem
+    from rlkit.trainer.run.preflight_engine import length_problem
 
     if not p.cfg.distillation.enabled:
         return

@@ -1,14 +1,14 @@
 """Where the RL step's batch comes from: a rollout source the loop asks for the next scored batch.
 
-The RL step (rlkit/trainer/rl_trainer.py) does not know how its samples were made. It calls
+The RL step (rlkit/trainer/step/rl_trainer.py) does not know how its samples were made. It calls
 `source.next_batch(timer)` and gets `train_batch_size x rollout.n` generated, rewarded rows (and the
-metrics of making them). The sources, registry `ROLLOUT_SOURCES`, picked by `source_name(cfg)`:
+metrics of making them). The sources (`ROLLOUT_SOURCES` in rl_trainer.py), picked by `source_name(cfg)`:
 
 * `sync` (this module): generate now with the current weights on the colocated engine; dynamic sampling
   (DAPO's `algorithm.filter_groups`) and the greedy baseline (ReMax) are parts of it;
-* `one_step_off` (rlkit/trainer/one_step_off.py): the batch launched during the previous step, while the
+* `one_step_off` (rlkit/trainer/step/one_step_off.py): the batch launched during the previous step, while the
   next one is launched on a separate rollout group;
-* `fully_async` (rlkit/trainer/fully_async.py): full batches taken from a rollout pump that streams with
+* `fully_async` (rlkit/trainer/step/fully_async.py): full batches taken from a rollout pump that streams with
   bounded staleness.
 
 A source draws its prompts from the run's `PromptStream` (the training loader, endlessly, with a look-ahead)
@@ -32,9 +32,8 @@ from rlkit.config.schema import RLConfig
 from rlkit.data.images import ENGINE_INPUTS, MODEL_INPUTS
 from rlkit.data.prompt_stream import PromptStream
 from rlkit.protocol import Batch
-from rlkit.registry import Registry
 from rlkit.rollout.lifecycle import call_seed
-from rlkit.trainer.step_result import Timer
+from rlkit.trainer.step.step_result import Timer
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 IMAGE_INPUTS = (MODEL_INPUTS, ENGINE_INPUTS)  # a rollout engine generates from the images as the trainer sees them
@@ -111,16 +110,12 @@ class RolloutSource:
         """Stop what the source started (called once when the run ends)."""
 
 
-ROLLOUT_SOURCES: Registry[type[RolloutSource]] = Registry("rollout source")
-
-
 def source_name(cfg: RLConfig) -> str:
     """The source a config asks for (`finalize` has refused both async switches at once)."""
     t = cfg.trainer
     return "fully_async" if t.fully_async else "one_step_off" if t.one_step_off_policy else "sync"
 
 
-@ROLLOUT_SOURCES.register("sync")
 class SyncRollout(RolloutSource):
     """Generate n samples per prompt now and score them; with dynamic sampling, refill until the batch is full."""
 

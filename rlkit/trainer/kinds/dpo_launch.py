@@ -1,5 +1,5 @@
-"""`rlkit train dpo`: the SFT launcher's plan, pre-flight and run (rlkit/trainer/sft_launch.py) with DPO's rows and
-the reference model's check."""
+"""`rlkit train dpo`: the SFT launcher's plan, pre-flight and run (rlkit/trainer/kinds/sft_launch.py) with DPO's
+rows and the reference model's check."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rlkit.config.dpo_schema import DPOConfig
 
 def dpo_plan(cfg: DPOConfig) -> Table:
     """The SFT plan, titled for DPO, with the loss and the reference."""
-    from rlkit.trainer.sft_launch import sft_plan
+    from rlkit.trainer.kinds.sft_launch import sft_plan
 
     table = sft_plan(cfg)
     table.title = "resource plan (dpo)"
@@ -30,7 +30,7 @@ def dpo_plan(cfg: DPOConfig) -> Table:
 def dpo_preflight(cfg: DPOConfig, allow_download: bool = False) -> list[str]:
     """The SFT checks (preference files, model, checkpoint folder) and the reference model's."""
     from rlkit.models.resolve import resolve_model_path
-    from rlkit.trainer.sft_launch import sft_preflight
+    from rlkit.trainer.kinds.sft_launch import sft_preflight
 
     notes = sft_preflight(cfg, allow_download, kind="dpo")
     ref = cfg.dpo.ref.model_path
@@ -43,7 +43,7 @@ def dpo_preflight(cfg: DPOConfig, allow_download: bool = False) -> list[str]:
 
 def run_dpo(cfg: DPOConfig, opts: Any, console: Console | None = None) -> Any:
     """Run a DPO job as `rlkit train sft` runs (Ray, trackers, Ctrl-C, the run summary); returns the FitSummary."""
-    from rlkit.trainer.dpo_trainer import DPOTrainer
-    from rlkit.trainer.sft_launch import run_sft
+    from rlkit.trainer.kinds.dpo_trainer import DPOTrainer
+    from rlkit.trainer.kinds.sft_launch import run_sft
 
     return run_sft(cfg, opts, console, trainer_cls=DPOTrainer, plan=dpo_plan(cfg), kind="dpo")

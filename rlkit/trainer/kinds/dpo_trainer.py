@@ -18,8 +18,8 @@ from rlkit.config.dpo_schema import DPOConfig
 from rlkit.controller import ClassWithInitArgs
 from rlkit.data.preference import split_sides
 from rlkit.protocol import Batch
-from rlkit.trainer.sft_trainer import SFTTrainer, SFTWorkers, build_sft_workers
-from rlkit.trainer.step_metrics import reduce_worker_metrics
+from rlkit.trainer.kinds.sft_trainer import SFTTrainer, SFTWorkers, build_sft_workers
+from rlkit.trainer.step.step_metrics import reduce_worker_metrics
 from rlkit.workers.micro_batch import MicroBatching
 
 

@@ -1,0 +1,1 @@
+"""The trainer kinds besides RL: SFT and DPO (their trainers and launchers)."""

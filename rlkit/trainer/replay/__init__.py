@@ -1,0 +1,1 @@
+"""`rlkit debug replay`: the recorded steps and their replay in one process."""
