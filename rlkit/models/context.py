@@ -59,3 +59,12 @@ def context_length(model_dir: str | Path) -> int | None:
     if isinstance(tok_max, (int, float)) and 0 < tok_max < NO_LIMIT:
         limit = min(limit, int(tok_max))
     return limit
+
+
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def declares_experts(model_dir: str | Path) -> bool:
+    """A mixture-of-experts model: its (text) config.json declares more than one expert."""
+    config = text_config(model_dir)
+    return any(isinstance(config.get(k), int) and config[k] > 1 for k in EXPERT_COUNT_KEYS)

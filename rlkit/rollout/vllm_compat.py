@@ -76,7 +76,20 @@ def unique_cpu_shm_names() -> None:
     shm._rlkit_unique = True
 
 
-# ----------------------------------------------------------------- engine shutdown
+# ----------------------------------------------------------------- engine start and shutdown
+def ready_parallel_groups(moe: bool) -> None:
+    """vLLM makes its expert-parallel group only when a process's first engine is a mixture of experts, and its
+    model-parallel groups outlive an engine here (the world group is kept: `keep_world_group_on_close`), so an MoE
+    engine built after a dense one in the same process found no group ("EP group is not initialized"). Before an
+    MoE engine, groups made without one are reset (the world group stays)."""
+    if not moe:
+        return
+    from vllm.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized() and parallel_state._EP is None:
+        parallel_state.destroy_model_parallel()
+
+
 def _release_engine_core(core) -> None:
     """`EngineCore.shutdown` without its last step, `cleanup_dist_env_and_memory()`: that destroys
     torch.distributed's WORLD group, which in a colocated worker is the trainer's (and is shared by

@@ -31,6 +31,7 @@ import torch
 
 from rlkit.config.rollout import RolloutConfig
 from rlkit.data.images import ENGINE_INPUTS
+from rlkit.models.context import declares_experts
 from rlkit.models.model_info import WeightNames, special_token_ids
 from rlkit.protocol import Batch
 from rlkit.rollout.base import (
@@ -48,6 +49,7 @@ from rlkit.rollout.vllm_compat import (
     close_engine,
     keep_world_group_on_close,
     kv_cache_bytes,
+    ready_parallel_groups,
     release_kv_cache,
     release_weights,
     repack_cpu_moe_experts,
@@ -205,6 +207,7 @@ class VLLMRollout(RolloutBackend):
             unique_cpu_shm_names()
         logging.getLogger("vllm.renderers.base").addFilter(_CHAT_WARMUP_FILTER)  # added once
         logging.getLogger("vllm.v1.worker.cpu_worker").addFilter(_CPU_SLEEP_FILTER)
+        ready_parallel_groups(declares_experts(model_path))  # an MoE engine after a dense one in this process
         with _keep_global_rng(), refuse_unloadable_vlm(self.images is not None, model_path):
             self.llm = vllm.LLM(**kwargs)
         keep_world_group_on_close(self.llm)

@@ -44,3 +44,17 @@ def test_synced_engine_equals_the_new_weights(family, tmp_path, vllm_config, pro
                            hf_greedy * greedy["response_mask"][:, :n])
     finally:
         engine.close()
+
+
+def test_an_moe_engine_after_a_dense_one_in_the_same_process(vllm_engine, tmp_path, vllm_config, prompts):
+    """vLLM makes its expert-parallel group only for a process's first engine when that one is an MoE: an MoE
+    engine after the session's dense one failed ("EP group is not initialized") until rlkit reset the groups
+    (vllm_compat.ready_parallel_groups). Both engines generate afterwards."""
+    assert vllm_engine.generate(prompts, vllm_config.to_sampling(greedy=True))["responses"].numel() > 0
+    engine = VLLMRollout(save_tiny_moe(tmp_path / "moe", "qwen3_moe"), vllm_config)
+    try:
+        out = engine.generate(prompts, vllm_config.to_sampling(greedy=True))
+        assert out["responses"].shape[0] == len(prompts["input_ids"])
+    finally:
+        engine.close()
+    assert vllm_engine.generate(prompts, vllm_config.to_sampling(greedy=True))["responses"].numel() > 0

@@ -245,17 +245,13 @@ def check_output_dirs(p: Preflight) -> None:
             p.problems.append(f"{key}: {problem}; choose a writable folder")
 
 
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-
-
 def check_router_replay_model(p: Preflight) -> None:
     """actor.router_replay needs routers: a model whose config.json declares experts."""
-    from rlkit.models.context import text_config
+    from rlkit.models.context import EXPERT_COUNT_KEYS, declares_experts
 
     if p.model_dir is None or not p.cfg.actor_rollout_ref.actor.router_replay:
         return
-    config = text_config(p.model_dir)
-    if not any(isinstance(config.get(k), int) and config[k] > 1 for k in EXPERT_COUNT_KEYS):
+    if not declares_experts(p.model_dir):
         p.problems.append(f"actor_rollout_ref.actor.router_replay=true replays the routes of a mixture-of-experts "
                           f"model; {p.model_dir} declares no experts ({', '.join(EXPERT_COUNT_KEYS)} in its "
                           "config.json): set router_replay=false")
