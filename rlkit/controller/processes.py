@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -83,11 +84,19 @@ def stop_processes(temp_dir: str, timeout: float = 5.0, gcs_port: int | None = N
             proc.terminate()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    end_processes(procs, timeout, kill_wait_s=5)
+    return len(procs)
+
+
+def end_processes(procs: list[Any], grace_s: float = 3.0, kill_wait_s: float | None = None) -> None:
+    """Wait `grace_s` for `procs` to exit (after whatever asked them to), then kill the ones left and wait for them
+    (`kill_wait_s`, default `grace_s`)."""
+    import psutil
+
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for proc in alive:
         try:
             proc.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=5)
-    return len(procs)
+    psutil.wait_procs(alive, timeout=grace_s if kill_wait_s is None else kill_wait_s)

@@ -251,6 +251,7 @@ def _stop(trainer: Any, owns_ray: bool) -> None:
     import psutil
     import ray
 
+    from rlkit.controller.processes import end_processes
     from rlkit.debug.stacks import forget_run
 
     forget_run()
@@ -267,16 +268,3 @@ def _stop(trainer: Any, owns_ray: bool) -> None:
             except KeyboardInterrupt:
                 pass
             end_processes(children)
-
-
-def end_processes(procs: list[Any], grace_s: float = 3.0) -> None:
-    """Wait `grace_s` for `procs` to exit (after the shutdown that asked them to), then kill the ones left."""
-    import psutil
-
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
