@@ -196,7 +196,7 @@ def build_host(cfg: Any, model_path: Path) -> Any:
     from rlkit.trainer.run.roles import actor_role
     from rlkit.workers.rollout_worker import RolloutWorker
 
-    arr = cfg.actor_rollout_ref  # the colocated rollout role as rlkit.trainer.run.workers_setup.rollout_role builds it
+    arr = cfg.actor_rollout_ref  # the colocated rollout role as rlkit.trainer.run.roles.rollout_role builds it
     rollout = ClassWithInitArgs(RolloutWorker, arr.rollout, str(model_path), actor=Sibling("actor"),
                                 router_replay=arr.actor.router_replay)
     host = local_host({"actor": actor_role(cfg, str(model_path), total_steps=8), "rollout": rollout})

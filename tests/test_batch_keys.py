@@ -8,6 +8,7 @@ import torch
 from rlkit.batch_keys import BATCH_KEYS, CALL_OUTPUTS, check_output
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
+from rlkit.trainer.run.workers_setup import WorkerHandles
 from rlkit.trainer.step.key_checks import CheckedView, check_batch_keys
 
 
@@ -53,8 +54,7 @@ class _ActorView:
 
 def test_the_checked_view_checks_declared_calls_and_forwards_the_rest():
     batch = _rollout_out()
-    handles = type("Handles", (), {})()
-    handles.actor = _ActorView(torch.zeros(4, 3))
+    handles = WorkerHandles([], {"actor": _ActorView(torch.zeros(4, 3))}, 1)
     check_batch_keys(handles)
     assert isinstance(handles.actor, CheckedView) and handles.actor.world_size == 1
     assert "old_log_probs" in handles.actor.compute_log_prob(batch)

@@ -7,12 +7,15 @@ the layers that own the registries; they reach `finalize` as hooks (rlkit.traine
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlkit.config.profiler import RoleProfilerConfig, check_profiler
 from rlkit.config.schema import RLConfig
 from rlkit.errors import UserError
 
 
-def world_size(cfg: RLConfig) -> int:
+def world_size(cfg: Any) -> int:
+    """Trainer processes of any trainer kind's config (RL, SFT, DPO): its `trainer` section's nodes x devices."""
     return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
 
 

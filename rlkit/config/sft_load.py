@@ -66,6 +66,3 @@ def thinking_default(value: Any) -> bool | None:
     """data.enable_thinking_default as the template keyword's value (None: not passed)."""
     return THINKING[str(value).lower()]
 
-
-def world_size(cfg: SFTConfig) -> int:
-    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node

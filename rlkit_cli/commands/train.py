@@ -17,7 +17,7 @@ DEBUG_MODES = {"on": "on", "post-mortem": "post-mortem", "postmortem": "post-mor
 
 
 def trainer_names() -> str:
-    """The non-RL trainers with their one-line help, read from the registry (rlkit.trainer.run.trainers is light)."""
+    """The trainer kinds with their one-line help, read from the registry (rlkit.trainer.run.trainers is light)."""
     from rlkit.trainer.run.trainers import TRAINERS
 
     return "; ".join(f"{name}, {TRAINERS.get(name).help}" for name in TRAINERS.names())
@@ -25,7 +25,7 @@ def trainer_names() -> str:
 
 def train(
     algo: str = typer.Argument(
-        None, help=f"Algorithm preset: {' | '.join(preset_names())}, or a trainer of its own: {trainer_names()}. "
+        None, help=f"Algorithm preset: {' | '.join(preset_names())}, or a trainer kind: {trainer_names()}. "
         "Optional: without it the run starts from verl's main_ppo defaults and "
         "algorithm.adv_estimator (default gae) picks the algorithm.", show_default=False,
     ),
@@ -113,59 +113,32 @@ def leave_now(code: int) -> None:
 
 def _train(algo: str | None, overrides: list[str], config: Path | None, config_path: Path | None,
            config_name: str | None, dry_run: bool, address: str | None, debug: bool, num_cpus: int | None) -> None:
-    from rlkit.config.load import to_yaml
-    from rlkit.trainer.run.launch import LaunchOptions, resource_plan, run_training
-    from rlkit.trainer.run.run_config import load_config
-    from rlkit.trainer.run.run_summary import print_table
-    from rlkit.trainer.run.trainers import TRAINERS
-
-    overrides = list(overrides or [])
-
-    if algo in TRAINERS:  # sft, dpo: a trainer of its own, not an RL preset
-        if debug:
-            raise UserError(f"--debug is for the RL trainer's worker phases; run `rlkit train {algo}` without it")
-        _train_other(algo, overrides, config, config_path, config_name, dry_run, address, num_cpus)
-        return
-    if algo is not None and ("=" in algo or algo.startswith(("+", "~")) or (debug and algo in DEBUG_MODES)):
-        overrides, algo = [algo, *overrides], None  # no preset: the first word is an override (verl's main_ppo)
-    mode = None
-    if debug:
-        mode = "on"
-        for word in [o for o in overrides if o in DEBUG_MODES]:
-            mode = DEBUG_MODES[word]
-            overrides.remove(word)
-    console = Console()
-    notices: list[str] = []
-    cfg = load_config(algo, overrides, str(config) if config else None,
-                      config_path=str(config_path) if config_path else None, config_name=config_name,
-                      notices=notices)
-    err = Console(stderr=True, soft_wrap=True)
-    for line in notices:
-        err.print(line, markup=False, highlight=False, style="yellow")
-    if dry_run:
-        from rlkit.trainer.run.preflight import preflight
-
-        console.print(to_yaml(cfg))
-        print_table(console, resource_plan(cfg))
-        notes = preflight(cfg, allow_download=False).notes  # a problem exits 1, as the real run would
-        console.print("pre-flight ok: " + "; ".join(notes), soft_wrap=True, markup=False)
-        return
-    _run_reporting(lambda: run_training(cfg, LaunchOptions(address=address, debug=mode, num_cpus=num_cpus), console),
-                   cfg.trainer.default_local_dir)
-
-
-def _train_other(name: str, overrides: list[str], config: Path | None, config_path: Path | None,
-                 config_name: str | None, dry_run: bool, address: str | None, num_cpus: int | None) -> None:
-    """`rlkit train sft|dpo ...`: the entry's config, notices, dry run and run, with `rlkit train grpo`'s exits."""
+    """Any trainer kind's config, notices, dry run and run (rlkit/trainer/run/trainers.py): `algo` names a kind
+    (`sft`, `dpo`, `rl`) or an RL preset; without one, or when it is an override, the RL kind without a preset."""
     from rlkit.config.load import to_yaml
     from rlkit.trainer.run.launch import LaunchOptions
     from rlkit.trainer.run.run_summary import print_table
     from rlkit.trainer.run.trainers import TRAINERS
 
+    overrides = list(overrides or [])
+    if algo in TRAINERS:
+        name, algo = algo, None  # a kind of its own (`rl`: verl's main_ppo, no preset)
+    else:
+        name = "rl"
+        if algo is not None and ("=" in algo or algo.startswith(("+", "~")) or (debug and algo in DEBUG_MODES)):
+            overrides, algo = [algo, *overrides], None  # no preset: the first word is an override (verl's main_ppo)
     entry = TRAINERS.get(name)
+    mode = None
+    if debug:
+        if not entry.debug:
+            raise UserError(f"--debug is for the RL trainer's worker phases; run `rlkit train {name}` without it")
+        mode = "on"
+        for word in [o for o in overrides if o in DEBUG_MODES]:
+            mode = DEBUG_MODES[word]
+            overrides.remove(word)
     notices: list[str] = []
-    cfg = entry.load(overrides, str(config) if config else None, str(config_path) if config_path else None,
-                     config_name, notices=notices)
+    cfg = entry.load(algo, overrides, str(config) if config else None, str(config_path) if config_path else None,
+                     config_name, notices)
     err = Console(stderr=True, soft_wrap=True)
     for line in notices:
         err.print(line, markup=False, highlight=False, style="yellow")
@@ -173,9 +146,10 @@ def _train_other(name: str, overrides: list[str], config: Path | None, config_pa
     if dry_run:
         console.print(to_yaml(cfg))
         print_table(console, entry.plan(cfg))
-        console.print("pre-flight ok: " + "; ".join(entry.check(cfg)), soft_wrap=True, markup=False)
+        notes = entry.check(cfg, allow_download=False)  # a problem exits 1, as the real run would
+        console.print("pre-flight ok: " + "; ".join(notes), soft_wrap=True, markup=False)
         return
-    _run_reporting(lambda: entry.run(cfg, LaunchOptions(address=address, num_cpus=num_cpus), console),
+    _run_reporting(lambda: entry.run(cfg, LaunchOptions(address=address, debug=mode, num_cpus=num_cpus), console),
                    cfg.trainer.default_local_dir)
 
 

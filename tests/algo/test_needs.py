@@ -76,7 +76,7 @@ def test_a_new_loss_that_reads_the_reference_gets_one(registered):
 
     from rich.console import Console
 
-    from rlkit.trainer.run.launch import resource_plan
+    from rlkit.trainer.kinds.rl_launch import plan as resource_plan
 
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(resource_plan(cfg))

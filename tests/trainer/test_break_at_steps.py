@@ -18,7 +18,7 @@ import ray
 
 from rlkit.models.resolve import resolve_model_path
 from rlkit.trainer.run.run_config import load_config
-from rlkit.trainer.run.workers_setup import build_workers
+from rlkit.trainer.run.workers_setup import rl_workers
 from rlkit.trainer.step.rl_trainer import RLTrainer
 from tests.trainer.conftest import toy_overrides
 
@@ -56,7 +56,7 @@ def test_break_at_step_matches_every_role_in_both_layouts(one_step_off, toy_data
     model = str(resolve_model_path(cfg.actor_rollout_ref.model.path))
     trainer = None
     try:
-        workers = build_workers(cfg, model, 3, runtime_env={"env_vars": env})
+        workers = rl_workers(cfg, model, 3, runtime_env={"env_vars": env})
         trainer = RLTrainer(cfg, workers=workers)
         assert len(workers.groups) == (2 if one_step_off else 1)
         summary = trainer.fit()

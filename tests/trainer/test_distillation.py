@@ -83,7 +83,7 @@ def _distill_cfg(**teachers):
 def test_teachers_on_their_own_group_and_config_refusals():
     from rlkit.config.distillation import check_distillation
     from rlkit.trainer.run.run_config import load_config
-    from rlkit.trainer.run.workers_setup import TEACHER_GROUP, plan_layout
+    from rlkit.trainer.run.run_plan import TEACHER_GROUP, plan_layout
 
     colocated = plan_layout(_distill_cfg())
     assert "teacher" in colocated.groups[0].roles and len(colocated.groups) == 1

@@ -20,7 +20,7 @@ import torch
 from rlkit.config.dpo_load import load_dpo_config
 from rlkit.errors import UserError
 from rlkit.trainer.kinds.dpo_trainer import DPOTrainer, dpo_role
-from rlkit.trainer.kinds.sft_trainer import SFTWorkers
+from rlkit.trainer.run.workers_setup import WorkerHandles
 
 MARKER = "think"
 STEPS, BSZ = 15, 8
@@ -83,7 +83,7 @@ def dpo_run(process_group, pairs, tmp_path_factory):
     role = dpo_role(cfg, str(model), str(model), STEPS)
     worker = role.cls(*role.args, **role.kwargs)
     worker.init_model()
-    trainer = DPOTrainer(cfg, workers=SFTWorkers([], worker, 1))
+    trainer = DPOTrainer(cfg, workers=WorkerHandles([], {"model": worker}, 1))
     start_model = AutoModelForCausalLM.from_pretrained(model).eval()
     before = marker_rate(start_model, trainer.tokenizer, pairs)
     summary = trainer.fit()

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM
 from rlkit.protocol import Batch
 from rlkit.testing import build_tiny_tokenizer
 from rlkit.trainer.run.run_config import load_config
-from rlkit.trainer.run.workers_setup import build_workers
+from rlkit.trainer.run.workers_setup import rl_workers
 from tests.trainer.conftest import toy_overrides
 
 PROMPTS, N, R = 8, 4, 6  # 8 prompts x 4 samples = 32 rows, responses up to 6 tokens
@@ -61,7 +61,7 @@ def handmade_batch(seed: int = 0) -> Batch:
 def run_update(cfg_overrides: list[str], world_size: int, batch: Batch) -> tuple[dict, dict, Batch]:
     """Build a group of `world_size` workers, fill in old/ref log-probs if missing, run one `update_actor`."""
     cfg = load_config("grpo", cfg_overrides + [f"trainer.n_gpus_per_node={world_size}"])
-    workers = build_workers(cfg, cfg.actor_rollout_ref.model.path, total_steps=10)
+    workers = rl_workers(cfg, cfg.actor_rollout_ref.model.path, total_steps=10)
     try:
         if "old_log_probs" not in batch:
             lp = workers.actor.compute_log_prob(batch)["old_log_probs"]

@@ -11,9 +11,10 @@ import io
 from rich.console import Console
 
 from rlkit.controller import Sibling
-from rlkit.trainer.run.launch import resource_plan
+from rlkit.trainer.kinds.rl_launch import plan as resource_plan
+from rlkit.trainer.run.roles import role_specs
 from rlkit.trainer.run.run_config import load_config
-from rlkit.trainer.run.workers_setup import plan_layout, role_specs
+from rlkit.trainer.run.run_plan import plan_layout
 from rlkit.workers.rollout_worker import RolloutWorker
 from tests.trainer.conftest import toy_overrides
 

@@ -50,7 +50,7 @@ def lora_overrides(toy_data, tiny_model, out, **extra) -> list[str]:
 
 def test_lora_layout_has_no_reference_worker(toy_data, tiny_model, tmp_path):
     from rlkit.trainer.run.run_config import load_config
-    from rlkit.trainer.run.workers_setup import plan_layout
+    from rlkit.trainer.run.run_plan import plan_layout
 
     cfg = load_config("grpo", lora_overrides(toy_data, tiny_model, tmp_path))
     assert plan_layout(cfg).groups[0].roles == ["actor", "rollout"]

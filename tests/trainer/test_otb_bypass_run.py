@@ -33,7 +33,7 @@ def runs(toy_data, tiny_model, tmp_path_factory):
     from rlkit.models.resolve import resolve_model_path
     from rlkit.trainer.replay.step_record import load_record, record_path
     from rlkit.trainer.run.run_config import load_config
-    from rlkit.trainer.run.workers_setup import build_workers
+    from rlkit.trainer.run.workers_setup import rl_workers
     from rlkit.trainer.step.rl_trainer import RLTrainer
     from rlkit.utils.tracking import Tracking
 
@@ -50,7 +50,7 @@ def runs(toy_data, tiny_model, tmp_path_factory):
 
     cfgs = {name: config(name, adv_estimator=name) for name in OTB}
     cfgs["bypass_mode"] = config("bypass_mode", bypass_mode=True)
-    workers = build_workers(cfgs[OTB[0]], str(resolve_model_path(str(tiny_model))), STEPS * len(cfgs))
+    workers = rl_workers(cfgs[OTB[0]], str(resolve_model_path(str(tiny_model))), STEPS * len(cfgs))
     out = {}
     try:
         for name, cfg in cfgs.items():

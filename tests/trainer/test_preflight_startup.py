@@ -30,7 +30,7 @@ def rl_report(toy_data, model, tmp_path, *extra: str) -> Preflight:
 
 def test_dpo_reads_jsonl_and_names_the_batch_key(tiny_model, tmp_path, monkeypatch):
     from rlkit.config.dpo_load import load_dpo_config
-    from rlkit.trainer.kinds.dpo_launch import dpo_preflight
+    from rlkit.trainer.kinds.dpo_launch import preflight as dpo_preflight
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": f"copy {i % 10}", "chosen": f"{i % 10}", "rejected": "no"}) + "\n"
@@ -45,12 +45,13 @@ def test_dpo_reads_jsonl_and_names_the_batch_key(tiny_model, tmp_path, monkeypat
     assert notes[:2] == ["1 data file(s), 64 training preference pairs", f"model {tiny_model}"]
     # the run's own pre-flight (before Ray) reads the pairs as pairs too; the launcher after it is not this test's
     import rlkit.trainer.run.launch as launch
-    from rlkit.trainer.kinds.dpo_launch import run_dpo
+    from rlkit.trainer.run.launch import LaunchOptions
+    from rlkit.trainer.run.trainers import TRAINERS
 
     monkeypatch.setattr(launch, "run_fit", lambda *args: "launched")
     console = Console(record=True, width=300)
     cfg = load_dpo_config([*args, "data.train_batch_size=64", "data.max_length=128", "dpo.max_prompt_length=64"])
-    assert run_dpo(cfg, None, console) == "launched"
+    assert TRAINERS.get("dpo").run(cfg, LaunchOptions(), console) == "launched"
     assert "pre-flight ok: 1 data file(s), 64 training preference pairs" in console.export_text()
     pairs.write_text('{"prompt": "a", "chosen": "b"}\n')
     with pytest.raises(UserError, match=r"data.train_files: .*pairs.jsonl: column 'rejected': column is missing"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rlkit.trainer.run.run_config import load_config
-from rlkit.trainer.run.workers_setup import plan_layout
+from rlkit.trainer.run.run_plan import plan_layout
 from tests.trainer.conftest import fit, toy_overrides, train_rows
 from tests.trainer.test_reward_model_learning import save_target_rm
 
@@ -80,7 +80,7 @@ def test_reward_model_on_its_own_group(toy_data, tiny_model, tmp_path):
 def test_recipes_load_and_the_plan_shows_the_reward():
     from pathlib import Path
 
-    from rlkit.trainer.run.launch import resource_plan
+    from rlkit.trainer.kinds.rl_launch import plan as resource_plan
 
     recipes = Path(__file__).resolve().parents[2] / "recipes"
     cpu = load_config("grpo", [], str(recipes / "rm_cpu_smollm2.yaml"))
@@ -103,7 +103,7 @@ def test_two_workers_shard_the_rm_and_score_as_transformers(tiny_model, tmp_path
     import torch
 
     from rlkit.reward.rm_inputs import policy_token_rows
-    from rlkit.trainer.run.workers_setup import build_workers
+    from rlkit.trainer.run.workers_setup import rl_workers
     from tests.reward.rm_helpers import plain_scores, policy_batch, save_rm
     from tests.trainer.conftest import ensure_ray
 
@@ -121,7 +121,7 @@ def test_two_workers_shard_the_rm_and_score_as_transformers(tiny_model, tmp_path
         ),
     )
     ensure_ray()
-    workers = build_workers(cfg, str(tiny_model), total_steps=1)
+    workers = rl_workers(cfg, str(tiny_model), total_steps=1)
     try:
         assert workers.reward_model is not None and workers.world_size == 2
         batch = policy_batch(

@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from rlkit.config.sft_load import load_sft_config
-from rlkit.trainer.kinds.sft_trainer import SFTTrainer, SFTWorkers, sft_role
+from rlkit.trainer.kinds.sft_trainer import SFTTrainer, sft_role
+from rlkit.trainer.run.workers_setup import WorkerHandles
 from rlkit.workers.sft_worker import step_loss
 from tests.gloo_workers import gloo_rank, run_on_gloo_workers
 from tests.trainer.conftest import REPO
@@ -73,7 +74,7 @@ def in_process_trainer(args: list[str]) -> SFTTrainer:
     role = sft_role(cfg, cfg.model.path, cfg.trainer.total_training_steps)
     worker = role.cls(*role.args, **role.kwargs)
     worker.init_model()
-    return SFTTrainer(cfg, workers=SFTWorkers([], worker, 1))
+    return SFTTrainer(cfg, workers=WorkerHandles([], {"model": worker}, 1))
 
 
 def greedy_accuracy(model, tokenizer, rows: list[dict]) -> float:

@@ -1,23 +1,23 @@
-"""`rlkit train dpo`: the SFT launcher's plan, pre-flight and run (rlkit/trainer/kinds/sft_launch.py) with DPO's
-rows and the reference model's check."""
+"""The DPO trainer kind (`rlkit train dpo`): the SFT kind's plan rows with the loss and the reference, the
+preference files' and the reference model's checks, the DPO trainer. The run around them is every kind's
+(rlkit/trainer/run/launch.py `run_kind`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from rlkit.config.dpo_schema import DPOConfig
+from rlkit.trainer.kinds import sft_launch
+
+describe = sft_launch.describe  # the same workers, the same summary lines
 
 
-def dpo_plan(cfg: DPOConfig) -> Table:
-    """The SFT plan, titled for DPO, with the loss and the reference."""
-    from rlkit.trainer.kinds.sft_launch import sft_plan
-
-    table = sft_plan(cfg)
-    table.title = "resource plan (dpo)"
+def plan(cfg: DPOConfig) -> Table:
+    """The supervised plan, titled for DPO, with the loss and the reference."""
+    table = sft_launch.plan(cfg, kind="dpo")
     d = cfg.dpo
     smoothing = f", label_smoothing {d.label_smoothing}" if d.label_smoothing else ""
     rpo = f", + {d.rpo_alpha} x NLL of chosen" if d.rpo_alpha is not None else ""
@@ -27,12 +27,11 @@ def dpo_plan(cfg: DPOConfig) -> Table:
     return table
 
 
-def dpo_preflight(cfg: DPOConfig, allow_download: bool = False) -> list[str]:
-    """The SFT checks (preference files, model, checkpoint folder) and the reference model's."""
+def preflight(cfg: DPOConfig, allow_download: bool = False) -> list[str]:
+    """The preference files, the model, the checkpoint folder, and the reference model."""
     from rlkit.models.resolve import resolve_model_path
-    from rlkit.trainer.kinds.sft_launch import sft_preflight
 
-    notes = sft_preflight(cfg, allow_download, kind="dpo")
+    notes = sft_launch.preflight(cfg, allow_download, kind="dpo")
     ref = cfg.dpo.ref.model_path
     if ref:
         found = resolve_model_path(ref) if allow_download or Path(ref).expanduser().is_dir() else f"{ref} (resolved "\
@@ -41,9 +40,7 @@ def dpo_preflight(cfg: DPOConfig, allow_download: bool = False) -> list[str]:
     return notes
 
 
-def run_dpo(cfg: DPOConfig, opts: Any, console: Console | None = None) -> Any:
-    """Run a DPO job as `rlkit train sft` runs (Ray, trackers, Ctrl-C, the run summary); returns the FitSummary."""
+def start(cfg: DPOConfig, opts: Any) -> Any:
     from rlkit.trainer.kinds.dpo_trainer import DPOTrainer
-    from rlkit.trainer.kinds.sft_launch import run_sft
 
-    return run_sft(cfg, opts, console, trainer_cls=DPOTrainer, plan=dpo_plan(cfg), kind="dpo")
+    return DPOTrainer(cfg)

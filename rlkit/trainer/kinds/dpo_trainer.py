@@ -18,7 +18,7 @@ from rlkit.config.dpo_schema import DPOConfig
 from rlkit.controller import ClassWithInitArgs
 from rlkit.data.preference import split_sides
 from rlkit.protocol import Batch
-from rlkit.trainer.kinds.sft_trainer import SFTTrainer, SFTWorkers, build_sft_workers
+from rlkit.trainer.kinds.sft_trainer import SFTTrainer
 from rlkit.trainer.step.step_metrics import reduce_worker_metrics
 from rlkit.workers.micro_batch import MicroBatching
 
@@ -55,13 +55,12 @@ class DPOTrainer(SFTTrainer):
         return pairs(d.train_files, d.train_max_samples), (pairs(d.val_files, d.val_max_samples) if d.val_files
                                                            else None)
 
-    def build_workers(self) -> SFTWorkers:
+    def worker_role(self) -> ClassWithInitArgs:
         from rlkit.models.resolve import resolve_model_path
 
         ref = self.cfg.dpo.ref.model_path
         ref_path = str(resolve_model_path(ref)) if ref else self.model_path
-        role = dpo_role(self.cfg, self.model_path, ref_path, self.total_steps)
-        return build_sft_workers(self.cfg, self.model_path, self.total_steps, role=role)
+        return dpo_role(self.cfg, self.model_path, ref_path, self.total_steps)
 
     # ------------------------------------------------------------------ step
     def run_step(self) -> dict[str, float]:

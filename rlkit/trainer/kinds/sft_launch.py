@@ -1,23 +1,22 @@
-"""`rlkit train sft`: the resource plan, the pre-flight checks and the run (the RL launcher's `run_fit`: Ray, trackers,
-Ctrl-C, the run summary)."""
+"""The SFT trainer kind (`rlkit train sft`): its resource plan, its pre-flight checks, the trainer it starts and
+the run summary's lines. The run around them is every kind's (rlkit/trainer/run/launch.py `run_kind`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
-from rlkit.config.sft_load import world_size
+from rlkit.config.checks import world_size
 from rlkit.config.sft_schema import SFTConfig
 
 
-def sft_plan(cfg: SFTConfig) -> Table:
+def plan(cfg: SFTConfig, kind: str = "sft") -> Table:
     """What will run where (printed by --dry-run and at start-up)."""
     from rlkit.utils.cpu_precision import plan_row
 
     t, d = cfg.trainer, cfg.data
-    table = Table(title="resource plan (sft)", show_header=False)
+    table = Table(title=f"resource plan ({kind})", show_header=False)
     table.add_row("workers", f"{t.nnodes} node(s) x {t.n_gpus_per_node} = {world_size(cfg)} (device: {t.device})")
     table.add_row("conversations per step", f"{d.train_batch_size} ({d.train_batch_size // world_size(cfg)} per "
                   "worker)")
@@ -30,7 +29,7 @@ def sft_plan(cfg: SFTConfig) -> Table:
     return table
 
 
-def sft_preflight(cfg: SFTConfig, allow_download: bool = False, kind: str = "sft") -> list[str]:
+def preflight(cfg: SFTConfig, allow_download: bool = False, kind: str = "sft") -> list[str]:
     """The data files as the `kind` trainer reads them (format, layout, rows against the batch), the model (resolved
     without a download unless allowed), the checkpoint folder, the trackers (rlkit/trainer/run/preflight_data.py)."""
     from rlkit.trainer.run.preflight_data import supervised_preflight
@@ -38,24 +37,17 @@ def sft_preflight(cfg: SFTConfig, allow_download: bool = False, kind: str = "sft
     return supervised_preflight(cfg, kind, allow_download)
 
 
-def run_sft(cfg: SFTConfig, opts: Any, console: Console | None = None, trainer_cls: type | None = None,
-            plan: Table | None = None, kind: str = "sft") -> Any:
-    """Run an SFT job (`trainer_cls`: a trainer on the SFT layout, e.g. DPO's, with its `plan` and the `kind` of
-    data files its pre-flight checks); returns the FitSummary (TrainingInterrupted on Ctrl-C / SIGTERM, as
-    `rlkit train grpo`)."""
+def start(cfg: SFTConfig, opts: Any) -> Any:
     from rlkit.trainer.kinds.sft_trainer import SFTTrainer
-    from rlkit.trainer.run.launch import run_fit
+
+    return SFTTrainer(cfg)
+
+
+def describe(trainer: Any, summary: Any, cfg: SFTConfig) -> None:
+    """The run summary's memory and precision lines (DPO's too: the same workers)."""
     from rlkit.trainer.run.run_summary import actor_memory
     from rlkit.utils.cpu_precision import resolved_param_dtype
 
-    console = console or Console()
-    console.print(plan or sft_plan(cfg))
-    console.print("pre-flight ok: " + "; ".join(sft_preflight(cfg, allow_download=True, kind=kind)), soft_wrap=True,
-                  markup=False)
-
-    def describe(trainer: Any, summary: Any) -> None:
-        summary.memory = actor_memory(trainer.workers.model) or {}
-        t = cfg.trainer
-        summary.precision = str(resolved_param_dtype(cfg.engine.param_dtype, t.device, max(1, int(t.cpus_per_worker))))
-
-    return run_fit(cfg, opts, console, lambda: (trainer_cls or SFTTrainer)(cfg), describe)
+    summary.memory = actor_memory(trainer.workers.model) or {}
+    t = cfg.trainer
+    summary.precision = str(resolved_param_dtype(cfg.engine.param_dtype, t.device, max(1, int(t.cpus_per_worker))))

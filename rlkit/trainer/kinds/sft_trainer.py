@@ -10,44 +10,23 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlkit.config.sft_load import thinking_default, world_size
+from rlkit.config.checks import world_size
+from rlkit.config.sft_load import thinking_default
 from rlkit.config.sft_schema import SFTConfig
-from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, WorkerGroupView
+from rlkit.controller import ClassWithInitArgs
 from rlkit.data.prompt_stream import PromptStream
 from rlkit.protocol import Batch
+from rlkit.trainer.run.run_plan import GroupPlan, Layout
 from rlkit.trainer.run.trainer_base import TrainerBase
+from rlkit.trainer.run.workers_setup import WorkerHandles, build_workers, use_gpu
 from rlkit.trainer.step.step_metrics import reduce_worker_metrics
-from rlkit.utils.memory_peak import phase_metrics
 from rlkit.workers.micro_batch import MicroBatching, balance_across_ranks
 from rlkit.workers.sft_worker import step_loss
 
 SFT_GROUP = "rlkit-sft"  # Ray actor names: "rlkit-sft:0"
-
-
-@dataclass
-class SFTWorkers:
-    """The SFT worker group and its one role (`model`: SFTWorker on every rank)."""
-
-    groups: list[RayWorkerGroup]
-    model: WorkerGroupView
-    world_size: int
-    init_info: dict[str, Any] = field(default_factory=dict)
-
-    def set_step(self, step: int) -> None:
-        for group in self.groups:
-            group.step = step
-
-    def memory_peaks(self) -> dict[str, float]:
-        return phase_metrics([p for group in self.groups for p in group.pop_memory_peaks()])
-
-    def shutdown(self) -> None:
-        for group in self.groups:
-            group.shutdown()
-            group.pool.release()
 
 
 def sft_role(cfg: SFTConfig, model_path: str, total_steps: int) -> ClassWithInitArgs:
@@ -61,24 +40,11 @@ def sft_role(cfg: SFTConfig, model_path: str, total_steps: int) -> ClassWithInit
                              packed=d.pad_mode == "no_padding")
 
 
-def build_sft_workers(cfg: SFTConfig, model_path: str, total_steps: int,
-                      runtime_env: dict | None = None, role: ClassWithInitArgs | None = None) -> SFTWorkers:
-    """Spawn one SFT worker per device (or CPU process) and load the model on each; `role`: another trainer's
-    worker on the same layout (DPO's), default the SFT worker."""
-    from rlkit.trainer.run.workers_setup import use_gpu
-
+def supervised_workers(cfg: SFTConfig, role: ClassWithInitArgs, runtime_env: dict | None = None) -> WorkerHandles:
+    """One worker per device (or CPU process), each holding the one role `model` (SFT's worker, DPO's...)."""
     t = cfg.trainer
-    pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu(cfg), cpus_per_process=t.cpus_per_worker,
-                        name="sft_pool")
-    role = role or sft_role(cfg, model_path, total_steps)
-    group = RayWorkerGroup(pool, {"model": role}, name_prefix=SFT_GROUP, runtime_env=runtime_env)
-    workers = SFTWorkers([group], group.role("model"), world_size(cfg))
-    try:
-        workers.init_info["model"] = workers.model.init_model()
-    except BaseException:
-        workers.shutdown()
-        raise
-    return workers
+    layout = Layout([GroupPlan(SFT_GROUP, "sft_pool", ["model"], t.n_gpus_per_node, t.nnodes, t.cpus_per_worker)])
+    return build_workers(layout, [{"model": role}], use_gpu(cfg), world_size(cfg), runtime_env)
 
 
 class SFTTrainer(TrainerBase):
@@ -116,8 +82,12 @@ class SFTTrainer(TrainerBase):
         train = SFTDataset(d.train_files, self.tokenizer, d, d.train_max_samples, thinking)
         return train, (SFTDataset(d.val_files, self.tokenizer, d, d.val_max_samples, thinking) if d.val_files else None)
 
-    def build_workers(self) -> SFTWorkers:
-        return build_sft_workers(self.cfg, self.model_path, self.total_steps)
+    def worker_role(self) -> ClassWithInitArgs:
+        """The role every worker holds (a subclass trains another loss on the same layout)."""
+        return sft_role(self.cfg, self.model_path, self.total_steps)
+
+    def build_workers(self) -> WorkerHandles:
+        return supervised_workers(self.cfg, self.worker_role())
 
     # ------------------------------------------------------------------ step
     def next_balanced_batch(self) -> Batch:

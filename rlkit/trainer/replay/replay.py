@@ -162,11 +162,12 @@ def replay_step(target: str | Path, step: int, role: str = "actor", break_at: st
 
 def _check_replayable(cfg: Any, role: str) -> None:
     """Refuse, in one line, a role this run has not, or a rollout the replay cannot make again."""
-    from rlkit.algo.run_needs import critic_enabled, ref_needed
+    from rlkit.trainer.run.run_plan import RunPlan
 
-    if role == "critic" and not critic_enabled(cfg):
+    plan = RunPlan.of(cfg)
+    if role == "critic" and not plan.critic:
         raise UserError("this run has no critic; replay --role actor")
-    if role == "ref" and not ref_needed(cfg):
+    if role == "ref" and not plan.ref:
         raise UserError("this run has no reference policy; replay --role actor")
     if role != "rollout":
         return
@@ -189,16 +190,10 @@ def _host_role(cfg: Any, role: str) -> str:
 
 
 def _role_spec(cfg: Any, record: StepRecord, name: str) -> Any:
-    from rlkit.trainer.run.roles import actor_role, critic_role, ref_role
-    from rlkit.trainer.run.workers_setup import rollout_role
+    """The role as the run built it (a colocated engine loads the actor built before it)."""
+    from rlkit.trainer.run.roles import role_spec
 
-    build = {
-        "actor": lambda: actor_role(cfg, record.model_path, record.total_steps),
-        "critic": lambda: critic_role(cfg, record.model_path, record.total_steps),
-        "ref": lambda: ref_role(cfg, record.model_path),
-        "rollout": lambda: rollout_role(cfg, record.model_path, colocated=True),  # loads the actor built before it
-    }
-    return build[name]()
+    return role_spec(cfg, name, record.model_path, record.total_steps)
 
 
 def _prepare_process(cfg: Any, break_at: str | None) -> None:

@@ -10,11 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
-from rlkit.config.checks import world_size
-from rlkit.config.schema import RLConfig
-from rlkit.trainer.run.run_summary import actor_memory, moe_params, print_table, summary_table
+from rlkit.trainer.run.run_summary import print_table, summary_table
 
 
 @dataclass
@@ -24,60 +21,7 @@ class LaunchOptions:
     num_cpus: int | None = None
 
 
-def resource_plan(cfg: RLConfig) -> Table:
-    """What will run where (printed by --dry-run and at start-up)."""
-    from rlkit.reward.mix import describe as describe_reward
-    from rlkit.trainer.run.workers_setup import plan_layout
-    from rlkit.utils.cpu_precision import plan_row
-
-    t = cfg.trainer
-    name = {"rollout": f"rollout ({cfg.actor_rollout_ref.rollout.name})"}
-    trainer, *separate = plan_layout(cfg).groups  # the layout build_workers spawns
-    n = cfg.actor_rollout_ref.rollout.n
-    table = Table(title="resource plan", show_header=False)
-    table.add_row("workers", f"{t.nnodes} node(s) x {t.n_gpus_per_node} = {world_size(cfg)} (device: {t.device})")
-    table.add_row("colocated roles per worker", ", ".join(name.get(r, r) for r in trainer.roles))
-    for group in separate:  # one-step-off: the engines in processes of their own
-        table.add_row(f"separate {', '.join(name.get(r, r) for r in group.roles)} workers",
-                      f"{group.nnodes} node(s) x {group.per_node} = {group.nnodes * group.per_node}, "
-                      f"each a GPU (or {group.cpus_per_process:g} CPU without one)")
-    actor = cfg.actor_rollout_ref.actor
-    bsz = cfg.data.train_batch_size
-    table.add_row("sequences per step", f"{bsz} prompts x n={n} = {bsz * n}")
-    table.add_row("optimizer steps per step", str(bsz // actor.ppo_mini_batch_size * actor.ppo_epochs))
-    table.add_row("advantage estimator", cfg.algorithm.adv_estimator)
-    table.add_row("policy loss", f"{actor.policy_loss} ({actor.loss_agg_mode})")
-    threads = max(1, int(t.cpus_per_worker))  # the workers' torch threads: their measurement is the one cached
-    table.add_row("actor compute dtype", plan_row(actor.fsdp_config.param_dtype, t.device, threads))
-    name = cfg.actor_rollout_ref.rollout.dtype
-    table.add_row("rollout engine dtype", f"auto -> {engine_precision(cfg)}" if name == "auto" else name)
-    table.add_row("reward", describe_reward(cfg))
-    table.add_row("checkpoints", cfg.trainer.default_local_dir)
-    return table
-
-
-def engine_precision(cfg: RLConfig) -> str:
-    """The rollout engine's dtype, `rollout.dtype` resolved."""
-    import torch
-
-    from rlkit.rollout.base import engine_dtype
-
-    t = cfg.trainer
-    return engine_dtype(cfg.actor_rollout_ref.rollout.dtype,
-                        t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available()))
-
-
-def precision_line(cfg: RLConfig) -> str:
-    """The run summary's `precision` row: the actor's compute dtype and the engine's, resolved."""
-    from rlkit.utils.cpu_precision import resolved_param_dtype
-
-    t = cfg.trainer
-    actor = resolved_param_dtype(cfg.actor_rollout_ref.actor.fsdp_config.param_dtype, t.device,
-                                 max(1, int(t.cpus_per_worker)))
-    return f"actor {actor}, engine {engine_precision(cfg)}"
-
-
-def anomaly_settings(cfg: RLConfig, opts: LaunchOptions) -> dict[str, str]:
+def anomaly_settings(cfg: Any, opts: LaunchOptions) -> dict[str, str]:
     """The environment of `--debug nan` / trainer.debug.detect_anomaly (rlkit.debug.anomaly), set in the driver
     too: pause for the debugger when the run is debuggable and someone is at the terminal, else save and stop."""
     import sys
@@ -97,7 +41,7 @@ def anomaly_settings(cfg: RLConfig, opts: LaunchOptions) -> dict[str, str]:
     return env
 
 
-def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
+def init_ray(cfg: Any, opts: LaunchOptions, console: Console) -> Any:
     import ray
 
     from rlkit.controller.cluster import PRIVATE, choose_cluster, record_driver_cluster
@@ -158,40 +102,21 @@ def init_ray(cfg: RLConfig, opts: LaunchOptions, console: Console) -> Any:
     return ctx
 
 
-def run_training(cfg: RLConfig, opts: LaunchOptions, console: Console | None = None) -> Any:
-    """Run a full training job; returns the FitSummary.
-
-    Pre-flight checks run first (before Ray starts). Ctrl-C stops the workers and raises
-    TrainingInterrupted (step reached, last complete checkpoint) instead of a traceback.
-    """
-    from rlkit.debug.runtime import get_mode
-    from rlkit.trainer.run.preflight import preflight
-    from rlkit.trainer.step.key_checks import check_batch_keys
-    from rlkit.trainer.step.rl_trainer import RLTrainer
+def run_kind(kind: Any, cfg: Any, opts: LaunchOptions, console: Console | None = None) -> Any:
+    """Run a trainer kind's job (`kind`: its launcher module, rlkit/trainer/run/trainers.py): its resource plan,
+    its pre-flight checks (before Ray starts), then `run_fit` with the trainer its `start` builds; returns the
+    FitSummary. Ctrl-C stops the workers and raises TrainingInterrupted (step reached, last complete checkpoint)
+    instead of a traceback."""
     from rlkit.utils.status_line import waiting
 
     console = console or Console()
-    print_table(console, resource_plan(cfg))
-    console.print(f"rollout backend: [bold]{cfg.actor_rollout_ref.rollout.name}[/bold]")
+    print_table(console, kind.plan(cfg))
     with waiting(console, "pre-flight checks (data, model, output folders)..."):
-        notes = preflight(cfg).notes
+        notes = kind.preflight(cfg, allow_download=True)
     console.print("pre-flight ok: " + "; ".join(notes), soft_wrap=True, markup=False)
     anomaly_settings(cfg, opts)  # the driver's own checks (rewards, advantages); init_ray passes it to the workers
-
-    def start() -> Any:
-        trainer = RLTrainer(cfg)
-        if get_mode(opts.debug).enabled:
-            trainer.check_keys = True  # workers restarted after a death are checked too
-            check_batch_keys(trainer.workers)  # a role's wrong output names the role and key (rlkit/batch_keys.py)
-        return trainer
-
-    def describe(trainer: Any, summary: Any) -> None:
-        summary.memory = {**(actor_memory(trainer.workers.actor) or {}), **moe_params(trainer.model_path)}
-        summary.precision = precision_line(cfg)
-        meter = trainer.mfu_meter
-        summary.mfu_peak = meter.source if meter is not None else None
-
-    return run_fit(cfg, opts, console, start, describe)
+    return run_fit(cfg, opts, console, lambda: kind.start(cfg, opts),
+                   lambda trainer, summary: kind.describe(trainer, summary, cfg))
 
 
 def run_fit(cfg: Any, opts: LaunchOptions, console: Console, start: Callable[[], Any],

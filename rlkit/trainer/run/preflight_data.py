@@ -99,7 +99,7 @@ def supervised_preflight(cfg: Any, kind: str, allow_download: bool = False) -> l
     """`rlkit train sft|dpo`'s pre-flight: the data files (format, layout, rows against data.train_batch_size), the
     model (resolved without a download in a dry run; its positions against data.max_length), the checkpoint folder
     and the trackers. UserError listing every problem; the notes otherwise."""
-    from rlkit.config.sft_load import world_size
+    from rlkit.config.checks import world_size
     from rlkit.models.resolve import resolve_model_path
     from rlkit.trainer.run.preflight_engine import length_problem
     from rlkit.utils.fs_checks import writable_dir_problem

@@ -8,11 +8,15 @@ arrive resolved (a local HF folder), so no worker resolves an alias or downloads
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rlkit.algo.rollout_correction import RolloutCorrection
-from rlkit.algo.run_needs import run_needs
 from rlkit.config.schema import ModelConfig, RLConfig
-from rlkit.controller import ClassWithInitArgs
+from rlkit.controller import ClassWithInitArgs, Sibling
+
+if TYPE_CHECKING:
+    from rlkit.trainer.run.run_plan import Layout, RunPlan
 
 
 def policy_model(cfg: RLConfig, model_path: str) -> ModelConfig:
@@ -20,9 +24,10 @@ def policy_model(cfg: RLConfig, model_path: str) -> ModelConfig:
     return dataclasses.replace(cfg.actor_rollout_ref.model, path=str(model_path))
 
 
-def actor_role(cfg: RLConfig, model_path: str, total_steps: int) -> ClassWithInitArgs:
+def actor_role(cfg: RLConfig, model_path: str, total_steps: int, plan: RunPlan | None = None) -> ClassWithInitArgs:
     """The actor, with the rollout's temperature and the micro-batching of its old-log-prob pass (rollout.log_prob_*:
     verl's keys of that pass live in the rollout section)."""
+    from rlkit.trainer.run.run_plan import RunPlan
     from rlkit.workers.actor import ActorWorker
     from rlkit.workers.micro_batch import MicroBatching
 
@@ -35,7 +40,7 @@ def actor_role(cfg: RLConfig, model_path: str, total_steps: int) -> ClassWithIni
         temperature=rollout.temperature, seed=cfg.trainer.seed,
         rollout_correction=RolloutCorrection.from_config(algo), log_prob=log_prob,
         distillation=cfg.distillation.distillation_loss if cfg.distillation.enabled else None,
-        sum_pi_squared=run_needs(cfg).sum_pi_squared,
+        sum_pi_squared=(plan or RunPlan.of(cfg)).needs.sum_pi_squared,
     )
 
 
@@ -91,3 +96,37 @@ def reward_model_role(cfg: RLConfig, model_path: str) -> ClassWithInitArgs:
         tok = str(model_path) if tok == cfg.actor_rollout_ref.model.path else str(resolve_model_path(tok))
     model = dataclasses.replace(rm.model, path=str(resolve_model_path(rm.model.path)), input_tokenizer=tok)
     return ClassWithInitArgs(RewardModelWorker, dataclasses.replace(rm, model=model))
+
+
+def rollout_role(cfg: RLConfig, model_path: str, colocated: bool) -> ClassWithInitArgs:
+    """The rollout worker: its own config section; colocated, the actor of its process as weight source.
+    (A separate engine never sleeps: finalize turns rollout.free_cache_engine off in that mode.)"""
+    from rlkit.workers.rollout_worker import RolloutWorker
+
+    actor = cfg.actor_rollout_ref.actor
+    rollout, replay = cfg.actor_rollout_ref.rollout, actor.router_replay and actor.router_replay_from == "rollout"
+    if colocated:
+        return ClassWithInitArgs(RolloutWorker, rollout, str(model_path), actor=Sibling("actor"), router_replay=replay)
+    return ClassWithInitArgs(RolloutWorker, rollout, str(model_path), router_replay=replay)
+
+
+def role_spec(cfg: RLConfig, role: str, model_path: str, total_steps: int, plan: RunPlan | None = None,
+              colocated: bool = True) -> ClassWithInitArgs:
+    """One role's constructor arguments (`plan`: the run's, computed when None)."""
+    build: dict[str, Callable[[], ClassWithInitArgs]] = {
+        "actor": lambda: actor_role(cfg, model_path, total_steps, plan),
+        "rollout": lambda: rollout_role(cfg, model_path, colocated),
+        "ref": lambda: ref_role(cfg, model_path),
+        "critic": lambda: critic_role(cfg, model_path, total_steps),
+        "reward_model": lambda: reward_model_role(cfg, model_path),
+        "teacher": lambda: teacher_role(cfg, model_path),
+    }
+    return build[role]()
+
+
+def role_specs(cfg: RLConfig, layout: Layout, model_path: str, total_steps: int,
+               plan: RunPlan | None = None) -> list[dict[str, ClassWithInitArgs]]:
+    """Each group's roles with their constructor arguments."""
+    colocated = not layout.separate_rollout
+    return [{role: role_spec(cfg, role, model_path, total_steps, plan, colocated) for role in group.roles}
+            for group in layout.groups]

@@ -1,57 +1,67 @@
-"""The trainers that are not RL presets (`rlkit train sft`, `rlkit train dpo`), one row each: where its config is
-loaded, what its dry run prints, its pre-flight and its run. `rlkit train NAME` looks here
-before the algorithm presets. (torchtune's recipe registry is the model: a kind is a row, not a chain of launchers.)
+"""The trainer kinds, one row each (torchtune's recipe registry is the model): where a kind's config is loaded
+and which module launches it. `rlkit train NAME` runs the row NAME; any other first word is an RL algorithm
+preset (or an override), run by the `rl` row.
 
-The functions are "module:function" paths imported when used, so the CLI can list the names in its help without
-importing a trainer.
+A kind's launcher module defines `plan(cfg) -> rich Table` (the resource plan of --dry-run and start-up),
+`preflight(cfg, allow_download) -> notes` (UserError on a problem), `start(cfg, opts) -> trainer` (a
+TrainerBase, workers built) and `describe(trainer, summary, cfg)` (its run-summary lines); the run around them is
+every kind's (rlkit/trainer/run/launch.py `run_kind`). Paths are "module:function" strings imported when used, so
+the CLI lists the names in its help without importing a trainer.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from rlkit.registry import Registry
 
 
-def _function(path: str) -> Any:
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 @dataclass(frozen=True)
 class TrainerEntry:
-    """`load(overrides, config_file, config_path, config_name, notices) -> cfg`; `plan(cfg) -> rich Table` (the
-    dry run's resource plan); `check(cfg) -> notes` (pre-flight); `run(cfg, LaunchOptions, Console) -> FitSummary`.
-    The loader's module declares the kind's config space (schema and base YAML in rlkit/config/conf/)."""
+    """`loader`: "module:function" returning the kind's validated config (its schema and base YAML in
+    rlkit/config/conf/) from (overrides, config_file, config_path, config_name, notices), after the algorithm
+    preset when `presets`; `launcher`: the kind's launcher module; `debug`: whether `--debug` applies (worker
+    phases to break at)."""
 
     loader: str
-    launcher: str  # the module holding `plan`, `check` and `run` under the names below
+    launcher: str
     help: str
-    plan_fn: str = "plan"
-    check_fn: str = "preflight"
-    run_fn: str = "run"
+    presets: bool = False
+    debug: bool = False
 
-    def load(self, *args: Any, **kwargs: Any) -> Any:
-        return _function(self.loader)(*args, **kwargs)
+    def load(self, preset: str | None, overrides: list[str], config_file: str | None, config_path: str | None,
+             config_name: str | None, notices: list[str]) -> Any:
+        module, _, name = self.loader.partition(":")
+        load = getattr(importlib.import_module(module), name)
+        args = (overrides, config_file, config_path, config_name, notices)
+        return load(preset, *args) if self.presets else load(*args)
+
+    def module(self) -> ModuleType:
+        return importlib.import_module(self.launcher)
 
     def plan(self, cfg: Any) -> Any:
-        return _function(f"{self.launcher}:{self.plan_fn}")(cfg)
+        return self.module().plan(cfg)
 
-    def check(self, cfg: Any) -> list[str]:
-        return _function(f"{self.launcher}:{self.check_fn}")(cfg)
+    def check(self, cfg: Any, allow_download: bool = False) -> list[str]:
+        return self.module().preflight(cfg, allow_download=allow_download)
 
-    def run(self, cfg: Any, opts: Any, console: Any) -> Any:
-        return _function(f"{self.launcher}:{self.run_fn}")(cfg, opts, console)
+    def run(self, cfg: Any, opts: Any, console: Any = None) -> Any:
+        from rlkit.trainer.run.launch import run_kind
+
+        return run_kind(self.module(), cfg, opts, console)
 
 
 TRAINERS: Registry[TrainerEntry] = Registry("trainer")
+TRAINERS.add("rl", TrainerEntry(
+    "rlkit.trainer.run.run_config:load_config", "rlkit.trainer.kinds.rl_launch",
+    "RL post-training, the algorithm from a preset or algorithm.* keys (verl's main_ppo keys; docs/verl.md)",
+    presets=True, debug=True))
 TRAINERS.add("sft", TrainerEntry(
     "rlkit.config.sft_load:load_sft_config", "rlkit.trainer.kinds.sft_launch",
-    "supervised fine-tuning on conversations (verl's SFT keys; docs/sft.md)",
-    plan_fn="sft_plan", check_fn="sft_preflight", run_fn="run_sft"))
+    "supervised fine-tuning on conversations (verl's SFT keys; docs/sft.md)"))
 TRAINERS.add("dpo", TrainerEntry(
     "rlkit.config.dpo_load:load_dpo_config", "rlkit.trainer.kinds.dpo_launch",
-    "preference optimisation on prompt/chosen/rejected pairs (TRL's losses; docs/dpo.md)",
-    plan_fn="dpo_plan", check_fn="dpo_preflight", run_fn="run_dpo"))
+    "preference optimisation on prompt/chosen/rejected pairs (TRL's losses; docs/dpo.md)"))

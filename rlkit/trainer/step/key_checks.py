@@ -42,6 +42,6 @@ class CheckedView:
 def check_batch_keys(workers: Any) -> None:
     """Wrap each role view of `workers` (a WorkerHandles) in a `CheckedView`, in place."""
     for role in ROLES:
-        view = getattr(workers, role, None)
+        view = workers.views.get(role)
         if view is not None and not isinstance(view, CheckedView):
-            setattr(workers, role, CheckedView(view, role))
+            workers.views[role] = CheckedView(view, role)

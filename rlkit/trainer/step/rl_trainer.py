@@ -17,7 +17,6 @@ import torch
 
 from rlkit.algo.kl import make_kl_controller
 from rlkit.algo.metrics import compute_data_metrics
-from rlkit.algo.run_needs import run_needs
 from rlkit.config.schema import RLConfig
 from rlkit.data.prompt_stream import PromptStream
 from rlkit.debug import set_step
@@ -27,9 +26,10 @@ from rlkit.reward.mix import build_reward_fn
 from rlkit.runs.status import PhaseTimer
 from rlkit.trainer.replay.step_record import StepRecorder
 from rlkit.trainer.run.preflight import log_dir_of
+from rlkit.trainer.run.run_plan import RunPlan
 from rlkit.trainer.run.trainer_base import FitSummary, TrainerBase
 from rlkit.trainer.run.worker_death import find_death
-from rlkit.trainer.run.workers_setup import WorkerHandles, build_workers
+from rlkit.trainer.run.workers_setup import WorkerHandles, rl_workers
 from rlkit.trainer.step.advantage_stage import compute_advantages, shape_rewards
 from rlkit.trainer.step.fully_async import FullyAsyncRollout
 from rlkit.trainer.step.generations import dump, generations, pick
@@ -92,6 +92,7 @@ class RLTrainer(TrainerBase):
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
         self.reward_manager = manager
+        self.plan = RunPlan.of(cfg)  # what the algorithm needs and where each role runs, resolved once
         self._attach(workers or self._build_workers())
         self.mfu_meter = _mfu_meter(cfg, self.model_path)
         self.global_step = 0
@@ -112,7 +113,8 @@ class RLTrainer(TrainerBase):
                                          manager=self.reward_manager)
         self.teacher = _teacher_stage(cfg, self.tokenizer, workers)  # distillation: None when off
         self.rollout_ctx = RolloutContext(cfg, workers, self.reward_fn, PromptStream(self.train_loader),
-                                          lambda: self.global_step, self.total_steps, self.model_path, self.tokenizer)
+                                          lambda: self.global_step, self.total_steps, self.model_path, self.tokenizer,
+                                          self.plan)
         self.source = ROLLOUT_SOURCES[source_name(cfg)](self.rollout_ctx)  # sync, one-step-off, fully async
 
     # ------------------------------------------------------------------ step
@@ -203,11 +205,11 @@ class RLTrainer(TrainerBase):
         actor = cfg.actor_rollout_ref.actor
         one_pass = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == cfg.data.train_batch_size
         return (actor.recompute_old_log_prob or not one_pass or cfg.algorithm.use_kl_in_reward
-                or run_needs(cfg).sum_pi_squared)
+                or self.plan.needs.sum_pi_squared)
 
     def _build_workers(self) -> WorkerHandles:
         """The worker groups of the layout the config asks for (colocated, or a separate rollout group)."""
-        return build_workers(self.cfg, self.model_path, self.total_steps)
+        return rl_workers(self.cfg, self.model_path, self.total_steps, plan=self.plan)
 
     def close(self) -> None:
         self.source.close()

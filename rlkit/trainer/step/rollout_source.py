@@ -27,12 +27,13 @@ import numpy as np
 import torch
 
 from rlkit.algo.dapo import dynamic_sampling_filter
-from rlkit.algo.run_needs import run_needs
+from rlkit.algo.needs import Needs
 from rlkit.config.schema import RLConfig
 from rlkit.data.images import ENGINE_INPUTS, MODEL_INPUTS
 from rlkit.data.prompt_stream import PromptStream
 from rlkit.protocol import Batch
 from rlkit.rollout.lifecycle import call_seed
+from rlkit.trainer.run.run_plan import RunPlan
 from rlkit.trainer.step.step_result import Timer
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -57,6 +58,10 @@ class RolloutContext:
     total_steps: int
     model_path: str
     tokenizer: Any
+    plan: RunPlan | None = None  # the run's (computed from cfg when None)
+
+    def needs(self) -> Needs:
+        return (self.plan or RunPlan.of(self.cfg)).needs
 
     def rollout_keys(self, gen: Batch) -> list[str]:
         """Prompt tensors and, for a vision-language batch, the rows' images (the HF engine reads the processor's
@@ -76,7 +81,7 @@ class GreedyBaseline:
 
     def __init__(self, ctx: RolloutContext) -> None:
         self.ctx = ctx
-        self.enabled = run_needs(ctx.cfg).greedy_baseline
+        self.enabled = ctx.needs().greedy_baseline
 
     def launch(self, prompts: Batch, step: int, seed: int, blocking: bool = True) -> Any:
         """The greedy generation (a Batch, or a future when not blocking); None when no estimator needs it."""
