@@ -133,6 +133,9 @@ class Worker:
         backend = PROCESS_GROUP_BACKENDS[self.device.type]
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        from rlkit.controller.interfaces import collective_interface_env
+
+        os.environ.update(collective_interface_env(node_ip(), self.device.type))  # the node's routable interface
         timeout = datetime.timedelta(seconds=timeout_s or DEFAULT_DIST_TIMEOUT_S)
         store = rendezvous_store(self.master_addr, self.master_port, self.rank, self.world_size, timeout)
         dist.init_process_group(backend=backend, store=store, rank=self.rank, world_size=self.world_size,

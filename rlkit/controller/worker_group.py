@@ -18,6 +18,7 @@ rollout gets the actor whose weights it loads). Every call carries the group's `
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import uuid
@@ -120,6 +121,25 @@ class _WorkerHost:
     def pid(self) -> int:
         return os.getpid()
 
+    def probe_files(self, folder: str, write: str = "", read: tuple[str, ...] = (), remove: str = "") -> list[str]:
+        """Write the file `write` in `folder` (as this node sees it), remove `remove`, and return those of `read`
+        it cannot read: whether a folder is one every node shares (`shared_folder_problems`)."""
+        from pathlib import Path
+
+        root = Path(folder).expanduser()
+        if write:
+            root.mkdir(parents=True, exist_ok=True)
+            (root / write).write_text(write)
+        if remove:
+            (root / remove).unlink(missing_ok=True)
+        return [name for name in read if not (root / name).is_file()]
+
+    def node(self) -> dict[str, str]:
+        """This process's Ray node: its id and the address Ray routes to it."""
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": node_ip()}
+
 
 def local_host(roles: Mapping[str, ClassWithInitArgs]) -> _WorkerHost:
     """The host a Ray worker runs, built in this process as rank 0 of a world of one (its own single-process
@@ -170,6 +190,7 @@ class RayWorkerGroup:
         self.get_timeout_s = get_timeout_s
         self.world_size = pool.world_size
         self.pids: list[int] = []
+        self.nodes: list[dict[str, str]] = []
         self.actors = self._spawn(runtime_env, max_restarts)
         self._views: dict[str, WorkerGroupView] = {}
 
@@ -200,6 +221,7 @@ class RayWorkerGroup:
         addr, port = ray.get(actors[0].master_address.remote())
         ray.get([a.set_env.remote({"MASTER_ADDR": addr, "MASTER_PORT": str(port)}) for a in actors])
         self.pids = ray.get([a.pid.remote() for a in actors])  # to name a worker that dies (its logs, its pid)
+        self.nodes = ray.get([a.node.remote() for a in actors])  # each rank's node: the run's status, a lost node
         return actors
 
     def role(self, name: str) -> WorkerGroupView:
@@ -286,3 +308,38 @@ class WorkerGroupView:
             side_ranks=side,
         )
         return future.get() if blocking else future
+
+
+def shared_folder_problems(groups: list[RayWorkerGroup], folder: str) -> list[str]:
+    """Each node of `groups` writes a probe file in `folder` and reads every other node's: one line per node
+    that cannot write there or cannot see another's file ([] on one node, or when the folder is shared)."""
+    import ray
+
+    hosts: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    for group in groups:
+        for actor, node in zip(group.actors, group.nodes):
+            hosts.setdefault(node["node_id"], actor)
+            names.setdefault(node["node_id"], f"{node['ip']} ({node['node_id'][:8]})")
+    if len(hosts) < 2:
+        return []
+    tag = uuid.uuid4().hex[:8]
+    probe = {node: f".rlkit-shared-probe-{tag}-{node[:8]}" for node in hosts}
+    problems: list[str] = []
+    try:
+        for node, host in hosts.items():
+            try:
+                ray.get(host.probe_files.remote(folder, write=probe[node]))
+            except Exception as exc:  # the node's own error, named in the line
+                problems.append(f"node {names[node]} cannot write in {folder}: {str(exc).strip().splitlines()[-1]}")
+        if problems:
+            return problems
+        for node, host in hosts.items():
+            others = tuple(probe[n] for n in hosts if n != node)
+            for name in ray.get(host.probe_files.remote(folder, read=others)):
+                other = next(n for n, p in probe.items() if p == name)
+                problems.append(f"node {names[node]} does not see the files node {names[other]} writes in {folder}")
+    finally:
+        with contextlib.suppress(Exception):  # a probe left behind is a hidden file, never a reason to stop
+            ray.get([host.probe_files.remote(folder, remove=probe[node]) for node, host in hosts.items()])
+    return problems

@@ -140,10 +140,15 @@ class PhaseTimer:
 
 
 def worker_rows(workers: Any) -> list[dict[str, Any]]:
-    """[{group, roles, rank, pid}] of a trainer's worker groups (none when it has no Ray groups)."""
+    """[{group, roles, rank, pid, node, ip}] of a trainer's worker groups (none when it has no Ray groups): the
+    run's record of where each rank ran."""
     rows = []
     for group in getattr(workers, "groups", None) or []:
         roles = [r or "worker" for r in getattr(group, "roles", {})]
+        nodes = getattr(group, "nodes", None) or []
         for rank, pid in enumerate(getattr(group, "pids", [])):
-            rows.append({"group": getattr(group, "name_prefix", "?"), "roles": roles, "rank": rank, "pid": pid})
+            row = {"group": getattr(group, "name_prefix", "?"), "roles": roles, "rank": rank, "pid": pid}
+            if rank < len(nodes):
+                row.update(node=nodes[rank].get("node_id"), ip=nodes[rank].get("ip"))
+            rows.append(row)
     return rows

@@ -44,7 +44,8 @@ def supervised_workers(cfg: SFTConfig, role: ClassWithInitArgs, runtime_env: dic
     """One worker per device (or CPU process), each holding the one role `model` (SFT's worker, DPO's...)."""
     t = cfg.trainer
     layout = Layout([GroupPlan(SFT_GROUP, "sft_pool", ["model"], t.n_gpus_per_node, t.nnodes, t.cpus_per_worker)])
-    return build_workers(layout, [{"model": role}], use_gpu(cfg), world_size(cfg), runtime_env)
+    return build_workers(layout, [{"model": role}], use_gpu(cfg), world_size(cfg), runtime_env,
+                         checkpoints=t.default_local_dir)
 
 
 class SFTTrainer(TrainerBase):

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from rlkit.errors import UserError
 from rlkit.runs.publish import begin_run_status
 from rlkit.runs.status import RunStatus
 from rlkit.trainer.run.hang_watch import OFF as HANG_WATCH_OFF
@@ -116,7 +117,11 @@ class TrainerBase:
                     if death is None or not self._may_restart(death, died_at):
                         raise
                     died_at = self.global_step
-                    self._restart(start, summary)
+                    try:
+                        self._restart(start, summary)
+                    except UserError as no_room:  # e.g. a lost node: the placement no longer fits the cluster
+                        log.error("not restarting: %s", no_room)
+                        raise exc from None  # the death, reported with the resume line
             self.status.end(None)
         except BaseException as exc:
             self._raise_if_hung(exc)

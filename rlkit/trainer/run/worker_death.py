@@ -10,10 +10,12 @@ OOM killer leave no line in the worker: Ray then says the process ended without 
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+NODE_GRACE_S = 30.0  # Ray's health checks mark a lost node dead within ~15-30 s (period 3 s x 5 misses + timeout)
 PING_S = 2.0  # a dead worker's ping fails at once; a live one answers, or is busy (alive) and is not waited for
 LOG_LINES = 5
 EXIT_TYPE = re.compile(r"Worker exit type: (\S+)")
@@ -29,10 +31,12 @@ class WorkerDeath:
     pid: int | None
     cause: str
     last_lines: list[str] = field(default_factory=list)
+    node: str = ""  # "IP (node id)" on a cluster of several nodes
 
     def line(self, step: int) -> str:
-        """One line for the console: who died during which step, why, what it said last."""
-        who = f"worker {self.group}:{self.rank} ({', '.join(self.roles)}; pid {self.pid})"
+        """One line for the console: who died during which step, on which node, why, what it said last."""
+        where = f"; node {self.node}" if self.node else ""
+        who = f"worker {self.group}:{self.rank} ({', '.join(self.roles)}; pid {self.pid}{where})"
         tail = f"; its last log lines: {' | '.join(self.last_lines)}" if self.last_lines else ""
         return f"{who} died during step {step}: {self.cause}{tail}"
 
@@ -53,10 +57,40 @@ def find_death(workers: Any, exc: BaseException) -> WorkerDeath | None:
         except ray.exceptions.RayActorError as dead:
             group, rank = pings[ref]
             pid = group.pids[rank] if rank < len(group.pids) else None
-            lines = log_tail(pid)
-            return WorkerDeath(group.name_prefix, rank, [r or "worker" for r in group.roles], pid,
-                               cause(str(dead), lines), lines[-LOG_LINES:])
+            node = (getattr(group, "nodes", None) or [{}] * (rank + 1))[rank] if rank < len(group.pids) else {}
+            lost = node_lost(node.get("node_id"))
+            lines = [] if lost else log_tail(pid)
+            why = lost or cause(str(dead), lines)
+            return WorkerDeath(group.name_prefix, rank, [r or "worker" for r in group.roles], pid, why,
+                               lines[-LOG_LINES:], _node_name(node) if len(_nodes()) > 1 else "")
     return None
+
+
+def _nodes() -> list[dict[str, Any]]:
+    import ray
+
+    return ray.nodes()
+
+
+def _node_name(node: dict[str, str]) -> str:
+    return f"{node.get('ip', '?')} ({str(node.get('node_id', ''))[:8]})" if node else ""
+
+
+def node_lost(node_id: str | None, wait_s: float = NODE_GRACE_S) -> str:
+    """'its node ... left the cluster' when Ray marks the worker's node dead (its raylet killed, the machine lost),
+    else ''. On a cluster of several nodes Ray notices a lost node only at its health checks, seconds after the
+    worker's calls fail: waited for up to `wait_s`."""
+    if not node_id:
+        return ""
+    deadline = time.monotonic() + (wait_s if len(_nodes()) > 1 else 0.0)
+    while True:
+        node = next((n for n in _nodes() if n["NodeID"] == node_id), None)
+        if node is not None and not node.get("Alive"):
+            return (f"its node {node.get('NodeManagerAddress', '?')} ({node_id[:8]}) left the cluster (the node's "
+                    "raylet stopped: the machine, its network or `ray stop` there)")
+        if time.monotonic() >= deadline:
+            return ""
+        time.sleep(1.0)
 
 
 def cause(ray_message: str, lines: list[str]) -> str:

@@ -117,9 +117,11 @@ def profile_plan(cfg: RLConfig) -> ProfilePlan | None:
 
 
 def build_workers(layout: Layout, specs: Sequence[dict[str, ClassWithInitArgs]], gpu: bool, world: int,
-                  runtime_env: dict | None = None, env: dict[str, str] | None = None) -> WorkerHandles:
-    """Spawn the layout's groups (`specs`: each group's roles with their constructor arguments), load every model
-    in the layout's order (its `background` roles while the others load) and return the handles."""
+                  runtime_env: dict | None = None, env: dict[str, str] | None = None,
+                  checkpoints: str | None = None) -> WorkerHandles:
+    """Spawn the layout's groups (`specs`: each group's roles with their constructor arguments), check that every
+    node they landed on shares the `checkpoints` folder, load every model in the layout's order (its `background`
+    roles while the others load) and return the handles."""
     if not gpu:
         _check_cpus(layout)
     groups: list[RayWorkerGroup] = []
@@ -134,6 +136,8 @@ def build_workers(layout: Layout, specs: Sequence[dict[str, ClassWithInitArgs]],
             group.shutdown()
             group.pool.release()
         raise
+    if checkpoints:
+        _check_shared(groups, checkpoints)
     views = {role: group.role(role) for plan, group in zip(layout.groups, groups) for role in plan.roles}
     views.update({role: views[to] for role, to in layout.aliases.items()})
     handles = WorkerHandles(groups, views, world)
@@ -149,6 +153,21 @@ def build_workers(layout: Layout, specs: Sequence[dict[str, ClassWithInitArgs]],
     return handles
 
 
+def _check_shared(groups: list[RayWorkerGroup], folder: str) -> None:
+    """Every node writes and reads a probe file in the checkpoint folder (a no-op on one node): a checkpoint written
+    by each rank must be readable by every rank on resume, so a folder local to each machine fails now, not then."""
+    from rlkit.controller.worker_group import shared_folder_problems
+
+    problems = shared_folder_problems(groups, folder)
+    if problems:
+        for group in groups:
+            group.shutdown()
+            group.pool.release()
+        raise UserError("pre-flight check failed: trainer.default_local_dir is not one folder every node shares:\n"
+                        + "\n".join(problems) + "\nset trainer.default_local_dir to a path every node mounts (NFS, "
+                        "a cluster file system)")
+
+
 def rl_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env: dict | None = None,
                plan: RunPlan | None = None) -> WorkerHandles:
     """The RL run's groups (its plan's layout; computed when None) with the weight route to the engines."""
@@ -162,7 +181,7 @@ def rl_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env: di
     profiling = profile_plan(cfg)
     specs = role_specs(cfg, layout, model_path, total_steps, plan)
     handles = build_workers(layout, specs, use_gpu(cfg), plan.world_size, runtime_env,
-                            profiling.to_env() if profiling is not None else {})
+                            profiling.to_env() if profiling is not None else {}, cfg.trainer.default_local_dir)
     actor, rollout = handles.actor, handles.rollout
     handles.weights = ObjectStoreRoute(actor, rollout) if layout.separate_rollout else InProcessRoute(rollout)
     return handles
