@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rlkit.controller.cluster import Target
@@ -53,9 +55,24 @@ def check_head(address: str, source: str, timeout: float = 5.0) -> None:
     from ray.exceptions import AuthenticationError
 
     try:
-        GcsClient(address=address)
+        with _no_native_stderr():  # Ray's C++ client logs each refusal itself; our line says it once
+            GcsClient(address=address)
     except AuthenticationError:
         raise UserError(f"the Ray head at {address} rejected the token from {source}; {ray_token.FIX}") from None
+
+
+@contextmanager
+def _no_native_stderr() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for a moment (C++ writes there directly, past sys.stderr)."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def join_auth(target: Target) -> str | None:
