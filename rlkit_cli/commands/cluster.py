@@ -97,10 +97,13 @@ def up(
             f"\n                   rlkit cluster join {info.address} --token-file FILE"
             f"\n  new token:       delete the file; the next `rlkit cluster up --listen-all{where}` makes one"
         )
+    vscode = f"Ray Distributed Debugger view -> Add Cluster -> {_host_port(info.dashboard_url)}"
+    if info.token_file:  # the dashboard answers 401 to a request without the token
+        vscode = "the Ray Distributed Debugger extension sends no token: use the terminal (docs/multinode.md)"
     console.print(
         "\n[bold]Next:[/bold]\n"
         "  train on it:     rlkit train grpo ...   (joins this cluster; add --debug to debug workers)\n"
-        f"  VS Code:         Ray Distributed Debugger view -> Add Cluster -> {_host_port(info.dashboard_url)}\n"
+        f"  VS Code:         {vscode}\n"
         "  terminal:        rlkit debug list   /   rlkit debug attach\n"
         f"  own Ray scripts: {_script_env(info)} python my.py   (my.py: ray.init(address=\"{info.address}\")){join}\n"
         "  stop it:         rlkit cluster down",
