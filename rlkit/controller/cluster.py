@@ -1,7 +1,7 @@
 """Start, find, join and stop the local Ray head that `rlkit cluster` manages.
 
 A long-lived head (instead of the throwaway cluster `ray.init()` starts) is what the VS Code
-extension points at: its dashboard address stays the same between runs. Two kinds of record:
+extension points at: its dashboard address stays the same between runs. Three kinds of record:
 
 - `cluster.json`: the head `rlkit cluster up` started. `rlkit train`/`rlkit eval` join it when
   it is up, `rlkit cluster down` stops it; nothing else writes this file.
