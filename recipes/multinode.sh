@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Multi-node launch. Hardware: 2+ nodes with the same Python env and a shared filesystem for checkpoints.
-#   head node:    rlkit cluster up --node-ip 10.0.0.1 --num-gpus 8   (on the network, auth off: a trusted one)
-#   each worker:  RAY_AUTH_MODE=disabled ray start --address 10.0.0.1:6379
+#   head node:    rlkit cluster up --node-ip 10.0.0.1 --num-gpus 8   (on the network, Ray's token auth on;
+#                 it prints the token file, 0600: copy it to each worker; docs/multinode.md)
+#   each worker:  rlkit cluster join 10.0.0.1:6379 --token-file ~/head_token --num-gpus 8
 #   head node:    bash recipes/multinode.sh 10.0.0.1:6379
 # Expected: `rlkit cluster status` shows every node; ranks are placed node by node in a stable order.
 set -euo pipefail

@@ -1,12 +1,17 @@
 """Start, find, join and stop the local Ray head that `rlkit cluster` manages.
 
 A long-lived head (instead of the throwaway cluster `ray.init()` starts) is what the VS Code
-extension points at: its dashboard address stays the same between runs. Two kinds of record:
+extension points at: its dashboard address stays the same between runs. Three kinds of record:
 
 - `cluster.json`: the head `rlkit cluster up` started. `rlkit train`/`rlkit eval` join it when
   it is up, `rlkit cluster down` stops it; nothing else writes this file.
 - `cluster.runs/<pid>.json`: the private Ray a `--debug` run started for itself (no cluster up, or
   `--address local`), so `rlkit debug list` finds its dashboard. Gone when the run ends.
+- `cluster.join.json`: the worker node `rlkit cluster join` started here (rlkit.controller.cluster_join).
+
+A cluster on the network runs with Ray's token auth (the token file, `cluster_token` beside the
+records, is made 0600 on first use: rlkit.utils.ray_token); a loopback one keeps it off, because the
+VS Code extension sends no token and only this machine can connect.
 
 We stop only *our* processes (see rlkit.controller.processes), never `ray stop`.
 """
@@ -26,18 +31,24 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlkit.controller.processes import cluster_processes, free_port, pid_alive, port_in_use, stop_processes
 from rlkit.debug.listeners import LOOPBACK_ENV, LOOPBACK_IP, SINGLE_NODE_ENV, Listener, is_loopback, listeners
 from rlkit.errors import UserError
+from rlkit.utils import ray_token
+
+if TYPE_CHECKING:
+    from rlkit.debug.state import Dashboard
 
 STATE_ENV = "RLKIT_CLUSTER_STATE"
 DEFAULT_PORT = 6379
 DEFAULT_DASHBOARD_PORT = 8265
 UP = "rlkit cluster up"
 PRIVATE = "local"  # `--address local`: a private Ray for this run (Ray's own name for it)
-# The VS Code extension sends no token, so token auth (on by default for new clusters in Ray 2.60) must be off.
-AUTH_ENV = {"RAY_AUTH_MODE": "disabled"}
+# A loopback cluster: the VS Code extension sends no token, so token auth (on by default for new clusters in
+# Ray 2.60) is off. A cluster on the network uses ray_token.token_env(its token file) instead.
+AUTH_ENV = {ray_token.MODE_ENV: "disabled"}
 
 
 @dataclass
@@ -53,6 +64,7 @@ class ClusterInfo:
     driver_pid: int = 0  # a run's private cluster: it lives as long as that process
     loopback: bool = True  # every service on 127.0.0.1 (single node); False: on the network
     own_temp_dir: bool = False  # `rlkit cluster down` removes the temp dir (we made it)
+    token_file: str = ""  # token auth on (the cluster is on the network): the file with its token; "": auth off
 
     @property
     def gcs_port(self) -> int | None:
@@ -69,13 +81,18 @@ def state_path() -> Path:
     return cache / "rlkit" / "cluster.json"
 
 
+def default_token_file() -> Path:
+    """Where `rlkit cluster up --listen-all` keeps the token it made (beside the records; not Ray's ~/.ray)."""
+    return state_path().with_name("cluster_token")
+
+
 def runs_dir() -> Path:
     """Records of private clusters, one per run, next to the `cluster up` record."""
     path = state_path()
     return path.with_name(f"{path.stem}.runs")
 
 
-def _read(path: Path) -> ClusterInfo | None:
+def read_record(path: Path) -> ClusterInfo | None:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -89,7 +106,7 @@ def _read(path: Path) -> ClusterInfo | None:
         raise UserError(f"{path}: unreadable cluster state ({exc}); delete the file and retry") from None
 
 
-def _write(path: Path, info: ClusterInfo) -> None:
+def write_record(path: Path, info: ClusterInfo) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(asdict(info), indent=2))
@@ -97,11 +114,11 @@ def _write(path: Path, info: ClusterInfo) -> None:
 
 
 def load_state() -> ClusterInfo | None:
-    return _read(state_path())
+    return read_record(state_path())
 
 
 def save_state(info: ClusterInfo) -> None:
-    _write(state_path(), info)
+    write_record(state_path(), info)
 
 
 def clear_state() -> None:
@@ -117,7 +134,7 @@ def record_driver_cluster(dashboard_url: str | None, address: str, temp_dir: str
     info = ClusterInfo(address=address, dashboard_url=url, temp_dir=temp_dir, started_by="rlkit train",
                        driver_pid=os.getpid(), node_ip=address.rsplit(":", 1)[0])  # fmt: skip
     info.loopback = is_loopback(info.node_ip) if info.node_ip else True
-    _write(path, info)
+    write_record(path, info)
     atexit.register(path.unlink, missing_ok=True)
     return path
 
@@ -127,7 +144,7 @@ def running_runs() -> list[ClusterInfo]:
     found = []
     for path in sorted(runs_dir().glob("*.json")):
         try:
-            info = _read(path)
+            info = read_record(path)
         except UserError:
             info = None
         if info is not None and info.driver_pid and pid_alive(info.driver_pid):
@@ -139,9 +156,12 @@ def running_runs() -> list[ClusterInfo]:
 
 # -- probes ------------------------------------------------------------------------------------
 def dashboard_alive(url: str, timeout: float = 2.0) -> bool:
+    """The dashboard answers; under token auth it answers 401 without the token (it is up: it checked)."""
     try:
         with urllib.request.urlopen(f"{url.rstrip('/')}/api/version", timeout=timeout) as resp:
             return resp.status == 200
+    except urllib.error.HTTPError as exc:
+        return exc.code in (401, 403)
     except (urllib.error.URLError, OSError, ValueError):
         return False
 
@@ -214,15 +234,20 @@ def start_cluster(
     timeout: float = 90.0,
     node_ip: str | None = None,
     listen_all: bool = False,
+    token_file: str | None = None,
 ) -> ClusterInfo:
-    """`ray start --head` with the dashboard, token auth off, all side ports picked free.
+    """`ray start --head` with the dashboard, all side ports picked free.
 
-    Default: one node, every service on 127.0.0.1 (rlkit.debug.listeners). `node_ip` (or
-    `listen_all`: Ray's own pick of the node IP) puts Ray on the network so other nodes can join.
+    Default: one node, every service on 127.0.0.1 (rlkit.debug.listeners), token auth off. `node_ip`
+    (or `listen_all`: Ray's own pick of the node IP) puts Ray on the network so other nodes can join,
+    with token auth on: the token in `token_file` (default_token_file()), made 0600 if missing.
     """
     if node_ip and listen_all:
         raise UserError("pass either --node-ip or --listen-all, not both")
     loopback = not listen_all and (not node_ip or is_loopback(node_ip))
+    if loopback and token_file:
+        raise UserError("--token-file is for a cluster on the network (add --listen-all or --node-ip IP);"
+                        " a loopback cluster runs without token auth")  # fmt: skip
     existing = running_cluster()
     if existing is not None:
         raise UserError(
@@ -240,33 +265,41 @@ def start_cluster(
         sys.executable, "-m", "ray.scripts.scripts", "start", "--head",
         f"--port={port}", "--include-dashboard=true",
         f"--dashboard-host={dashboard_host}", f"--dashboard-port={dashboard_port}",
-        f"--temp-dir={temp_dir}", "--disable-usage-stats",
-        # Side ports default to fixed numbers that clash with other clusters on a shared machine.
-        f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-        f"--runtime-env-agent-port={free_port()}", f"--ray-client-server-port={free_port()}",
-        f"--metrics-export-port={free_port()}", f"--node-manager-port={free_port()}",
-        f"--object-manager-port={free_port()}",
+        f"--temp-dir={temp_dir}", "--disable-usage-stats", f"--ray-client-server-port={free_port()}",
+        *side_port_args(),
     ]  # fmt: skip
     env = {**os.environ, **AUTH_ENV}
     if loopback:
         cmd.append(f"--node-ip-address={LOOPBACK_IP}")
         env.update(LOOPBACK_ENV)
     else:
+        token_file = str(Path(token_file or default_token_file()).expanduser().absolute())
+        ray_token.create_or_read(token_file)
+        env = ray_token.with_token(env, token_file)
         cmd += [f"--node-ip-address={node_ip}"] if node_ip else []
         env.pop(SINGLE_NODE_ENV, None)
     cmd += [f"--num-cpus={num_cpus:g}"] if num_cpus is not None else []
     cmd += [f"--num-gpus={num_gpus:g}"] if num_gpus is not None else []
-    _run_ray_start(cmd, env, timeout, temp_dir, port)
+    run_ray_start(cmd, env, timeout, temp_dir, port)
     host = LOOPBACK_IP if dashboard_host in (LOOPBACK_IP, "localhost", "0.0.0.0", "") else dashboard_host
     url = f"http://{host}:{dashboard_port}"
     _wait_dashboard(url, timeout, temp_dir, port)
-    ip = _head_ip(url)
+    ip = _head_ip(url, token_file)
     info = ClusterInfo(
         address=f"{ip}:{port}", dashboard_url=url, temp_dir=temp_dir, node_ip=ip, num_cpus=num_cpus,
         num_gpus=num_gpus, loopback=loopback, own_temp_dir=own_temp_dir or temp_dir == default_temp_dir(port),
+        token_file=token_file or "",
     )  # fmt: skip
     save_state(info)
     return info
+
+
+def side_port_args() -> list[str]:
+    """Ray's side ports, picked free: their defaults are fixed numbers that clash with other clusters on a
+    shared machine (the head's and a joined node's alike)."""
+    return [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
+            f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"]  # fmt: skip
 
 
 def _holder(port: int) -> str:
@@ -276,7 +309,8 @@ def _holder(port: int) -> str:
     return "another Ray cluster?"
 
 
-def _run_ray_start(cmd: list[str], env: dict, timeout: float, temp_dir: str, port: int) -> None:
+def run_ray_start(cmd: list[str], env: dict, timeout: float, temp_dir: str, port: int | None) -> None:
+    """Run `ray start`; on a failure stop what it left and raise the tail of its output."""
     logs = f"{temp_dir}/session_latest/logs"
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -300,11 +334,12 @@ def _wait_dashboard(url: str, timeout: float, temp_dir: str, port: int) -> None:
     raise UserError(f"the Ray head started but its dashboard at {url} never answered; see {logs}")
 
 
-def _head_ip(url: str) -> str:
+def _head_ip(url: str, token_file: str | None = None) -> str:
     from rlkit.debug.state import Dashboard  # local import: state imports nothing from here
 
     try:
-        for node in Dashboard(url).list("nodes"):
+        token = ray_token.read_token(token_file) if token_file else None
+        for node in Dashboard(url, token=token).list("nodes"):
             if node.get("is_head_node"):
                 return str(node.get("node_ip"))
     except UserError:
@@ -331,6 +366,22 @@ def stop_cluster(timeout: float = 5.0) -> Stopped | None:
         shutil.rmtree(info.temp_dir, ignore_errors=True)
     clear_state()
     return Stopped(info, count)
+
+
+def open_dashboard(explicit: str | None = None, token_file: str | None = None) -> Dashboard:
+    """resolve_dashboard's dashboard with the token it needs: `token_file` (--token-file), else the `cluster up`
+    record's when it is that cluster, else $RAY_AUTH_TOKEN; none for a loopback cluster (auth off)."""
+    from rlkit.debug.state import Dashboard  # local import: state imports nothing from here
+
+    url = resolve_dashboard(explicit)
+    if not token_file:
+        info = load_state()
+        if info is not None and info.dashboard_url == url:
+            token_file = info.token_file
+    if token_file:
+        return Dashboard(url, token=ray_token.read_token(token_file), token_source=token_file)
+    value = os.environ.get(ray_token.VALUE_ENV)
+    return Dashboard(url, token=value or None, token_source=f"${ray_token.VALUE_ENV}" if value else "")
 
 
 def resolve_dashboard(explicit: str | None = None) -> str:

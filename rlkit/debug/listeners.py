@@ -9,8 +9,9 @@ and a paused worker's debugpy listen on loopback, and no other node can join (`r
 --address` refuses). Measured here: with it, all listening sockets of `ray start --head` are on
 127.0.0.1; without it, GCS, raylet and agent ports are on `*` and the client server on the node IP.
 
-Token auth is off on rlkit clusters (the VS Code extension sends none), so whoever reaches a
-port can run code: loopback is the default, the network an explicit choice.
+Token auth is off on loopback clusters (the VS Code extension sends none), so whoever reaches a
+port can run code: loopback is the default, the network an explicit choice (with Ray's token auth
+on: rlkit.utils.ray_token).
 """
 
 from __future__ import annotations

@@ -25,19 +25,25 @@ _NAME_RANK_RE = re.compile(r":(\d+)$")  # worker-group actors are named "<group>
 
 
 class Dashboard:
-    """A thin client for the dashboard endpoints we need (no token: clusters run with RAY_AUTH_MODE=disabled)."""
+    """A thin client for the dashboard endpoints we need. A loopback cluster needs no token (auth off); one on the
+    network (token auth) needs its token in every request (`token`; `token_source` names where it came from)."""
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, token: str | None = None, token_source: str = "") -> None:
         self.url = (url if "://" in url else f"http://{url}").rstrip("/")
         self.timeout = timeout
+        self.token = token
+        self.token_source = token_source
 
     def get(self, path: str, params: list[tuple[str, Any]] | None = None) -> Any:
         query = urllib.parse.urlencode(params or [])
         url = f"{self.url}{path}" + (f"?{query}" if query else "")
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=self.timeout) as resp:
                 payload = json.loads(resp.read().decode("utf-8"))
         except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                raise UserError(self._refused(exc.code)) from None
             detail = exc.read().decode("utf-8", "replace")[:300]
             raise UserError(f"the Ray dashboard at {self.url} answered {exc.code} to {path}: {detail}") from None
         except (urllib.error.URLError, OSError) as exc:
@@ -48,6 +54,13 @@ class Dashboard:
         if isinstance(payload, dict) and payload.get("result") is False:
             raise UserError(f"the Ray dashboard refused {path}: {payload.get('msg')}")
         return payload.get("data", payload) if isinstance(payload, dict) else payload
+
+    def _refused(self, code: int) -> str:
+        fix = ("pass --token-file FILE (a copy of the head's token file, printed by `rlkit cluster up`)"
+               " or set RAY_AUTH_TOKEN_PATH")  # fmt: skip
+        if code == 401 or not self.token:
+            return f"the Ray dashboard at {self.url} needs the cluster's token (token auth is on); {fix}"
+        return f"the Ray dashboard at {self.url} rejected the token from {self.token_source or 'the caller'}; {fix}"
 
     def list(self, resource: str, filters: list[Filter] | None = None, detail: bool = True) -> list[dict]:
         """State API list (`/api/v0/<resource>`); filters are (key, "=" or "!=", value)."""

@@ -12,13 +12,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rlkit.controller.cluster import resolve_dashboard
-from rlkit.debug.state import Dashboard, PausedWorker, paused_workers, peek_where, pick_worker
+from rlkit.controller.cluster import open_dashboard
+from rlkit.debug.state import PausedWorker, paused_workers, peek_where, pick_worker
 from rlkit.errors import UserError
 from rlkit_cli.errors import friendly_errors
 
 console = Console()
 DASH_HELP = "Dashboard URL (default: the cluster `rlkit cluster up` started)."
+TOKEN_HELP = ("The cluster's token file, for a head with token auth (default: the one of `rlkit cluster up`'s"
+              " cluster; through an SSH tunnel, a copy of the head's).")  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:
@@ -34,8 +36,8 @@ def register(app: typer.Typer) -> None:
     app.add_typer(group, name="debug")
 
 
-def find_paused(dashboard: str | None, where: bool = True) -> list[PausedWorker]:
-    workers = paused_workers(Dashboard(resolve_dashboard(dashboard)))
+def find_paused(dashboard: str | None, where: bool = True, token_file: str | None = None) -> list[PausedWorker]:
+    workers = paused_workers(open_dashboard(dashboard, token_file))
     if where:
         for w in workers:
             w.where = peek_where(w)
@@ -66,12 +68,19 @@ def list_workers(
     dashboard: str = typer.Option(None, "--dashboard", help=DASH_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
     where: bool = typer.Option(True, "--where/--no-where", help="Show where local workers stopped (py-spy)."),
+    token_file: str = typer.Option(
+        None, "--token-file", envvar="RAY_AUTH_TOKEN_PATH", show_envvar=True, help=TOKEN_HELP
+    ),
 ) -> None:
     """Workers paused in the debugger: role/actor, rank, task, where it stopped, node, pid, debug port.
 
-    Example: [bold]rlkit debug list[/bold]
+    Example: [bold]rlkit debug list[/bold]   or, a remote head through `ssh -L 8265:127.0.0.1:8265 head`:
+    [bold]rlkit debug list --dashboard 127.0.0.1:8265 --token-file ~/head_token[/bold]
+
+    Exit status: 0 listed (none paused is not an error), 1 no dashboard or it refused the token (one line),
+    2 bad usage.
     """
-    workers = find_paused(dashboard, where=where)
+    workers = find_paused(dashboard, where=where, token_file=token_file)
     if as_json:
         typer.echo(json.dumps([asdict(w) for w in workers], indent=2))
         return
@@ -97,10 +106,17 @@ def attach(
     port: int = typer.Option(None, "--port", help="debugpy port (with --host)."),
     dashboard: str = typer.Option(None, "--dashboard", help=DASH_HELP),
     wait: float = typer.Option(0.0, "--wait", help="Seconds to wait for a worker to pause before giving up."),
+    token_file: str = typer.Option(
+        None, "--token-file", envvar="RAY_AUTH_TOKEN_PATH", show_envvar=True, help=TOKEN_HELP
+    ),
 ) -> None:
     """Attach a terminal debugger (DAP) to a paused worker: stack, locals, p EXPR, n/s/finish, c, q to detach.
 
-    Example: [bold]rlkit debug attach 0 --local-folder .[/bold]
+    Example: [bold]rlkit debug attach 0 --local-folder .[/bold]   or, a remote worker's debugpy forwarded with
+    `ssh -L 5678:NODE_IP:PORT head` (NODE_IP, PORT from `rlkit debug list`):
+    [bold]rlkit debug attach --host 127.0.0.1 --port 5678[/bold]
+
+    Exit status: 0 detached, 1 no paused worker or the attach failed (one line), 2 bad usage.
     """
     from rlkit.debug.dap import DapError
     from rlkit.debug.repl import Repl
@@ -109,7 +125,7 @@ def attach(
     if (host is None) != (port is None):
         raise UserError("--host and --port go together (or leave both out to pick a paused worker)")
     if host is None:
-        target = _wait_for_worker(dashboard, worker, wait)
+        target = _wait_for_worker(dashboard, worker, wait, token_file)
         host, port = target.ip, target.port
         console.print(f"attaching to {target.role} (pid {target.pid}) at {host}:{port} ...")
     folder = os.path.abspath(local_folder or os.getcwd())
@@ -144,10 +160,12 @@ def stacks(
     typer.echo(render(run_id, procs))
 
 
-def _wait_for_worker(dashboard: str | None, selector: str | None, wait: float) -> PausedWorker:
+def _wait_for_worker(
+    dashboard: str | None, selector: str | None, wait: float, token_file: str | None = None
+) -> PausedWorker:
     deadline = time.monotonic() + wait
     while True:
-        workers = find_paused(dashboard, where=False)
+        workers = find_paused(dashboard, where=False, token_file=token_file)
         if workers or time.monotonic() >= deadline:
             return pick_worker(workers, selector)
         time.sleep(0.5)

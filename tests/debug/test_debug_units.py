@@ -449,6 +449,12 @@ def test_cluster_up_reports_sockets_beyond_loopback(tmp_path):
         lines = out.get().splitlines()
         assert lines[0].startswith("warning: multi-node mode: Ray listens on the network (node IP 10.0.0.5) and token")
         assert "auth is off" in lines[0] and f"*:{port}" in out.get()
+        secured = cl.ClusterInfo(**{**multi.__dict__, "token_file": "/x/cluster_token"})
+        with cmd.console.capture() as out:
+            cmd._print_exposure(secured)
+        first = flat(out.get().splitlines()[0])
+        assert first.startswith("multi-node mode: Ray listens on the network (node IP 10.0.0.5) with token auth on")
+        assert "warning" not in first and f"*:{port}" in out.get()
     finally:
         proc.kill()
         proc.wait()

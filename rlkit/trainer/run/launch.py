@@ -45,6 +45,7 @@ def init_ray(cfg: Any, opts: LaunchOptions, console: Console) -> Any:
     import ray
 
     from rlkit.controller.cluster import PRIVATE, choose_cluster, record_driver_cluster
+    from rlkit.controller.cluster_auth import join_auth
     from rlkit.debug import (
         debug_banner,
         debug_runtime_env,
@@ -87,7 +88,7 @@ def init_ray(cfg: Any, opts: LaunchOptions, console: Console) -> Any:
     if ignored:
         console.print(ignored, markup=False, highlight=False, soft_wrap=True)
     if target.joined is not None:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # how `rlkit cluster up` started it
+        join_auth(target)  # its token when it is on the network (checked: one line if refused), else auth off
         console.print(f"joining the cluster from `rlkit cluster up` at {target.address} (dashboard "
                       f"{target.joined.dashboard_url}); `--address local` runs on a private one",
                       markup=False, highlight=False, soft_wrap=True)  # fmt: skip
