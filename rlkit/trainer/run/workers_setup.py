@@ -17,7 +17,7 @@ from typing import Any
 from rlkit.config.schema import RLConfig
 from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, WorkerGroupView
 from rlkit.errors import UserError
-from rlkit.rollout.lifecycle import InProcessRoute, ObjectStoreRoute, WeightRoute
+from rlkit.rollout.lifecycle import BroadcastRoute, InProcessRoute, ObjectStoreRoute, WeightRoute
 from rlkit.trainer.run.run_plan import Layout, RunPlan
 from rlkit.utils.memory_peak import phase_metrics
 from rlkit.utils.profiling import ProfilePlan
@@ -127,8 +127,9 @@ def build_workers(layout: Layout, specs: Sequence[dict[str, ClassWithInitArgs]],
     groups: list[RayWorkerGroup] = []
     try:
         for plan, roles in zip(layout.groups, specs):
+            taken = {node["node_id"] for group in groups for node in group.nodes} if plan.own_nodes else set()
             pool = ResourcePool([plan.per_node] * plan.nnodes, use_gpu=gpu, cpus_per_process=plan.cpus_per_process,
-                                name=plan.pool)
+                                name=plan.pool, avoid_nodes=taken)
             groups.append(RayWorkerGroup(pool, roles, name_prefix=plan.name, runtime_env=runtime_env,
                                          env={**plan.env, **(env or {})}))
     except BaseException:
@@ -168,6 +169,16 @@ def _check_shared(groups: list[RayWorkerGroup], folder: str) -> None:
                         "a cluster file system)")
 
 
+def weight_route(cfg: RLConfig, layout: Layout, actor: WorkerGroupView, rollout: WorkerGroupView) -> WeightRoute:
+    """Colocated: in memory; separate engines: `rollout.weight_transfer` (a broadcast, or Ray's object store)."""
+    if not layout.separate_rollout:
+        return InProcessRoute(rollout)
+    r = cfg.actor_rollout_ref.rollout
+    routes = {"broadcast": lambda: BroadcastRoute(actor, rollout, r.update_weights_bucket_megabytes),
+              "object_store": lambda: ObjectStoreRoute(actor, rollout)}
+    return routes[r.weight_transfer]()
+
+
 def rl_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env: dict | None = None,
                plan: RunPlan | None = None) -> WorkerHandles:
     """The RL run's groups (its plan's layout; computed when None) with the weight route to the engines."""
@@ -183,5 +194,5 @@ def rl_workers(cfg: RLConfig, model_path: str, total_steps: int, runtime_env: di
     handles = build_workers(layout, specs, use_gpu(cfg), plan.world_size, runtime_env,
                             profiling.to_env() if profiling is not None else {}, cfg.trainer.default_local_dir)
     actor, rollout = handles.actor, handles.rollout
-    handles.weights = ObjectStoreRoute(actor, rollout) if layout.separate_rollout else InProcessRoute(rollout)
+    handles.weights = weight_route(cfg, layout, actor, rollout)
     return handles

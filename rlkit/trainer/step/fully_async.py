@@ -50,7 +50,7 @@ class FullyAsyncRollout(RolloutSource):
         super().__init__(ctx)
         self.clock = VersionClock()
         route = ctx.workers.weights
-        ctx.workers.weights = VersionedRoute(route.actor, route.rollout, self.clock)
+        ctx.workers.weights = VersionedRoute(route, self.clock)
         self.stop_ids, self.pad_id = special_token_ids(ctx.model_path, ctx.tokenizer)
         self.pump: RolloutPump | None = None
 

@@ -279,7 +279,8 @@ class RLTrainer(TrainerBase):
     def memory_metrics(self) -> dict[str, float]:
         """Each worker call's peak memory since the last pop (`memory/<method>/rss_peak_gb`, and the CUDA
         allocator's on GPU), max over workers; groups still generating (async modes) are left for later."""
-        return self.workers.memory_peaks(skip=self.source.busy_groups())
+        route_busy = getattr(self.workers.weights, "busy_groups", tuple)()  # a broadcast waiting for the engines
+        return self.workers.memory_peaks(skip=(*self.source.busy_groups(), *route_busy))
 
     # ---------------------------------------------------------- checkpoints
     def save_state(self, folder: Path) -> None:

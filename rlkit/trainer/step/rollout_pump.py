@@ -29,7 +29,7 @@ from typing import Any
 import ray
 
 from rlkit.protocol import Batch
-from rlkit.rollout.lifecycle import ObjectStoreRoute, call_seed
+from rlkit.rollout.lifecycle import QueuedRoute, call_seed
 from rlkit.trainer.step.partial_rollout import PartialChunk
 from rlkit.trainer.step.sample_buffer import Finished, SampleBuffer, StalenessBudget, Taken
 
@@ -46,28 +46,29 @@ class VersionClock:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class VersionedRoute(ObjectStoreRoute):
-    """`ObjectStoreRoute` whose push also advances the clock, atomically with queueing the load."""
+class VersionedRoute:
+    """A separate-engine route whose push also advances the clock, atomically with queueing the load."""
 
-    def __init__(self, actor: Any, rollout: Any, clock: VersionClock) -> None:
-        super().__init__(actor, rollout)
-        self.clock = clock
+    def __init__(self, route: QueuedRoute, clock: VersionClock) -> None:
+        self.route, self.clock = route, clock
+        self.actor, self.rollout = route.actor, route.rollout
 
     def push(self, wait: bool = False) -> list[dict[str, float]]:
-        self.collect()
-        gathered = self.actor.full_state_dict(blocking=False)
-        refs = gathered.refs + gathered.side_refs
-        ray.wait(refs, num_returns=len(refs))
+        self.route.collect()
+        prepared = self.route.prepare()  # the gather, outside the lock: the pump goes on meanwhile
         with self.clock.lock:
-            self.in_flight = self.rollout.receive_weights(gathered.refs[0], blocking=False)
+            self.route.in_flight = self.route.queue(prepared)
             self.clock.value += 1
-        return [self.collect() if wait else {}]
+        return [self.route.collect() if wait else {}]
+
+    def collect(self) -> dict[str, float]:
+        return self.route.collect()
 
     def collect_if_done(self) -> dict[str, float]:
-        """The last load's metrics if it has run ({} while it waits behind queued requests)."""
-        if self.in_flight is None or not self.in_flight.ready():
-            return {}
-        return self.collect()
+        return self.route.collect_if_done()
+
+    def busy_groups(self) -> tuple[Any, ...]:
+        return self.route.busy_groups()
 
 
 @dataclass
