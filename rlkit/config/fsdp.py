@@ -53,11 +53,6 @@ class FSDPConfig:
         "rows; FSDP2 shards over the world / n data-parallel workers (fsdp_size counts those). n divides the "
         "workers and the model's attention and key/value heads; dense families only (rlkit/workers/tp_plans.py)",
     )
-    expert_parallel_size: int = f(
-        1,
-        "expert parallel for MoE models: only 1 today (every worker holds its FSDP shard of every expert; "
-        "issue 46)",
-    )
 
     def __post_init__(self) -> None:
         for key, allowed in (("param_dtype", PARAM_DTYPES), ("reduce_dtype", REDUCE_DTYPES)):
@@ -71,7 +66,3 @@ class FSDPConfig:
         if self.tensor_parallel_size < 1:
             raise UserError(f"fsdp_config.tensor_parallel_size={self.tensor_parallel_size}: use 1 (no tensor "
                             "parallel) or a group size that divides the worker count")
-        if self.expert_parallel_size != 1:
-            raise UserError(f"fsdp_config.expert_parallel_size={self.expert_parallel_size}: expert parallel "
-                            "training is not implemented yet (issue 46); use 1 (each worker holds its FSDP "
-                            "shard of every expert)")

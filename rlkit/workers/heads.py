@@ -9,8 +9,8 @@ under sequence parallelism this rank's slice of it, rlkit/workers/model_inputs.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
 from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol
 
 import torch

@@ -112,9 +112,10 @@ class ModelInputs:
         return self._map(lambda t: t[:, first:])
 
     def gather_rows(self, sp: RowGroup, vision_config: Any = None) -> tuple[ModelInputs, slice]:
-        """The group's (Ulysses or tensor-parallel) micro-batches stacked in rank order, and this rank's rows in them. A vision-language
-        model (`vision_config`: its HF config) also gets the group's images joined in that order, the order of
-        their image tokens in the packed row (a collective: every rank of the group, with images or not)."""
+        """The group's (Ulysses or tensor-parallel) micro-batches stacked in rank order, and this rank's rows in
+        them. A vision-language model (`vision_config`: its HF config) also gets the group's images joined in that
+        order, the order of their image tokens in the packed row (a collective: every rank of the group, with
+        images or not)."""
         names = list(self.extras)
         tensors = [self.input_ids, self.attention_mask, self.position_ids]
         tensors += [self.extras[name].rows_tokens() for name in names]

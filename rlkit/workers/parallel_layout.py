@@ -25,6 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+TRAINED_BYTES_PER_PARAM = 4 + 4 + 8  # fp32 master, its gradient, AdamW's two fp32 moments
+FROZEN_BYTES_PER_PARAM = 4  # a frozen role (the reference) holds fp32 weights
+
 
 @dataclass(frozen=True)
 class ParallelLayout:
@@ -80,6 +83,11 @@ class ParallelLayout:
         """One line: 'replicate 1 x shard 2 x tp 2' (the dimensions of size 1 kept: the layout at a glance)."""
         dims = " x ".join(f"{name} {size}" for name, size in self.mesh_shape.items())
         return dims + (f", Ulysses sp {self.sp}" if self.sp > 1 else "")
+
+    def state_bytes_per_rank(self, params: int, trained: bool) -> float:
+        """Bytes of model state a rank holds: fp32 weights, plus gradients and AdamW's two moments when trained,
+        each split over the shard and tp ranks (copies across `replicate`; activations not counted)."""
+        return params * (TRAINED_BYTES_PER_PARAM if trained else FROZEN_BYTES_PER_PARAM) / (self.shard * self.tp)
 
     def fsdp_mesh(self, device: torch.device) -> Any:
         """FSDP2's mesh: None for one group over the default process group; else (replicate, shard), each

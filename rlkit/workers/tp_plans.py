@@ -80,8 +80,10 @@ def check_heads(config: Any, tp: int) -> None:
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
         if count % tp:
-            raise UserError(f"fsdp_config.tensor_parallel_size={tp} must divide the model's {name}={count} "
-                            "(each rank computes heads/tp of the attention heads)")
+            raise UserError(
+                f"fsdp_config.tensor_parallel_size={tp} must divide the model's {name}={count} "
+                "(each rank computes heads/tp of the attention heads)"
+            )
 
 
 def parallelize(model: torch.nn.Module, tp_mesh: Any) -> TensorParallel:
@@ -92,9 +94,11 @@ def parallelize(model: torch.nn.Module, tp_mesh: Any) -> TensorParallel:
     tp = tp_mesh.size()
     model_type = model.config.model_type
     if model_type not in TP_PLANS:
-        raise UserError(f"fsdp_config.tensor_parallel_size={tp}: no tensor-parallel plan for model_type "
-                        f"'{model_type}' (plans: {', '.join(TP_PLANS)}; MoE families wait for expert parallel, "
-                        "issue 46); use tensor_parallel_size=1")
+        raise UserError(
+            f"fsdp_config.tensor_parallel_size={tp}: no tensor-parallel plan for model_type "
+            f"'{model_type}' (plans: {', '.join(TP_PLANS)}; MoE families wait for expert parallel, "
+            "issue 46); use tensor_parallel_size=1"
+        )
     check_heads(model.config, tp)
     embeddings, head = model.get_input_embeddings(), _head_name(model)
     tied = head is not None and model.get_submodule(head).weight is embeddings.weight

@@ -30,8 +30,16 @@ def _chunks(rows: int, chunk_size: int) -> list[slice]:
 
 class _VocabParallelStats(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor, start: int, group: Any, chunk_size: int,
-                with_entropy: bool, with_sum_pi_squared: bool):
+    def forward(
+        ctx: Any,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        start: int,
+        group: Any,
+        chunk_size: int,
+        with_entropy: bool,
+        with_sum_pi_squared: bool,
+    ):
         rows, width = logits.shape
         chunks = _chunks(rows, chunk_size)
         local = (labels >= start) & (labels < start + width)
@@ -83,10 +91,18 @@ class _VocabParallelStats(torch.autograd.Function):
         return grad, None, None, None, None, None, None
 
 
-def vocab_parallel_stats(logits: torch.Tensor, labels: torch.Tensor, start: int, group: Any, chunk_size: int,
-                         with_entropy: bool, with_sum_pi_squared: bool) -> HeadStats:
+def vocab_parallel_stats(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    start: int,
+    group: Any,
+    chunk_size: int,
+    with_entropy: bool,
+    with_sum_pi_squared: bool,
+) -> HeadStats:
     """(K,) float32 log p(label) and, if asked, entropy and sum_v pi_v^2, from this rank's (K, V/tp) logits
     (vocabulary ids [start, start + V/tp)); every rank of `group` calls it with the same rows and labels."""
-    lp, ent, p2 = _VocabParallelStats.apply(logits, labels.long(), start, group, int(chunk_size or 0),
-                                            bool(with_entropy), bool(with_sum_pi_squared))
+    lp, ent, p2 = _VocabParallelStats.apply(
+        logits, labels.long(), start, group, int(chunk_size or 0), bool(with_entropy), bool(with_sum_pi_squared)
+    )
     return HeadStats(lp, ent if with_entropy else None, p2 if with_sum_pi_squared else None)

@@ -54,8 +54,9 @@ def step(model, batch: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     from rlkit.workers.micro_batch import loss_scales
 
     model.module.zero_grad(set_to_none=True)
-    out = model.forward(batch["input_ids"], batch["attention_mask"], batch["position_ids"], R, temperature=0.7,
-                        with_entropy=True, **kw)
+    out = model.forward(
+        batch["input_ids"], batch["attention_mask"], batch["position_ids"], R, temperature=0.7, with_entropy=True, **kw
+    )
     mask = batch["response_mask"].float()
     scale = loss_scales([batch["response_mask"]], "token-mean")[0]
     loss = scale * (agg_loss(-batch["advantages"] * out.log_probs, mask) - 0.01 * agg_loss(out.entropy, mask))
@@ -65,8 +66,11 @@ def step(model, batch: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 def full_grads(model) -> dict[str, torch.Tensor]:
     """Every parameter's whole gradient (a collective)."""
-    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
-            for n, p in model.module.named_parameters() if p.grad is not None}
+    return {
+        n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+        for n, p in model.module.named_parameters()
+        if p.grad is not None
+    }
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -100,7 +104,7 @@ def check_layout(path: str, batch: dict, tp: int, fsdp_size: int, found: dict, t
         found[f"{tag}/values"] = float((v1 - v2)[valid].abs().max()) if valid.any() else 0.0
     # two optimizer steps: grad norms and the weights the engine receives
     for model in (base, split):
-        model.setup_optimizer(OptimConfig(lr=1e-3, weight_decay=0.0), total_steps=2)
+        model.setup_optimizer(OptimConfig(lr=1e-4, weight_decay=0.0), total_steps=2)
     norms = []
     for _ in range(2):
         step(base, batch), step(split, batch)
@@ -131,8 +135,10 @@ def models(tmp_path_factory) -> dict[str, str]:
     from rlkit.testing import save_tiny_model
 
     root = tmp_path_factory.mktemp("tp-models")
-    return {kind: str(save_tiny_model(root / kind, heads=4, tie_embeddings=tied))
-            for kind, tied in (("untied", False), ("tied", True))}
+    return {
+        kind: str(save_tiny_model(root / kind, heads=4, tie_embeddings=tied))
+        for kind, tied in (("untied", False), ("tied", True))
+    }
 
 
 def test_tp2_matches_tp1_on_two_gloo_workers(models, tmp_path):
@@ -143,3 +149,71 @@ def test_tp2_matches_tp1_on_two_gloo_workers(models, tmp_path):
 def test_dp2_x_tp2_and_tp4_on_four_gloo_workers(models, tmp_path):
     layouts = [(2, -1), (2, 1), (4, -1)]
     run_on_gloo_workers(_worker, dict(world=4, models=models, layouts=layouts), tmp_path, world=4, timeout_s=900)
+
+
+def test_config_sizes_verl_keys_and_the_dry_run_mesh(toy_data, tmp_path):
+    """`fsdp_config.tensor_parallel_size` and verl's `megatron.tensor_model_parallel_size` reach the layout; sizes
+    that do not divide, TP beside Ulysses, LoRA and pipeline parallel are refused with one line naming the key; the
+    dry run shows each role's mesh and weight memory per rank."""
+    import io
+
+    from rich.console import Console
+
+    from rlkit.errors import UserError
+    from rlkit.testing import save_tiny_model
+    from rlkit.trainer.run.launch import resource_plan
+    from rlkit.trainer.run.run_config import load_config
+    from tests.trainer.conftest import toy_overrides
+
+    model = save_tiny_model(tmp_path / "tiny", heads=4)
+    base = toy_overrides(toy_data, str(model), tmp_path, trainer__n_gpus_per_node=4)
+    actor, ref = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
+    cfg = load_config("grpo", [*base, f"{actor}.fsdp_config.tensor_parallel_size=2", f"{actor}.use_kl_loss=true"])
+    assert cfg.actor_rollout_ref.ref.fsdp_config.tensor_parallel_size == 2  # the reference follows the actor
+    console = Console(width=240, record=True, file=io.StringIO())
+    console.print(resource_plan(cfg))
+    plan = console.export_text()
+    assert "actor mesh" in plan and "replicate 1 x shard 2 x tp 2 (4 workers), ~0.3 MiB/rank" in plan, plan
+    assert "ref mesh" in plan, plan
+    verl = load_config(
+        "grpo",
+        [
+            *base,
+            f"{actor}.strategy=megatron",
+            f"+{actor}.megatron.tensor_model_parallel_size=4",
+            f"+{actor}.megatron.pipeline_model_parallel_size=1",
+        ],
+    )
+    assert verl.actor_rollout_ref.actor.fsdp_config.tensor_parallel_size == 4
+    for override, message in [
+        (f"{actor}.fsdp_config.tensor_parallel_size=3", "tensor_parallel_size=3 must divide the 4 workers"),
+        (f"{ref}.fsdp_config.tensor_parallel_size=3", "tensor_parallel_size=3 must divide the 4 workers"),
+        (f"{actor}.fsdp_config.tensor_parallel_size=0", "tensor_parallel_size=0: use 1"),
+        (f"{actor}.ulysses_sequence_parallel_size=2", "both would split the same attention heads"),
+        ("actor_rollout_ref.model.lora_rank=4", "LoRA on a tensor-parallel model is not implemented yet"),
+        (f"+{actor}.megatron.pipeline_model_parallel_size=2", "pipeline parallel is not in rlkit"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            load_config("grpo", [*base, f"{actor}.fsdp_config.tensor_parallel_size=2", override])
+
+
+def test_layout_and_plan_refusals():
+    from rlkit.errors import UserError
+    from rlkit.workers.parallel_layout import ParallelLayout
+    from rlkit.workers.tp_plans import TP_PLANS, check_heads
+
+    layout = ParallelLayout.of(-1, world=8, tp=2)
+    assert (layout.replicate, layout.shard, layout.tp, layout.data_parallel) == (1, 4, 2, 4)
+    assert ParallelLayout.of(2, world=8, tp=2).mesh_shape == {"replicate": 2, "shard": 2, "tp": 2}
+    with pytest.raises(ValueError, match="tensor_parallel_size=3 does not divide the 8 workers"):
+        ParallelLayout.of(-1, world=8, tp=3)
+    with pytest.raises(ValueError, match="fsdp_size=3 must be -1 or divide the 4 data-parallel workers"):
+        ParallelLayout(8, 3, tp=2).check()
+    with pytest.raises(ValueError, match="would split the same attention heads"):
+        ParallelLayout.of(-1, sp=2, world=8, tp=2)
+    for family in ("llama", "qwen2", "qwen3", "mistral", "qwen2_5_vl"):
+        assert family in TP_PLANS
+    from transformers import LlamaConfig
+
+    with pytest.raises(UserError, match="tensor_parallel_size=4 must divide the model's num_key_value_heads=2"):
+        check_heads(LlamaConfig(num_attention_heads=8, num_key_value_heads=2), 4)
