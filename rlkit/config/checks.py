@@ -123,9 +123,6 @@ def check_fsdp_size(cfg: RLConfig) -> None:
     if rm.enable and rm.model.fsdp_config.tensor_parallel_size > 1:
         raise UserError("reward_model.model.fsdp_config.tensor_parallel_size > 1: the classifier reward model calls "
                         "its model on each worker's own rows, which a TP group does not share; use 1")
-    if arr.actor.fsdp_config.tensor_parallel_size > 1 and (arr.model.lora_rank > 0 or arr.model.lora_adapter_path):
-        raise UserError("actor_rollout_ref.model.lora_rank with actor.fsdp_config.tensor_parallel_size > 1: LoRA on "
-                        "a tensor-parallel model is not implemented yet (issue 46); use tensor_parallel_size=1")
 
 
 def _largest_divisor_at_most(total: int, cap: int) -> int:

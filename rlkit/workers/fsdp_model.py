@@ -126,9 +126,6 @@ class FSDPModel:
         config = apply_config_overrides(  # verl's model.override_config, before the weights load
             AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code), config_overrides)
         use_lora = lora is not None and lora_enabled(lora) and not value_head
-        if use_lora and self.layout.tp > 1:
-            raise ValueError("LoRA (actor_rollout_ref.model.lora_rank) with fsdp_config.tensor_parallel_size > 1 is "
-                             "not implemented yet (issue 46): use tensor_parallel_size=1")
         # rank 0 reads, the others build on meta (model_load.py); a TP plan splits weights every rank has read
         rank0 = rank0_load_wanted(device, self.layout.world) and self.layout.tp == 1
         # 1. load: a frozen LoRA base needs no float32 master copy: store it in the compute dtype

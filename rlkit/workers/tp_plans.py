@@ -73,6 +73,42 @@ def decoder_plan(model: torch.nn.Module) -> dict[str, Any]:
     return plan
 
 
+def with_adapters(model: torch.nn.Module, plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan for a model whose projections carry LoRA adapters (peft's layers: `base_layer`, `lora_A.<name>`,
+    `lora_B.<name>`), each adapter sharded with its base: a column-parallel base's B is column-parallel (A, whole,
+    reads the replicated input), a row-parallel base's A is row-parallel (B, whole, reads the all-reduced rank-r
+    activation), so `base(x) + B(A(x))` adds two tensors laid out alike. Without adapters: the plan as it is."""
+    import re
+
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    modules = dict(model.named_modules())
+    if not any(hasattr(m, "base_layer") for m in modules.values()):
+        return plan
+    out: dict[str, Any] = {}
+    for pattern, style in plan.items():
+        regex = re.compile(r"\.".join("[^.]+" if seg == "*" else re.escape(seg) for seg in pattern.split(".")))
+        for name in (n for n in modules if regex.fullmatch(n)):
+            module = modules[name]
+            if not hasattr(module, "base_layer"):
+                out[name] = style
+                continue
+            if type(style) not in (ColwiseParallel, RowwiseParallel) or not isinstance(
+                module.base_layer, torch.nn.Linear
+            ):
+                raise UserError(
+                    f"LoRA with tensor parallel: the adapter on {name} (a {type(module.base_layer).__name__}"
+                    ") cannot be split with its base; leave it out of target_modules"
+                )
+            out[f"{name}.base_layer"] = style
+            for adapter in module.lora_A:
+                if isinstance(style, ColwiseParallel):
+                    out[f"{name}.lora_B.{adapter}"] = ColwiseParallel()
+                else:
+                    out[f"{name}.lora_A.{adapter}"] = RowwiseParallel()
+    return out
+
+
 def check_heads(config: Any, tp: int) -> None:
     """Each rank attends with `heads / tp` query and key/value heads: both counts must divide by tp."""
     text = config.get_text_config()
@@ -102,7 +138,7 @@ def parallelize(model: torch.nn.Module, tp_mesh: Any) -> TensorParallel:
     check_heads(model.config, tp)
     embeddings, head = model.get_input_embeddings(), _head_name(model)
     tied = head is not None and model.get_submodule(head).weight is embeddings.weight
-    parallelize_module(model, tp_mesh, TP_PLANS.get(model_type)(model))
+    parallelize_module(model, tp_mesh, with_adapters(model, TP_PLANS.get(model_type)(model)))
     vocab = None
     if head is not None:
         head_module = model.get_submodule(head)

@@ -17,16 +17,20 @@ Layouts: world 2: tp 2; world 4 (slow): shard 2 x tp 2, replicate 2 x shard 1 x 
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
 
 from rlkit.algo.loss_agg import agg_loss
-from rlkit.config.schema import FSDPConfig, OptimConfig
+from rlkit.config.schema import FSDPConfig, ModelConfig, OptimConfig
 from tests.gloo_workers import gloo_rank, run_on_gloo_workers
 from tests.workers.test_varlen_attention import handmade_batch
 
 R, ROWS, TOL = 7, 12, 1e-5
+LORA = ModelConfig(lora_rank=4, lora_alpha=8)
 PATHS = {
     "packed-response-logits": dict(),
     "full-logits": dict(response_logits_only=False),
@@ -78,10 +82,26 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def check_layout(path: str, batch: dict, tp: int, fsdp_size: int, found: dict, tag: str) -> None:
+def check_layout(
+    path: str, batch: dict, tp: int, fsdp_size: int, found: dict, tag: str, ckpt: Path, lora: bool = False
+) -> None:
     valid = batch["response_mask"].bool()
     args = [batch[k] for k in ("input_ids", "attention_mask", "position_ids")]
-    base, split = build(path), build(path, tp, fsdp_size)
+    adapter = dict(lora=LORA) if lora else {}
+    base, split = build(path, **adapter), build(path, tp, fsdp_size, **adapter)
+    if lora:  # each adapter split with its base: B of a column-parallel projection, A of a row-parallel one
+        layer = split.module.model.layers[0]
+        for weight, dim in (
+            (layer.self_attn.q_proj.lora_B.default.weight, 0),
+            (layer.mlp.down_proj.lora_A.default.weight, 1),
+        ):
+            assert weight.placements[weight.device_mesh.mesh_dim_names.index("tp")].is_shard(dim), weight.placements
+    for model in (base, split):  # as the actor does: before any forward (FSDP2's root unit is then sharded)
+        model.setup_optimizer(OptimConfig(lr=1e-2 if lora else 1e-4, weight_decay=0.0), total_steps=3)
+    if lora:  # a fresh adapter's B is 0 (no gradient reaches A): one optimizer step first
+        for model in (base, split):
+            step(model, batch)
+            model.clip_and_step(1.0)
     assert split.tp is not None and split.tp.size == tp and split.tp.vocab is not None
     vocab = split.module.config.vocab_size
     assert split.tp.vocab.stop - split.tp.vocab.start == -(-vocab // tp)  # this rank's slice of the LM head only
@@ -99,30 +119,42 @@ def check_layout(path: str, batch: dict, tp: int, fsdp_size: int, found: dict, t
     with torch.no_grad():
         a, b = (m.forward(*args, R, temperature=0.7, with_sum_pi_squared=True).sum_pi_squared for m in (base, split))
         found[f"{tag}/sum_pi_squared"] = float((a - b)[valid].abs().max()) if valid.any() else 0.0
-        critics = [build(path, t, fsdp_size if t > 1 else -1, value_head=True) for t in (1, tp)]
-        v1, v2 = (c.forward(*args, R).values for c in critics)
-        found[f"{tag}/values"] = float((v1 - v2)[valid].abs().max()) if valid.any() else 0.0
+        if not lora:
+            critics = [build(path, t, fsdp_size if t > 1 else -1, value_head=True) for t in (1, tp)]
+            v1, v2 = (c.forward(*args, R).values for c in critics)
+            found[f"{tag}/values"] = float((v1 - v2)[valid].abs().max()) if valid.any() else 0.0
     # two optimizer steps: grad norms and the weights the engine receives
-    for model in (base, split):
-        model.setup_optimizer(OptimConfig(lr=1e-4, weight_decay=0.0), total_steps=2)
     norms = []
     for _ in range(2):
         step(base, batch), step(split, batch)
         norms.append((base.clip_and_step(1.0), split.clip_and_step(1.0)))
     found[f"{tag}/grad_norm_rel"] = max(abs(a - b) / abs(a) for a, b in norms)
     found[f"{tag}/weights"] = max_diff(split.full_state_dict(), base.full_state_dict())
-    assert found[f"{tag}/sum_pi_squared"] <= TOL and found[f"{tag}/values"] <= TOL, found
+    # DCP checkpoints are layout-free: a tp save loads into tp=1 and a tp=1 save into tp, model and optimizer
+    for saved, layout in ((split, (1, -1)), (base, (tp, fsdp_size))):
+        folder = ckpt / re.sub(r"[^a-z0-9]+", "_", f"{tag}_{layout}")
+        saved.save(folder)
+        loaded = build(path, *layout, **adapter)
+        loaded.setup_optimizer(OptimConfig(lr=1e-4, weight_decay=0.0), total_steps=2)
+        loaded.load(folder)
+        found[f"{tag}/checkpoint to tp={layout[0]}"] = max_diff(loaded.full_state_dict(), saved.full_state_dict())
+        assert found[f"{tag}/checkpoint to tp={layout[0]}"] == 0.0, found
+    assert found[f"{tag}/sum_pi_squared"] <= TOL and found.get(f"{tag}/values", 0.0) <= TOL, found
     assert found[f"{tag}/grad_norm_rel"] <= 1e-5 and found[f"{tag}/weights"] <= TOL, found
 
 
 def _worker(rank: int, store_path: str, payload: dict, results) -> None:
-    world = payload["world"]
+    world, ckpt = payload["world"], Path(payload["ckpt"])
     with gloo_rank(rank, store_path, results, world=world):
         batch = rows_of(rank, world)
         found: dict = {}
         for kind, path in payload["models"].items():
             for tp, fsdp_size in payload["layouts"]:
-                check_layout(path, batch, tp, fsdp_size, found, f"{kind}/tp={tp},fsdp_size={fsdp_size}")
+                check_layout(path, batch, tp, fsdp_size, found, f"{kind}/tp={tp},fsdp_size={fsdp_size}", ckpt)
+            tp, fsdp_size = payload["layouts"][0]
+            check_layout(
+                path, batch, tp, fsdp_size, found, f"{kind}/lora/tp={tp},fsdp_size={fsdp_size}", ckpt, lora=True
+            )
         gathered = [None] * world
         dist.all_gather_object(gathered, found)
         if rank == 0:
@@ -142,13 +174,25 @@ def models(tmp_path_factory) -> dict[str, str]:
 
 
 def test_tp2_matches_tp1_on_two_gloo_workers(models, tmp_path):
-    run_on_gloo_workers(_worker, dict(world=2, models=models, layouts=[(2, -1)]), tmp_path, world=2, timeout_s=600)
+    run_on_gloo_workers(
+        _worker,
+        dict(world=2, models=models, layouts=[(2, -1)], ckpt=str(tmp_path / "ckpt")),
+        tmp_path,
+        world=2,
+        timeout_s=600,
+    )
 
 
 @pytest.mark.slow
 def test_dp2_x_tp2_and_tp4_on_four_gloo_workers(models, tmp_path):
     layouts = [(2, -1), (2, 1), (4, -1)]
-    run_on_gloo_workers(_worker, dict(world=4, models=models, layouts=layouts), tmp_path, world=4, timeout_s=900)
+    run_on_gloo_workers(
+        _worker,
+        dict(world=4, models=models, layouts=layouts, ckpt=str(tmp_path / "ckpt")),
+        tmp_path,
+        world=4,
+        timeout_s=900,
+    )
 
 
 def test_config_sizes_verl_keys_and_the_dry_run_mesh(toy_data, tmp_path):
@@ -190,7 +234,6 @@ def test_config_sizes_verl_keys_and_the_dry_run_mesh(toy_data, tmp_path):
         (f"{ref}.fsdp_config.tensor_parallel_size=3", "tensor_parallel_size=3 must divide the 4 workers"),
         (f"{actor}.fsdp_config.tensor_parallel_size=0", "tensor_parallel_size=0: use 1"),
         (f"{actor}.ulysses_sequence_parallel_size=2", "both would split the same attention heads"),
-        ("actor_rollout_ref.model.lora_rank=4", "LoRA on a tensor-parallel model is not implemented yet"),
         (f"+{actor}.megatron.pipeline_model_parallel_size=2", "pipeline parallel is not in rlkit"),
     ]:
         with pytest.raises(UserError, match=message):
