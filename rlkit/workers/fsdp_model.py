@@ -90,7 +90,8 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 class FSDPModel:
     """A causal LM (or a value model) wrapped with FSDP2, built in four steps — load, adapt, place, head — the
     placing by the role's `ParallelLayout` (rlkit/workers/parallel_layout.py: FSDP2 over the default process
-    group or a hybrid-sharding mesh with `fsdp_config.fsdp_size`, Ulysses groups)."""
+    group or a hybrid-sharding mesh with `fsdp_config.fsdp_size`, Ulysses groups, a tensor-parallel plan with
+    `fsdp_config.tensor_parallel_size`)."""
 
     def __init__(
         self,
