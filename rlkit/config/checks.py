@@ -94,23 +94,38 @@ def check_sequence_parallel(cfg: RLConfig) -> None:
 
 
 def check_fsdp_size(cfg: RLConfig) -> None:
-    """verl's hybrid sharding: a role's FSDP groups are `fsdp_size` consecutive workers of its worker group, so the
-    size must divide that group (the trainer's workers; a pooled reward model's own). Roles that are off: unchecked."""
+    """verl's hybrid sharding and rlkit's tensor parallel: a role's TP groups are `tensor_parallel_size` consecutive
+    workers of its worker group (the trainer's workers; a pooled reward model's own) and its FSDP groups
+    `fsdp_size` of the data-parallel workers left (workers / tp), so each size must divide what it splits.
+    Roles that are off: unchecked."""
     ws = world_size(cfg)
     rm = cfg.reward_model
     rm_ws = rm.nnodes * rm.n_gpus_per_node if rm.enable_resource_pool else ws
-    sizes = {
-        "actor_rollout_ref.actor.fsdp_config": (cfg.actor_rollout_ref.actor.fsdp_config.fsdp_size, ws),
-        "actor_rollout_ref.ref.fsdp_config": (cfg.actor_rollout_ref.ref.fsdp_config.fsdp_size, ws),
+    arr = cfg.actor_rollout_ref
+    sizes = {  # key -> (fsdp section, workers, Ulysses size)
+        "actor_rollout_ref.actor.fsdp_config": (arr.actor.fsdp_config, ws, arr.actor.ulysses_sequence_parallel_size),
+        "actor_rollout_ref.ref.fsdp_config": (arr.ref.fsdp_config, ws, arr.ref.ulysses_sequence_parallel_size),
     }
     if cfg.critic.enable:
-        sizes["critic.fsdp_config"] = (cfg.critic.fsdp_config.fsdp_size, ws)
+        sizes["critic.fsdp_config"] = (cfg.critic.fsdp_config, ws, cfg.critic.ulysses_sequence_parallel_size)
     if rm.enable:
-        sizes["reward_model.model.fsdp_config"] = (rm.model.fsdp_config.fsdp_size, rm_ws)
-    for key, (size, workers) in sizes.items():
-        if 0 < size < workers and workers % size:  # -1 or >= the workers: one group (verl's reading)
-            raise UserError(f"{key}.fsdp_size={size} must divide the {workers} workers of the role; set -1 (one "
-                            f"FSDP group over all of them) or a divisor of {workers}")
+        sizes["reward_model.model.fsdp_config"] = (rm.model.fsdp_config, rm_ws, 1)
+    for key, (fsdp, workers, sp) in sizes.items():
+        tp, size = fsdp.tensor_parallel_size, fsdp.fsdp_size
+        if workers % tp:
+            raise UserError(f"{key}.tensor_parallel_size={tp} must divide the {workers} workers of the role; set "
+                            f"1 or a divisor of {workers}")
+        dp = workers // tp
+        if 0 < size < dp and dp % size:  # -1 or >= the workers: one group (verl's reading)
+            of = f" ({workers} workers / tensor_parallel_size={tp})" if tp > 1 else " of the role"
+            raise UserError(f"{key}.fsdp_size={size} must divide the {dp} workers{of}; set -1 (one "
+                            f"FSDP group over all of them) or a divisor of {dp}")
+        if tp > 1 and sp > 1:
+            raise UserError(f"{key}.tensor_parallel_size={tp} with the role's ulysses_sequence_parallel_size={sp}: "
+                            "both would split the same attention heads; use one of them")
+    if rm.enable and rm.model.fsdp_config.tensor_parallel_size > 1:
+        raise UserError("reward_model.model.fsdp_config.tensor_parallel_size > 1: the classifier reward model calls "
+                        "its model on each worker's own rows, which a TP group does not share; use 1")
 
 
 def _largest_divisor_at_most(total: int, cap: int) -> int:

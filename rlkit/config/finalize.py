@@ -57,6 +57,9 @@ def derive(cfg: RLConfig) -> None:
         actor.clip_ratio_low = actor.clip_ratio
     if actor.clip_ratio_high is None:
         actor.clip_ratio_high = actor.clip_ratio
+    ref = cfg.actor_rollout_ref.ref
+    if ref.fsdp_config.tensor_parallel_size == 1:  # the reference (and the teachers, as it) follow the actor's TP
+        ref.fsdp_config.tensor_parallel_size = actor.fsdp_config.tensor_parallel_size
     critic = cfg.critic
     if critic.ppo_mini_batch_size is None:
         critic.ppo_mini_batch_size = actor.ppo_mini_batch_size

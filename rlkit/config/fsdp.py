@@ -46,6 +46,13 @@ class FSDPConfig:
         "workers per FSDP group: -1 (or n >= the workers) = one group over every worker; n = hybrid sharding "
         "(HSDP): shard within groups of n consecutive workers, replicate over the world / n groups (n divides them)",
     )
+    tensor_parallel_size: int = f(
+        1,
+        "tensor parallel (DTensor): groups of n consecutive workers split every decoder layer's projections, the "
+        "embedding and the LM head (vocabulary-parallel log-probs) by the model family's plan, and share their "
+        "rows; FSDP2 shards over the world / n data-parallel workers (fsdp_size counts those). n divides the "
+        "workers and the model's attention and key/value heads; dense families only (rlkit/workers/tp_plans.py)",
+    )
 
     def __post_init__(self) -> None:
         for key, allowed in (("param_dtype", PARAM_DTYPES), ("reduce_dtype", REDUCE_DTYPES)):
@@ -56,3 +63,6 @@ class FSDPConfig:
         if self.fsdp_size == 0 or self.fsdp_size < -1:
             raise UserError(f"fsdp_config.fsdp_size={self.fsdp_size}: use -1 (one FSDP group over every worker) "
                             "or a group size >= 1 that divides the worker count")
+        if self.tensor_parallel_size < 1:
+            raise UserError(f"fsdp_config.tensor_parallel_size={self.tensor_parallel_size}: use 1 (no tensor "
+                            "parallel) or a group size that divides the worker count")

@@ -48,7 +48,8 @@ def strategy(value: Any, key: str) -> tuple[dict, str]:
         return {}, FSDP_VARIANTS[name]
     if name == "megatron":
         return {}, ("FSDP2: rlkit trains with FSDP2; megatron.* sizes map as their own lines say "
-                    "(tensor/pipeline/expert parallel -> FSDP2 sharding, context parallel -> Ulysses SP)")
+                    "(tensor parallel -> fsdp_config.tensor_parallel_size, context parallel -> Ulysses SP; "
+                    "expert parallel -> FSDP2 sharding; pipeline parallel only at 1)")
     raise UserError(f"config key '{key}={value}' is not supported by rlkit: rlkit trains with FSDP2 "
                     f"({', '.join(sorted(FSDP_VARIANTS))} and megatron are accepted and run as FSDP2)")
 
@@ -201,10 +202,17 @@ def fsdp_rules(prefix: str, role: str) -> list[VerlKey]:
 def megatron_rules(prefix: str, role: str, model_prefix: str) -> list[VerlKey]:
     """verl's Megatron engine keys of one role (`prefix`: actor.megatron, ...) on rlkit's FSDP2."""
     return [
-        mapped(f"{prefix}.{{tensor_model_parallel_size,pipeline_model_parallel_size,"
-               "virtual_pipeline_model_parallel_size,expert_model_parallel_size,expert_tensor_parallel_size}",
-               "FSDP2 sharding: every parameter is sharded over all data-parallel workers instead of "
-               "tensor/pipeline/expert splits"),
+        alias(f"{prefix}.tensor_model_parallel_size", f"{role}.fsdp_config.tensor_parallel_size",
+              why=f"= {role}.fsdp_config.tensor_parallel_size (DTensor tensor parallel: groups of that many "
+                  "workers split the projections, embedding and LM head; FSDP2 shards over the rest)"),
+        refused(f"{prefix}.{{pipeline_model_parallel_size,virtual_pipeline_model_parallel_size}}",
+                "pipeline parallel is not in rlkit: its FSDP2 workers each run every layer (the RL step's many short "
+                "forwards of different lengths would leave a pipeline mostly idle); for memory use "
+                "tensor_model_parallel_size and FSDP2 sharding, and set pipeline_model_parallel_size=1",
+                inert=only(1)),
+        mapped(f"{prefix}.{{expert_model_parallel_size,expert_tensor_parallel_size}}",
+               "FSDP2 sharding: every expert is sharded over the data-parallel workers instead of an expert-parallel "
+               "split (the same numbers; expert parallel is issue 46's next part)"),
         alias(f"{prefix}.context_parallel_size", f"{role}.ulysses_sequence_parallel_size",
               why=f"= {role}.ulysses_sequence_parallel_size (sequence parallelism over the same number of workers)"),
         alias(f"{prefix}.{{param_offload,optimizer_offload}}", f"{role}.fsdp_config.{{1}}"),
@@ -218,11 +226,14 @@ def megatron_rules(prefix: str, role: str, model_prefix: str) -> list[VerlKey]:
         mapped(f"{prefix}.{{grad_offload,seed,use_mbridge,vanilla_mbridge,use_dist_checkpointing,"
                "dist_checkpointing_path,dist_checkpointing_prefix,dist_ckpt_optim_fully_reshardable,"
                "distrib_optim_fully_reshardable_mem_efficient,use_distributed_optimizer,use_megatron_fsdp,"
-               "sequence_parallel,pad_bshd_to_minibatch_max,max_seqlen_per_dp_cp_rank,dynamic_context_parallel,"
+               "pad_bshd_to_minibatch_max,max_seqlen_per_dp_cp_rank,dynamic_context_parallel,"
                "forward_only,override_ddp_config,override_mcore_model_config,pad_to_length,pad_to_length_bucket,"
                "use_remove_padding,entropy_from_logits_with_chunking,entropy_from_logits_chunk_size}",
                "a Megatron engine setting with no counterpart in FSDP2: rlkit loads and saves HF weights directly, "
                "shards optimizer state with the parameters and packs sequences as model.use_remove_padding says"),
+        mapped(f"{prefix}.sequence_parallel", "nothing to set: under tensor parallel rlkit keeps the norms' "
+               "activations whole on every worker of a TP group (the same numbers; Megatron's sequence parallel "
+               "only splits them to save activation memory)"),
         refused(f"{prefix}.qat.**", "quantisation-aware training is not in rlkit; remove qat.*", switch="enable"),
         mapped(f"{prefix}.router_replay.mode", REPLAY_OFF, derive=router_replay(f"{ACTOR}.router_replay")),
         refused(f"{prefix}.router_replay.{{record_file,replay_file}}", "rlkit replays routes in memory from the "

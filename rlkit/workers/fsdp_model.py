@@ -39,7 +39,7 @@ from rlkit.models.vision import (
 from rlkit.utils.cpu_precision import auto_cpu_dtype
 from rlkit.utils.lr_schedule import lr_lambda
 from rlkit.utils.optimizer import build_optimizer
-from rlkit.workers import layer_compile, ulysses
+from rlkit.workers import layer_compile, tp_plans, ulysses
 from rlkit.workers.compute_copy import ComputeCopy
 from rlkit.workers.heads import ForwardOut, Head, HeadCall, make_head
 from rlkit.workers.hf_export import export_hf, export_lora  # noqa: F401  (re-exported: callers import them here)
@@ -49,6 +49,8 @@ from rlkit.workers.model_load import Rank0Weights, load_model, on_meta, rank0_lo
 from rlkit.workers.packing import pack_mask, trim_left_padding  # noqa: F401  (trim_left_padding: re-exported)
 from rlkit.workers.parallel_layout import ParallelLayout
 from rlkit.workers.shape_buckets import token_bucket
+from rlkit.workers.tensor_parallel import TensorParallel
+from rlkit.workers.tensor_parallel import clip_grad_norm as tp_clip_grad_norm
 from rlkit.workers.varlen_attention import enable as enable_varlen
 from rlkit.workers.varlen_attention import packed_kwargs
 
@@ -88,7 +90,8 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 class FSDPModel:
     """A causal LM (or a value model) wrapped with FSDP2, built in four steps — load, adapt, place, head — the
     placing by the role's `ParallelLayout` (rlkit/workers/parallel_layout.py: FSDP2 over the default process
-    group or a hybrid-sharding mesh with `fsdp_config.fsdp_size`, Ulysses groups)."""
+    group or a hybrid-sharding mesh with `fsdp_config.fsdp_size`, Ulysses groups, a tensor-parallel plan with
+    `fsdp_config.tensor_parallel_size`)."""
 
     def __init__(
         self,
@@ -120,11 +123,12 @@ class FSDPModel:
         self.value_head = value_head
         self.param_dtype = resolve_dtype(fsdp.param_dtype, device)
         self.token_bucket = token_bucket(device, self.param_dtype)  # few matmul shapes (rlkit/workers/shape_buckets.py)
-        self.layout = ParallelLayout.of(fsdp.fsdp_size, ulysses_sequence_parallel_size)
+        self.layout = ParallelLayout.of(fsdp.fsdp_size, ulysses_sequence_parallel_size, tp=fsdp.tensor_parallel_size)
         config = apply_config_overrides(  # verl's model.override_config, before the weights load
             AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code), config_overrides)
         use_lora = lora is not None and lora_enabled(lora) and not value_head
-        rank0 = rank0_load_wanted(device, self.layout.world)  # rank 0 reads, the others build on meta (model_load.py)
+        # rank 0 reads, the others build on meta (model_load.py); a TP plan splits weights every rank has read
+        rank0 = rank0_load_wanted(device, self.layout.world) and self.layout.tp == 1
         # 1. load: a frozen LoRA base needs no float32 master copy: store it in the compute dtype
         model = load_model(model_path, config, auto_class, value_head, rank0, attn_implementation=attn_implementation,
                            dtype=self.param_dtype if use_lora else torch.float32, trust_remote_code=trust_remote_code)
@@ -142,7 +146,7 @@ class FSDPModel:
         # 4. head: the router taps of an MoE, the log-prob or value head on top (in `forward`)
         self.router_tap = RouterTap.attach(model)  # MoE: router hooks (aux loss, load metrics, replay); None if dense
         logits_to_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
-        self.head = make_head(value_head, fused_lm_head, logits_to_keep)
+        self.head = make_head(value_head, fused_lm_head, logits_to_keep, self.tp.vocab if self.tp else None)
         # model inputs that are not the model's keywords, by name -> who takes them (MoE: the replayed routes)
         self._input_consumers = self.router_tap.inputs() if self.router_tap is not None else {}
         self.optimizer: torch.optim.Optimizer | None = None
@@ -168,9 +172,11 @@ class FSDPModel:
 
     def _place(self, model: torch.nn.Module, fsdp: FSDPConfig, gradient_checkpointing: bool,
                from_rank0: Rank0Weights | None) -> None:
-        """FSDP2 on the layout's mesh (each decoder layer a unit), with mixed precision and offload; one worker
-        keeps the plain module; then the weights onto the device (rank 0's, broadcast, for a rank-0 load)."""
+        """The tensor-parallel plan on the layout's `tp` dimension (rlkit/workers/tp_plans.py), then FSDP2 on its
+        data-parallel dimensions (each decoder layer a unit), with mixed precision and offload; one worker keeps the
+        plain module; then the weights onto the device (rank 0's, broadcast, for a rank-0 load)."""
         offload = CPUOffloadPolicy() if (fsdp.param_offload and self.device.type == "cuda") else None
+        self.tp: TensorParallel | None = None  # the TP group (its rows, the LM head's vocabulary slice)
         self.params_offloaded = offload is not None  # FSDP2 keeps them (and grads) on the host, steps them there
         # one worker: FSDP2 would only add copies and hooks. In bf16 a compute copy casts once per optimizer step
         # (rlkit/workers/compute_copy.py); gradient checkpointing recomputes outside `computing()`, so FSDP2 there
@@ -183,7 +189,9 @@ class FSDPModel:
                 "mp_policy": MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])}
             if offload is not None:
                 shard_kwargs["offload_policy"] = offload
-            mesh = self.layout.fsdp_mesh(self.device)
+            mesh, tp_mesh = self.layout.meshes(self.device)
+            if tp_mesh is not None:
+                self.tp = tp_plans.parallelize(model, tp_mesh)
             if mesh is not None:
                 shard_kwargs["mesh"] = mesh
             for layer in _decoder_layers(model):
@@ -226,7 +234,10 @@ class FSDPModel:
     def clip_and_step(self, max_norm: float) -> float:
         """Clip the global grad norm, step if finite; returns the norm (nan/inf = step skipped)."""
         assert self.optimizer is not None
-        norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_norm)
+        if self.tp is not None:  # parameters on two meshes (TP-split and not): one norm per mesh, combined
+            norm = tp_clip_grad_norm(self.trainable_parameters(), max_norm)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         norm_f = float(norm)
@@ -291,12 +302,21 @@ class FSDPModel:
         head = self.head if fused_lm_head is None else self.head.with_fused(fused_lm_head)
         call = HeadCall(response_length, temperature, with_entropy, chunk_size, response_logits_only,
                         with_sum_pi_squared, self.token_bucket)
+        vision = self.config if is_vision_model(self.config) else None
         if self.sp is not None:  # the group's micro-batches together, packed and split along the sequence
-            inputs, own = inputs.gather_rows(self.sp, self.config if is_vision_model(self.config) else None)
+            inputs, own = inputs.gather_rows(self.sp, vision)
             return self._packed_forward(inputs, head, call).rows(own)
+        if self.tp is not None:  # the group's micro-batches together through the split weights; each keeps its own
+            inputs, own = inputs.gather_rows(self.tp, vision)
+            out = self._rows_forward(inputs, head, call, remove_padding)
+            return out.map(lambda t: self.tp.own_rows(t, own))
+        return self._rows_forward(inputs, head, call, remove_padding)
+
+    def _rows_forward(self, inputs: ModelInputs, head: Head, call: HeadCall, remove_padding: bool) -> ForwardOut:
+        """The rows packed into one, or trimmed of their common left padding."""
         if remove_padding:
             return self._packed_forward(inputs, head, call)
-        rows = inputs.trim_left_padding(response_length, self.token_bucket)
+        rows = inputs.trim_left_padding(call.response_length, self.token_bucket)
         kwargs = self._model_kwargs(
             rows.extras, input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=rows.position_ids,
             **rows.images,

@@ -9,6 +9,7 @@ under sequence parallelism this rank's slice of it, rlkit/workers/model_inputs.p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol
 
@@ -18,6 +19,7 @@ from rlkit.workers.log_prob_head import FusionGate, head_log_probs
 from rlkit.workers.model_inputs import ModelInputs, PackedInputs
 from rlkit.workers.packing import response_targets
 from rlkit.workers.shape_buckets import pad_rows
+from rlkit.workers.tensor_parallel import VocabShard
 
 
 @dataclass
@@ -29,7 +31,11 @@ class ForwardOut:
     routed_experts: torch.Tensor | None = None  # (b, S, layers, k) captured routes (workers/route_capture.py)
 
     def rows(self, own: slice) -> ForwardOut:
-        return ForwardOut(**{f.name: None if (t := getattr(self, f.name)) is None else t[own] for f in fields(self)})
+        return self.map(lambda t: t[own])
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ForwardOut:
+        """`fn` on every tensor present."""
+        return ForwardOut(**{f.name: None if (t := getattr(self, f.name)) is None else fn(t) for f in fields(self)})
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class LogProbHead:
     fused: bool
     logits_to_keep: bool  # the model's forward takes `logits_to_keep`
     gate: FusionGate  # shared by `with_fused` copies: the fallback is logged once per model
+    vocab: VocabShard | None = None  # tensor parallel: the LM head's logits are this rank's vocabulary slice
 
     def with_fused(self, fused: bool) -> LogProbHead:
         return self if fused == self.fused else replace(self, fused=fused)
@@ -96,9 +103,12 @@ class LogProbHead:
         keep = call.response_logits_only and self.logits_to_keep
         if self.fused and not keep:
             self.gate.log_unfused("response_logits_only is off or the model takes no logits_to_keep")
-        fused = self.fused and keep and self.gate.can_fuse(module)
+        if self.fused and self.vocab is not None:
+            self.gate.log_unfused("the LM head is vocabulary-parallel (tensor parallel): its sharded logits are "
+                                  "reduced chunk by chunk instead")
+        fused = self.fused and keep and self.vocab is None and self.gate.can_fuse(module)
         return keep, dict(temperature=call.temperature, with_entropy=call.with_entropy, chunk_size=call.chunk_size,
-                          fused=fused, with_sum_pi_squared=call.with_sum_pi_squared)
+                          fused=fused, with_sum_pi_squared=call.with_sum_pi_squared, vocab=self.vocab)
 
     def padded(self, module: torch.nn.Module, kwargs: dict[str, Any], rows: ModelInputs, call: HeadCall) -> ForwardOut:
         keep, options = self._options(module, call)
@@ -146,8 +156,9 @@ def _scatter(resp_need: torch.Tensor, k_lp: torch.Tensor, k_ent: torch.Tensor | 
     return ForwardOut(log_probs=place(k_lp), entropy=place(k_ent), sum_pi_squared=place(k_p2))
 
 
-def make_head(value_head: bool, fused_lm_head: bool, logits_to_keep: bool) -> Head:
-    """The critic's value head, or the policy's log-prob head (`fused_lm_head`: the fused one where it can serve)."""
+def make_head(value_head: bool, fused_lm_head: bool, logits_to_keep: bool, vocab: VocabShard | None = None) -> Head:
+    """The critic's value head, or the policy's log-prob head (`fused_lm_head`: the fused one where it can serve;
+    `vocab`: a vocabulary-parallel LM head's slice)."""
     if value_head:
         return ValueHead()
-    return LogProbHead(fused=fused_lm_head, logits_to_keep=logits_to_keep, gate=FusionGate())
+    return LogProbHead(fused=fused_lm_head, logits_to_keep=logits_to_keep, gate=FusionGate(), vocab=vocab)

@@ -19,6 +19,8 @@ import torch
 
 from rlkit.algo.utils import entropy_from_logits, logprobs_from_logits, sum_pi_squared_from_logits
 from rlkit.workers.fused_lm_head import HeadStats, fused_lm_head_logprob, unfusable_reason
+from rlkit.workers.tensor_parallel import VocabShard
+from rlkit.workers.vocab_parallel import vocab_parallel_stats
 
 log = logging.getLogger("rlkit.workers.fsdp_model")  # the warning tests and users look for lives there
 
@@ -35,8 +37,16 @@ def head_log_probs(
     chunk_size: int,
     fused: bool,
     with_sum_pi_squared: bool = False,
+    vocab: VocabShard | None = None,
 ) -> HeadStats:
-    """(K,) float32 log-probs of `labels` and, if asked, entropies and sum_v pi_v^2."""
+    """(K,) float32 log-probs of `labels` and, if asked, entropies and sum_v pi_v^2. `vocab`: the LM head's
+    logits are this rank's vocabulary slice of a tensor-parallel group's (rlkit/workers/vocab_parallel.py)."""
+    if vocab is not None:
+        logits = rows(module(**model_kwargs).logits)  # (K, V/tp)
+        if temperature != 1.0:
+            logits = logits / temperature
+        return vocab_parallel_stats(logits, labels, vocab.start, vocab.group, chunk_size, with_entropy,
+                                    with_sum_pi_squared)
     if fused:
         return _fused_forward(module, model_kwargs, rows, labels, temperature, with_entropy, chunk_size,
                               with_sum_pi_squared)

@@ -33,6 +33,7 @@ import torch
 from rlkit.models.moe_router import RouterTap
 from rlkit.models.vision import batch_images, join_image_batches, model_config, rope_positions, uses_rope_positions
 from rlkit.workers.packing import PackedRow, left_padding_start
+from rlkit.workers.row_group import RowGroup
 from rlkit.workers.ulysses import SequenceParallel
 
 
@@ -110,10 +111,11 @@ class ModelInputs:
         first = max(0, first - (-(self.attention_mask.shape[1] - first) % bucket))
         return self._map(lambda t: t[:, first:])
 
-    def gather_rows(self, sp: SequenceParallel, vision_config: Any = None) -> tuple[ModelInputs, slice]:
-        """The SP group's micro-batches stacked in rank order, and this rank's rows in them. A vision-language
-        model (`vision_config`: its HF config) also gets the group's images joined in that order, the order of
-        their image tokens in the packed row (a collective: every rank of the group, with images or not)."""
+    def gather_rows(self, sp: RowGroup, vision_config: Any = None) -> tuple[ModelInputs, slice]:
+        """The group's (Ulysses or tensor-parallel) micro-batches stacked in rank order, and this rank's rows in
+        them. A vision-language model (`vision_config`: its HF config) also gets the group's images joined in that
+        order, the order of their image tokens in the packed row (a collective: every rank of the group, with
+        images or not)."""
         names = list(self.extras)
         tensors = [self.input_ids, self.attention_mask, self.position_ids]
         tensors += [self.extras[name].rows_tokens() for name in names]
@@ -121,7 +123,7 @@ class ModelInputs:
         extras = {name: self.extras[name].with_rows_tokens(t) for name, t in zip(names, gathered[3:], strict=True)}
         return ModelInputs(*gathered[:3], extras, self._gather_images(sp, vision_config)), own
 
-    def _gather_images(self, sp: SequenceParallel, vision_config: Any) -> dict[str, torch.Tensor]:
+    def _gather_images(self, sp: RowGroup, vision_config: Any) -> dict[str, torch.Tensor]:
         if vision_config is None:
             if self.images:
                 raise ValueError("images given to a model without a vision tower")

@@ -6,10 +6,15 @@ The dimensions, outermost first:
 - `shard`: the ranks a parameter is sharded over by FSDP2 (`fsdp_size`, the whole world when -1);
 - `sp`: Ulysses sequence parallel, groups of `sp` consecutive ranks that share rows and split each packed row
   along the sequence (rlkit/workers/ulysses.py) — a dimension of the layout, not a special case of the forward;
-- `tp`, `ep`: tensor and expert parallel, 1 until their plans exist (issue 46's room).
+- `tp`: tensor parallel, groups of `tp` consecutive ranks (the mesh's innermost dimension) that share rows and
+  split each weight by a plan of the model's family (rlkit/workers/tp_plans.py); FSDP2 then shards over the
+  data-parallel ranks alone (`shard` x `replicate` = `world // tp`);
+- `ep`: expert parallel, 1 until its plan exists (issue 46's room).
 
-Data-parallel ranks (those that get different rows) are `world // (sp * tp)`. A new dimension is a field here,
-its check in `check`, its groups or mesh dimension, and the plan that places the model along it.
+Data-parallel ranks (those that get different rows) are `world // (sp * tp)`. A Ulysses or tensor-parallel group
+gathers its ranks' rows at each forward (rlkit/workers/row_group.py), so the controller deals rows to every rank
+alike. A new dimension is a field here, its check in `check`, its groups or mesh dimension, and the plan that
+places the model along it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+TRAINED_BYTES_PER_PARAM = 4 + 4 + 8  # fp32 master, its gradient, AdamW's two fp32 moments
+FROZEN_BYTES_PER_PARAM = 4  # a frozen role (the reference) holds fp32 weights
 
 
 @dataclass(frozen=True)
@@ -30,42 +38,75 @@ class ParallelLayout:
     ep: int = 1
 
     @classmethod
-    def of(cls, fsdp_size: int, sp: int = 1, world: int | None = None) -> ParallelLayout:
+    def of(cls, fsdp_size: int, sp: int = 1, world: int | None = None, tp: int = 1) -> ParallelLayout:
         """The layout of this process group (`world`: its size, read when None) for verl's `fsdp_size` (-1 or a
-        size at least the world: one FSDP group) and the Ulysses size."""
+        size at least the data-parallel ranks: one FSDP group over them), the Ulysses and the tensor-parallel size."""
         if world is None:
             world = dist.get_world_size() if dist.is_initialized() else 1
-        shard = world if fsdp_size == -1 or fsdp_size >= world else fsdp_size
-        layout = cls(world, shard, max(sp, 1))
+        tp = max(tp, 1)
+        dp = world // tp if world % tp == 0 else world  # a bad tp is refused by `check` below
+        shard = dp if fsdp_size == -1 or fsdp_size >= dp else fsdp_size
+        layout = cls(world, shard, max(sp, 1), tp)
         layout.check()
         return layout
 
     def check(self) -> None:
         """Every dimension divides the world (the config checks said so by key; this guards direct use)."""
-        if self.shard < 1 or self.world % self.shard:
-            raise ValueError(f"fsdp_config.fsdp_size={self.shard} must be -1 or divide the {self.world} workers")
+        if self.tp < 1 or self.world % self.tp:
+            raise ValueError(f"fsdp_config.tensor_parallel_size={self.tp} does not divide the {self.world} workers")
+        if self.shard < 1 or (self.world // self.tp) % self.shard:
+            raise ValueError(f"fsdp_config.fsdp_size={self.shard} must be -1 or divide the "
+                             f"{self.world // self.tp} data-parallel workers")
         if self.world % self.sp:
             raise ValueError(f"ulysses_sequence_parallel_size={self.sp} does not divide the {self.world} workers")
-        if self.tp != 1 or self.ep != 1:
-            raise ValueError("tensor and expert parallel training are not implemented yet (tp = ep = 1)")
+        if self.sp > 1 and self.tp > 1:
+            raise ValueError("ulysses_sequence_parallel_size > 1 with fsdp_config.tensor_parallel_size > 1: the two "
+                             "would split the same attention heads; use one of them")
+        if self.ep != 1:
+            raise ValueError("expert parallel training is not implemented yet (fsdp_config.expert_parallel_size=1)")
 
     @property
     def replicate(self) -> int:
-        return self.world // self.shard
+        return self.world // (self.shard * self.tp)
 
     @property
     def data_parallel(self) -> int:
         """Ranks that receive different rows."""
         return self.world // (self.sp * self.tp)
 
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        """The device mesh's dimensions, outermost first (what the dry run shows per role)."""
+        return {"replicate": self.replicate, "shard": self.shard, "tp": self.tp}
+
+    def describe(self) -> str:
+        """One line: 'replicate 1 x shard 2 x tp 2' (the dimensions of size 1 kept: the layout at a glance)."""
+        dims = " x ".join(f"{name} {size}" for name, size in self.mesh_shape.items())
+        return dims + (f", Ulysses sp {self.sp}" if self.sp > 1 else "")
+
+    def state_bytes_per_rank(self, params: int, trained: bool) -> float:
+        """Bytes of model state a rank holds: fp32 weights, plus gradients and AdamW's two moments when trained,
+        each split over the shard and tp ranks (copies across `replicate`; activations not counted)."""
+        return params * (TRAINED_BYTES_PER_PARAM if trained else FROZEN_BYTES_PER_PARAM) / (self.shard * self.tp)
+
     def fsdp_mesh(self, device: torch.device) -> Any:
         """FSDP2's mesh: None for one group over the default process group; else (replicate, shard), each
         parameter sharded over `shard` consecutive ranks and replicated over the groups (a collective)."""
-        if self.replicate == 1:
-            return None
+        return self.meshes(device)[0]
+
+    def meshes(self, device: torch.device) -> tuple[Any, Any]:
+        """(FSDP2's mesh, the tensor-parallel mesh), both None for plain FSDP over the default group; otherwise
+        slices of one (replicate, shard, tp) device mesh, tp innermost: a TP group is `tp` consecutive ranks
+        (a collective)."""
+        if self.replicate == 1 and self.tp == 1:
+            return None, None
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(device.type, (self.replicate, self.shard), mesh_dim_names=("replicate", "shard"))
+        if self.tp == 1:
+            return init_device_mesh(device.type, (self.replicate, self.shard),
+                                    mesh_dim_names=("replicate", "shard")), None
+        mesh = init_device_mesh(device.type, tuple(self.mesh_shape.values()), mesh_dim_names=tuple(self.mesh_shape))
+        return (mesh["replicate", "shard"] if self.replicate > 1 else mesh["shard"]), mesh["tp"]
 
     def sequence_parallel(self, config: Any) -> Any:
         """This rank's Ulysses group (None when sp is 1), after checking that `config`'s attention heads split

@@ -33,15 +33,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rlkit.workers.row_group import RowGroup
+
 GROUP_KWARG = "ulysses_group"  # the forward kwarg that carries the group down to the attention function
 _GROUPS: dict[int, Any] = {}
 
 
 @dataclass(frozen=True)
-class SequenceParallel:
-    size: int
-    rank: int  # within the group
-    group: Any
+class SequenceParallel(RowGroup):
+    """A Ulysses group: a `RowGroup` (its ranks gather their rows) that also splits the packed row among them."""
 
     @classmethod
     def create(cls, size: int) -> SequenceParallel | None:
@@ -64,29 +64,6 @@ class SequenceParallel:
         """This rank's [lo, hi) of a packed row of `length` (a multiple of size)."""
         local = length // self.size
         return self.rank * local, (self.rank + 1) * local
-
-    def gather_rows(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], slice]:
-        """The group's micro-batches stacked in rank order (same columns, any row counts) on every rank of the
-        group, and this rank's rows in them."""
-        rows = torch.tensor([tensors[0].shape[0]], device=tensors[0].device)
-        counts = [torch.zeros_like(rows) for _ in range(self.size)]
-        dist.all_gather(counts, rows, group=self.group)
-        counts_i = [int(c) for c in counts]
-        most = max(counts_i)
-        out = []
-        for t in tensors:
-            padded = torch.cat([t, t.new_zeros((most - t.shape[0], *t.shape[1:]))]) if most > t.shape[0] else t
-            parts = [torch.empty_like(padded) for _ in range(self.size)]
-            dist.all_gather(parts, padded.contiguous(), group=self.group)
-            out.append(torch.cat([p[:n] for p, n in zip(parts, counts_i)]))
-        start = sum(counts_i[: self.rank])
-        return out, slice(start, start + counts_i[self.rank])
-
-    def gather_objects(self, obj: Any) -> list[Any]:
-        """Every group rank's `obj` (picklable, e.g. a dict of CPU tensors of any size) in rank order."""
-        out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
 
     def gather(self, local: torch.Tensor) -> torch.Tensor:
         """(T/sp, ...) on each rank -> (T, ...) in rank order; backward sums the group's gradients."""

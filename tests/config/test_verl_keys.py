@@ -107,7 +107,8 @@ def test_mapped_keys_set_rlkit_keys_and_say_so():
     assert actor.fsdp_config.param_dtype == "bfloat16" and cfg.algorithm.rollout_is == "sequence"
     assert cfg.actor_rollout_ref.model.fused_lm_head is True and cfg.actor_rollout_ref.model.use_torch_compile is False
     said = "\n".join(notices)
-    assert "strategy=megatron -> FSDP2" in said and "tensor_model_parallel_size=4 -> FSDP2 sharding" in said
+    assert actor.fsdp_config.tensor_parallel_size == 4  # DTensor tensor parallel under rlkit's key
+    assert "strategy=megatron -> FSDP2" in said and "tensor_model_parallel_size" not in said
     assert "policy_loss" not in said  # implemented under rlkit's name: no line
 
 

@@ -25,6 +25,8 @@ def plan(cfg: RLConfig) -> Table:
     table = Table(title="resource plan", show_header=False)
     table.add_row("workers", f"{t.nnodes} node(s) x {t.n_gpus_per_node} = {run.world_size} (device: {t.device})")
     table.add_row("colocated roles per worker", ", ".join(name.get(r, r) for r in trainer.roles))
+    for role, line in mesh_rows(cfg, trainer.roles, trainer.nnodes * trainer.per_node):
+        table.add_row(f"{role} mesh", line)
     for group in separate:  # one-step-off: the engines in processes of their own
         table.add_row(f"separate {', '.join(name.get(r, r) for r in group.roles)} workers",
                       f"{group.nnodes} node(s) x {group.per_node} = {group.nnodes * group.per_node}, "
@@ -43,6 +45,58 @@ def plan(cfg: RLConfig) -> Table:
     table.add_row("reward", describe_reward(cfg))
     table.add_row("checkpoints", cfg.trainer.default_local_dir)
     return table
+
+
+def mesh_rows(cfg: RLConfig, roles: list[str], workers: int) -> list[tuple[str, str]]:
+    """Each trained or frozen FSDP role's device mesh (rlkit/workers/parallel_layout.py) and the weight memory per
+    rank it implies: fp32 weights (+ gradients + AdamW's two moments when trained) / (shard x tp); activations
+    and the engine not counted. The parameter count is read from the model's config.json when it is local."""
+    from rlkit.workers.parallel_layout import ParallelLayout
+
+    arr = cfg.actor_rollout_ref
+    lora = bool(arr.model.lora_rank or arr.model.lora_adapter_path)
+    sections = {"actor": (arr.actor.fsdp_config, arr.actor.ulysses_sequence_parallel_size, arr.model.path, not lora),
+                "ref": (arr.ref.fsdp_config, arr.ref.ulysses_sequence_parallel_size, arr.model.path, False),
+                "critic": (cfg.critic.fsdp_config, cfg.critic.ulysses_sequence_parallel_size, cfg.critic.model.path,
+                           True)}
+    rows = []
+    for role in (r for r in roles if r in sections):
+        fsdp, sp, path, trained = sections[role]
+        try:
+            layout = ParallelLayout.of(fsdp.fsdp_size, sp, world=workers, tp=fsdp.tensor_parallel_size)
+        except ValueError as exc:  # the config checks refuse these first; say so rather than fail the plan
+            rows.append((role, str(exc)))
+            continue
+        params = model_params(str(path)) if path else None
+        memory = "" if params is None else (
+            f", ~{_size(layout.state_bytes_per_rank(params, trained))}/rank of weights"
+            f"{' + grads + AdamW' if trained else ''} ({params / 1e6:.1f}M params)")
+        rows.append((role, f"{layout.describe()} ({workers} workers){memory}"))
+    return rows
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def model_params(spec: str) -> int | None:
+    """The parameter count of a local model folder (projections, LM head and an untied embedding, from its
+    config), or None when it is not on this machine yet."""
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from rlkit.utils.flops import matmul_params_total
+
+    folder = Path(spec).expanduser()
+    if not (folder / "config.json").is_file():
+        return None
+    try:
+        config = AutoConfig.from_pretrained(folder)
+        text = config.get_text_config()
+        return matmul_params_total(config) + (0 if text.tie_word_embeddings else text.hidden_size * text.vocab_size)
+    except Exception:  # a plan line must never fail the dry run; the pre-flight names a broken model
+        return None
 
 
 def preflight(cfg: RLConfig, allow_download: bool = False) -> list[str]:

@@ -1,0 +1,149 @@
+"""Tensor-parallel plans per model family: which module is split how over a role's TP group (DTensor's
+`parallelize_module`, torchtitan's shape), looked up by the HF config's `model_type` in `TP_PLANS`.
+
+A plan is a function of the loaded model returning {module pattern: ParallelStyle}. The decoder families rlkit
+trains share one shape (Llama, Mistral, Qwen2/2.5, Qwen3 and the Qwen2-VL/2.5-VL language model):
+- q/k/v and gate/up projections column-parallel: each rank computes `heads / tp` attention heads and its share
+  of the MLP's hidden units on the replicated activations (HF's attention reshapes to (.., -1, head_dim), so it
+  runs on the local heads as it stands; the GQA ratio is unchanged);
+- o and down projections row-parallel: the partial sums all-reduced back to replicated activations;
+- the token embedding row-parallel over the vocabulary (a token's row lives on one rank, its output summed);
+- the LM head column-parallel over the vocabulary, its logits left sharded: the log-prob head reduces over the
+  vocabulary shards (rlkit/workers/vocab_parallel.py) and never gathers a (tokens x vocab) tensor. Tied
+  embeddings (one (V, H) weight for both) share that weight, sharded once on the vocabulary.
+Norms, rotary tables and a VLM's vision tower stay whole on every rank of the group (FSDP2 still shards them
+over the data-parallel ranks). MoE families (Qwen3-MoE, Mixtral) have no plan yet: their experts wait for the
+expert-parallel dimension (issue 46).
+
+A new family: a function returning its plan, `@TP_PLANS.register("<model_type>")`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rlkit.errors import UserError
+from rlkit.registry import Registry
+from rlkit.workers.tensor_parallel import TensorParallel, VocabShard
+
+TPPlan = Callable[[torch.nn.Module], dict[str, Any]]
+TP_PLANS: Registry[TPPlan] = Registry("tensor-parallel plan (by the model's config.model_type)")
+
+
+def _text_model(model: torch.nn.Module) -> str:
+    """The dotted name of the decoder stack (the module holding `embed_tokens` and `layers`): `model` for a causal
+    LM or a value model, `model.language_model` for a vision-language model."""
+    for name, module in model.named_modules():
+        if hasattr(module, "embed_tokens") and isinstance(getattr(module, "layers", None), torch.nn.ModuleList):
+            return name
+    raise UserError(f"tensor parallel: {type(model).__name__} has no decoder stack (embed_tokens + layers)")
+
+
+def _head_name(model: torch.nn.Module) -> str | None:
+    """The LM head's dotted name (None for a value model or a classifier: their one-column head stays whole)."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    return next((name for name, module in model.named_modules() if module is head), None) if head is not None else None
+
+
+@TP_PLANS.register("llama", "mistral", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl")
+def decoder_plan(model: torch.nn.Module) -> dict[str, Any]:
+    """The Llama-shaped decoder's plan (see the module docstring)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    stack = _text_model(model)
+    layer = f"{stack}.layers.*"
+    plan: dict[str, Any] = {
+        f"{stack}.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        f"{layer}.self_attn.q_proj": ColwiseParallel(),
+        f"{layer}.self_attn.k_proj": ColwiseParallel(),
+        f"{layer}.self_attn.v_proj": ColwiseParallel(),
+        f"{layer}.self_attn.o_proj": RowwiseParallel(),
+        f"{layer}.mlp.gate_proj": ColwiseParallel(),
+        f"{layer}.mlp.up_proj": ColwiseParallel(),
+        f"{layer}.mlp.down_proj": RowwiseParallel(),
+    }
+    head = _head_name(model)
+    if head is not None:
+        plan[head] = ColwiseParallel(output_layouts=Shard(-1))  # the logits stay sharded on the vocabulary
+    return plan
+
+
+def with_adapters(model: torch.nn.Module, plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan for a model whose projections carry LoRA adapters (peft's layers: `base_layer`, `lora_A.<name>`,
+    `lora_B.<name>`), each adapter sharded with its base: a column-parallel base's B is column-parallel (A, whole,
+    reads the replicated input), a row-parallel base's A is row-parallel (B, whole, reads the all-reduced rank-r
+    activation), so `base(x) + B(A(x))` adds two tensors laid out alike. Without adapters: the plan as it is."""
+    import re
+
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    modules = dict(model.named_modules())
+    if not any(hasattr(m, "base_layer") for m in modules.values()):
+        return plan
+    out: dict[str, Any] = {}
+    for pattern, style in plan.items():
+        regex = re.compile(r"\.".join("[^.]+" if seg == "*" else re.escape(seg) for seg in pattern.split(".")))
+        for name in (n for n in modules if regex.fullmatch(n)):
+            module = modules[name]
+            if not hasattr(module, "base_layer"):
+                out[name] = style
+                continue
+            if type(style) not in (ColwiseParallel, RowwiseParallel) or not isinstance(
+                module.base_layer, torch.nn.Linear
+            ):
+                raise UserError(
+                    f"LoRA with tensor parallel: the adapter on {name} (a {type(module.base_layer).__name__}"
+                    ") cannot be split with its base; leave it out of target_modules"
+                )
+            out[f"{name}.base_layer"] = style
+            for adapter in module.lora_A:
+                if isinstance(style, ColwiseParallel):
+                    out[f"{name}.lora_B.{adapter}"] = ColwiseParallel()
+                else:
+                    out[f"{name}.lora_A.{adapter}"] = RowwiseParallel()
+    return out
+
+
+def check_heads(config: Any, tp: int) -> None:
+    """Each rank attends with `heads / tp` query and key/value heads: both counts must divide by tp."""
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+        if count % tp:
+            raise UserError(
+                f"fsdp_config.tensor_parallel_size={tp} must divide the model's {name}={count} "
+                "(each rank computes heads/tp of the attention heads)"
+            )
+
+
+def parallelize(model: torch.nn.Module, tp_mesh: Any) -> TensorParallel:
+    """Split `model` over `tp_mesh` (1-D) by its family's plan, before FSDP2 shards it over the data-parallel
+    ranks; returns the group's handle (its rows, the LM head's vocabulary slice)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    tp = tp_mesh.size()
+    model_type = model.config.model_type
+    if model_type not in TP_PLANS:
+        raise UserError(
+            f"fsdp_config.tensor_parallel_size={tp}: no tensor-parallel plan for model_type "
+            f"'{model_type}' (plans: {', '.join(TP_PLANS)}; MoE families wait for expert parallel, "
+            "issue 46); use tensor_parallel_size=1"
+        )
+    check_heads(model.config, tp)
+    embeddings, head = model.get_input_embeddings(), _head_name(model)
+    tied = head is not None and model.get_submodule(head).weight is embeddings.weight
+    parallelize_module(model, tp_mesh, with_adapters(model, TP_PLANS.get(model_type)(model)))
+    vocab = None
+    if head is not None:
+        head_module = model.get_submodule(head)
+        if tied:  # both sides were sharded alike (vocabulary rows); keep the one parameter
+            head_module.weight = model.get_input_embeddings().weight
+        vocab = VocabShard.of(head_module.weight)
+    group = tp_mesh.get_group()
+    return TensorParallel(tp, tp_mesh.get_local_rank(), group, tp_mesh, vocab)
