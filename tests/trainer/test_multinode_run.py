@@ -75,9 +75,11 @@ def test_toy_grpo_trains_across_two_nodes_and_resumes(two_nodes, toy_data, tiny_
 
 def store_bytes_created() -> int:
     """Bytes ever created in the cluster's object stores (every raylet's plasma store, summed by Ray)."""
+    import ray
     from ray._private.internal_api import get_memory_info_reply, get_state_from_address
 
-    return int(get_memory_info_reply(get_state_from_address()).store_stats.cumulative_created_bytes)
+    state = get_state_from_address(ray.get_runtime_context().gcs_address)  # this driver's cluster, of any running
+    return int(get_memory_info_reply(state).store_stats.cumulative_created_bytes)
 
 
 def test_one_step_off_engines_on_a_node_of_their_own_get_weights_by_broadcast(two_nodes, toy_data, tiny_model,
