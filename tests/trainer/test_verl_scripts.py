@@ -61,3 +61,21 @@ def test_two_verl_scripts_train_two_steps(script_env, tmp_path):
         summary, rows, _ = fit(None, [a for a in args if not a.startswith("--")], log_dir)
         rows = train_rows(read_metrics(log_dir))
         assert summary.steps == 2 and len(rows) == 2, script
+
+
+def test_megatron_script_plans_a_tp2_mesh(script_env, tmp_path, monkeypatch):
+    """verl's Megatron GRPO example (megatron_grpo.sh): tensor_model_parallel_size=2 over the 2 workers is one TP
+    group for the actor and the reference, as the dry run's plan shows; the pipeline size the example ships (2) is
+    refused with the reason."""
+    monkeypatch.chdir(tmp_path)
+    args = script_args(SCRIPTS / "megatron_grpo.sh", script_env)
+    result = CliRunner().invoke(app, ["train", *args, "--dry-run"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    rows = dict(re.findall(r"│ (\w+) mesh\s+│ (.+?)\s+│", result.output))
+    assert rows.keys() == {"actor", "ref"}, result.output
+    for role, line in rows.items():
+        assert line.startswith("replicate 1 x shard 1 x tp 2 (2 workers)"), (role, line)
+    shipped = [*args, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"]
+    result = CliRunner().invoke(app, ["train", *shipped, "--dry-run"])
+    assert result.exit_code == 1
+    assert "pipeline_model_parallel_size=2" in result.output and "pipeline parallel is not in rlkit" in result.output

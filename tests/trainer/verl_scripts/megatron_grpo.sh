@@ -1,46 +1,57 @@
-# verl's Megatron GRPO example (run_qwen2-7b_math_megatron style): the Megatron config name and parallel sizes.
+# verl's Megatron GRPO example, examples/grpo_trainer/run_qwen2-7b_math_megatron.sh (github.com/volcengine/verl at
+# b178a3cd5, Apache-2.0), as verl ships it but for: the data and model paths, CPU sizes (batch, lengths, n, 2 workers
+# = one tensor-parallel group of 2), the wandb logger, and pipeline_model_parallel_size 2 -> 1 (rlkit refuses pipeline
+# parallel with the reason; tests/trainer/test_verl_scripts.py runs the shipped value too).
 set -x
 
+export CUDA_DEVICE_MAX_CONNECTIONS=1 # For megatron communication/computation overlapping
+
+rollout_mode="async"
+export VLLM_USE_V1=1
+return_raw_chat="True"
+
+train_files=$DATA_DIR/train.parquet
+test_files=$DATA_DIR/test.parquet
+
+USE_FUSED_KERNELS=True
+
 python3 -m verl.trainer.main_ppo --config-path=config \
-    --config-name='ppo_megatron_trainer.yaml' \
+    --config-name='ppo_megatron_trainer.yaml'\
     algorithm.adv_estimator=grpo \
-    data.train_files=$DATA_DIR/train.parquet \
-    data.val_files=$DATA_DIR/test.parquet \
+    data.train_files="$train_files" \
+    data.val_files="$test_files" \
+    data.return_raw_chat=$return_raw_chat \
     data.train_batch_size=16 \
     data.max_prompt_length=32 \
     data.max_response_length=3 \
     data.filter_overlong_prompts=True \
     data.truncation='error' \
     actor_rollout_ref.model.path=$MODEL_PATH \
+    actor_rollout_ref.model.use_fused_kernels=$USE_FUSED_KERNELS \
     actor_rollout_ref.actor.optim.lr=1e-6 \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
-    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1 \
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
-    actor_rollout_ref.actor.megatron.param_offload=False \
-    actor_rollout_ref.actor.megatron.use_mbridge=True \
     actor_rollout_ref.actor.use_kl_loss=True \
     actor_rollout_ref.actor.kl_loss_coef=0.001 \
     actor_rollout_ref.actor.kl_loss_type=low_var_kl \
     actor_rollout_ref.actor.entropy_coeff=0 \
-    +actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full \
-    +actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform \
-    +actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \
-    actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
-    actor_rollout_ref.rollout.name=sglang \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+    actor_rollout_ref.rollout.name=vllm \
+    actor_rollout_ref.rollout.mode=$rollout_mode \
     actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
     actor_rollout_ref.rollout.n=4 \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
-    actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2 \
+    actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=1 \
     actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2 \
-    actor_rollout_ref.ref.megatron.param_offload=False \
     algorithm.use_kl_in_reward=False \
     trainer.critic_warmup=0 \
-    trainer.logger=['console','file'] \
+    trainer.logger='["console","file"]' \
     trainer.project_name='verl_grpo_example_gsm8k_math' \
-    trainer.experiment_name='tiny_megatron' \
-    trainer.n_gpus_per_node=1 \
+    trainer.experiment_name='qwen2_7b_megatron' \
+    trainer.n_gpus_per_node=2 \
     trainer.nnodes=1 \
     trainer.save_freq=20 \
     trainer.test_freq=5 \
