@@ -132,6 +132,13 @@ def _largest_divisor_at_most(total: int, cap: int) -> int:
     return max(d for d in range(1, min(total, cap) + 1) if total % d == 0)
 
 
+def separate_engines(cfg: RLConfig) -> tuple[int, int]:
+    """(nodes, engine processes per node) of the separate engines (one-step-off, fully async): rollout.nnodes
+    (0: the trainer's nodes) x rollout.n_gpus_per_node (0: trainer.rollout_workers_per_node)."""
+    r, t = cfg.actor_rollout_ref.rollout, cfg.trainer
+    return r.nnodes or t.nnodes, r.n_gpus_per_node or t.rollout_workers_per_node
+
+
 def check_tensor_parallel(cfg: RLConfig, tp_backends: list[str] | None) -> None:
     """TP splits the rollout workers into groups of `tp` ranks, each group one engine. `tp_backends`: the
     backends that declare `tensor_parallel` (the rollout package knows them; None skips that part).
@@ -147,7 +154,8 @@ def check_tensor_parallel(cfg: RLConfig, tp_backends: list[str] | None) -> None:
                         f"full model per worker); set it to 1 or use {' | '.join(able)}")
     workers = world_size(cfg)
     if cfg.trainer.separate_rollout:  # the rollout has its own group
-        workers = cfg.trainer.rollout_workers_per_node * cfg.trainer.nnodes
+        nodes, per_node = separate_engines(cfg)
+        workers = nodes * per_node
     if workers % tp:
         raise UserError(f"{key}={tp} must divide the {workers} rollout workers")
     prompts = cfg.data.train_batch_size * rollout.n

