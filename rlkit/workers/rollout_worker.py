@@ -1,12 +1,14 @@
 """Rollout role: one generation engine per worker, driven by its `EngineLifecycle`.
 
-Two layouts (rlkit/trainer/run/workers_setup.py), one class:
+Two layouts (rlkit/trainer/run/run_plan.py), one class:
 
 - colocated (hybrid engine): the worker shares its process with the actor and is handed that
   actor at construction; `sync_weights` streams the actor's full tensors into the engine one
   parameter at a time, so the process never holds a second full copy of the model in flight;
-- separate rollout (`trainer.one_step_off_policy` or `trainer.fully_async`): the worker has its own process and
-  `receive_weights` loads the full state dict the driver routed through Ray's object store.
+- separate rollout (`trainer.one_step_off_policy` or `trainer.fully_async`): the worker has its own process
+  (on nodes of its own with rollout.nnodes); `receive_broadcast` loads the buckets the actor's rank 0 broadcasts
+  (rlkit/workers/weight_broadcast.py), or, with rollout.weight_transfer=object_store, `receive_weights` the full
+  state dict routed through Ray's object store.
 
 Tensor parallel (`rollout.tensor_model_parallel_size` = t > 1): consecutive ranks form TP groups
 of t; every rank runs one vLLM engine on the shared torch.distributed world

@@ -15,10 +15,11 @@ trains on it. The correction is truncated importance sampling with the engine's 
 (rlkit.config.finalize.apply_modes), so --dry-run shows them. Step 1 has
 nothing to overlap with and runs synchronously.
 
-The layout (actor group + rollout group) is `build_workers`'s separate-rollout layout
-(rlkit/trainer/run/workers_setup.py); weights travel as one full state dict through Ray's object
-store (rank 0 of the actor gathers it; the rollout workers read the same object), not through
-the driver (`ObjectStoreRoute`, rlkit/rollout/lifecycle.py).
+The layout (actor group + rollout group, the engines on nodes of their own with rollout.nnodes) is the run
+plan's separate-rollout layout (rlkit/trainer/run/run_plan.py); weights travel by a broadcast from the actor's
+rank 0 to every engine in buckets (`BroadcastRoute`, rlkit/workers/weight_broadcast.py), or with
+rollout.weight_transfer=object_store as one full state dict through Ray's object store (`ObjectStoreRoute`),
+never through the driver.
 
 Limits: dynamic sampling (algorithm.filter_groups) is not supported here; a checkpoint taken in
 this mode resumes without the batch that was in flight (one batch of prompts is skipped).
