@@ -120,6 +120,19 @@ def fit(preset: str, overrides_: list[str], log_dir: Path) -> tuple[list[dict], 
     return rows, summary
 
 
+def toy_data(tmp: Path) -> Path:
+    """The toy copy task's files (`rlkit data toy --length 1`) under `tmp`."""
+    from typer.testing import CliRunner
+
+    from rlkit_cli.main import app
+
+    data = tmp / "toy"
+    res = CliRunner().invoke(app, ["data", "toy", "--out", str(data), "--length", "1"])
+    if res.exit_code != 0:
+        raise RuntimeError(res.output)
+    return data
+
+
 def run_entry(name: str, tmp: Path, data: Path) -> dict:
     entry = ENTRIES[name]
     out = tmp / name
@@ -161,14 +174,7 @@ def main() -> int:
           f"{'wall':>6s} ok", flush=True)
     failed = False
     with tempfile.TemporaryDirectory(prefix="rlkit-learning-variants-") as tmp:
-        from typer.testing import CliRunner
-
-        from rlkit_cli.main import app
-
-        data = Path(tmp) / "toy"
-        res = CliRunner().invoke(app, ["data", "toy", "--out", str(data), "--length", "1"])
-        if res.exit_code != 0:
-            raise RuntimeError(res.output)
+        data = toy_data(Path(tmp))
         for name in names:
             row = run_entry(name, Path(tmp), data)
             failed |= not row["ok"]

@@ -37,14 +37,7 @@ def main() -> int:
     names = ["tp2"] if args.no_baseline else ["tp2", "dp2"]
     rows = {}
     with tempfile.TemporaryDirectory(prefix="rlkit-tp-learning-") as tmp:
-        from typer.testing import CliRunner
-
-        from rlkit_cli.main import app
-
-        data = Path(tmp) / "toy"
-        res = CliRunner().invoke(app, ["data", "toy", "--out", str(data), "--length", "1"])
-        if res.exit_code != 0:
-            raise RuntimeError(res.output)
+        data = lv.toy_data(Path(tmp))
         for name in names:
             rows[name] = row = lv.run_entry(name, Path(tmp), data)
             print(f"{name}: train reward first 10 {row['first10']:.3f} -> last 20 {row['last20']:.3f}; greedy val "

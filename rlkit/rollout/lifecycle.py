@@ -209,6 +209,11 @@ class InProcessRoute:
         return {}
 
 
+def max_per_key(results: list[dict[str, float]]) -> dict[str, float]:
+    """Per-rank metrics merged: each key's largest value (the slowest rank's time, the largest size)."""
+    return {k: max(r[k] for r in results if k in r) for k in set().union(*results)} if results else {}
+
+
 class QueuedRoute:
     """Separate engines: a push queues the load behind each engine's generation in flight and returns; the next
     push (or `collect`) waits for it. `prepare` runs before the load is queued (the gather), `queue` queues it:
@@ -233,7 +238,7 @@ class QueuedRoute:
         if self.in_flight is None:
             return {}
         results, self.in_flight = self.in_flight.get(), None
-        return {k: max(r[k] for r in results if k in r) for k in set().union(*results)} if results else {}
+        return max_per_key(results)
 
     def collect_if_done(self) -> dict[str, float]:
         """The last load's metrics if it has run ({} while it waits behind queued requests)."""
@@ -287,11 +292,7 @@ class BroadcastRoute(QueuedRoute):
         sent: list[dict[str, float]] = []
         if self.sending is not None:
             sent, self.sending = [r for r in self.sending.get() if r], None
-        return {**self._max(sent), **super().collect()}
-
-    @staticmethod
-    def _max(results: list[dict[str, float]]) -> dict[str, float]:
-        return {k: max(r[k] for r in results if k in r) for k in set().union(*results)} if results else {}
+        return {**max_per_key(sent), **super().collect()}
 
     def busy_groups(self) -> tuple[Any, ...]:
         return (self.actor.group,) if self.sending is not None and not self.sending.ready() else ()

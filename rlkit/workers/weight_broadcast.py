@@ -13,6 +13,7 @@ when the loader asks (a generator): each side holds at most one bucket beyond th
 from __future__ import annotations
 
 import datetime
+import math
 import pickle
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -94,15 +95,9 @@ class WeightGroup:
                 yield name, flat[offset:offset + n].view(getattr(torch, dtype)).reshape(shape)
                 offset += n
 
-    def close(self) -> None:
-        self.pg = None
-
 
 def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
-    numel = 1
-    for d in shape:
-        numel *= d
-    return numel * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return math.prod(shape) * getattr(torch, dtype).itemsize
 
 
 @dataclass

@@ -28,9 +28,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlkit.algo.loss_agg import agg_loss
 from rlkit.config.schema import FSDPConfig, ModelConfig, OptimConfig
 from tests.gloo_workers import gloo_rank, run_on_gloo_workers
+from tests.workers.test_ulysses import loss_step
 from tests.workers.test_varlen_attention import handmade_batch
 
 R, ROWS, TOL = 7, 12, 1e-5
@@ -59,18 +59,7 @@ def build(path: str, tp: int = 1, fsdp_size: int = -1, **kw):
 
 
 def step(model, batch: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The update loop's micro-batch: forward, this rank's loss weighted by `loss_scales`, backward."""
-    from rlkit.workers.micro_batch import loss_scales
-
-    model.module.zero_grad(set_to_none=True)
-    out = model.forward(
-        batch["input_ids"], batch["attention_mask"], batch["position_ids"], R, temperature=0.7, with_entropy=True, **kw
-    )
-    mask = batch["response_mask"].float()
-    scale = loss_scales([batch["response_mask"]], "token-mean")[0]
-    loss = scale * (agg_loss(-batch["advantages"] * out.log_probs, mask) - 0.01 * agg_loss(out.entropy, mask))
-    loss.backward()
-    return out.log_probs.detach(), out.entropy.detach(), loss.detach()
+    return loss_step(model, batch, R, **kw)
 
 
 def full_grads(model) -> dict[str, torch.Tensor]:

@@ -44,23 +44,31 @@ def rank_batch(rank: int) -> dict[str, torch.Tensor]:
     return {k: v[own] for k, v in full.items()}
 
 
-def step(model, batch: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
-    """The update loop's micro-batch: forward, this rank's loss weighted by `loss_scales`, backward."""
+def loss_step(model, batch: dict, response: int = R, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The update loop's micro-batch (`response` tokens per row): forward, this rank's loss weighted by
+    `loss_scales`, backward (tests/workers/test_tensor_parallel.py uses it too)."""
     from rlkit.workers.micro_batch import loss_scales
 
     model.module.zero_grad(set_to_none=True)
     out = model.forward(
-        batch["input_ids"], batch["attention_mask"], batch["position_ids"], R, temperature=0.7, with_entropy=True, **kw
+        batch["input_ids"], batch["attention_mask"], batch["position_ids"], response, temperature=0.7,
+        with_entropy=True, **kw,
     )
     mask = batch["response_mask"].float()
     scale = loss_scales([batch["response_mask"]], "token-mean")[0]
     loss = scale * (agg_loss(-batch["advantages"] * out.log_probs, mask) - 0.01 * agg_loss(out.entropy, mask))
     loss.backward()
+    return out.log_probs.detach(), out.entropy.detach(), loss.detach()
+
+
+def step(model, batch: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """`loss_step`, with this rank's local gradients."""
+    log_probs, entropy, loss = loss_step(model, batch, **kw)
     grads = {
         n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).detach().clone()
         for n, p in model.module.named_parameters()
     }
-    return out.log_probs.detach(), out.entropy.detach(), loss.detach(), grads
+    return log_probs, entropy, loss, grads
 
 
 def compare(a: tuple, b: tuple, valid: torch.Tensor, what: str) -> None:
