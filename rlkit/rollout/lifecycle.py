@@ -133,7 +133,10 @@ class EngineLifecycle:
         nbytes = source.load_into(self.engine)
         self.weights_valid = True
         # the worker's own time; the driver times the whole call as timing_s/update_weights (step_result.py)
-        return {"timing_s/rollout_load_weights": time.perf_counter() - start, "perf/update_weights_mb": nbytes / 2**20}
+        metrics = {"timing_s/rollout_load_weights": time.perf_counter() - start,
+                   "perf/update_weights_mb": nbytes / 2**20}
+        slices = getattr(source, "last_slices", None)  # a sliced load: its largest bucket, weights gathered whole
+        return {**metrics, **slices.metrics()} if slices is not None else metrics
 
     def generate(self, batch: Batch, sampling: SamplingConfig, stay_awake: bool = False
                  ) -> tuple[Batch, dict[str, float]]:

@@ -118,23 +118,21 @@ def _cut_of(model: torch.nn.Module, readers: Mapping[type, Any], name: str, shap
 
 def read_cuts(worker: Any, shapes: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, Cut], int, int] | str:
     """Run in the vLLM worker: each HF tensor's cut for this engine rank, with the engine's TP size and rank; or
-    the first reason one tensor cannot be cut (the engine then keeps the full-tensor path). Tied weights (the
-    LM head sharing the embedding) are cut once: a second name for one engine parameter is left out."""
+    the first reason one tensor cannot be cut, or an engine parameter no tensor fills (the engine then keeps the
+    full-tensor path)."""
     from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
     model, readers = _model(worker), _readers()
     cuts: dict[str, Cut] = {}
-    seen: set[tuple[int, int]] = set()
     for name, shape in shapes.items():
         cut = _cut_of(model, readers, name, tuple(shape))
         if isinstance(cut, str):
             return cut
-        module_name, _, param_name = cut.dest.rpartition(".")
-        key = (id(getattr(model.get_submodule(module_name), param_name)), cut.dest_start)
-        if key in seen:
-            continue
-        seen.add(key)
         cuts[name] = cut
+    # tied weights: every layer holding the tensor is written (each packs its own CPU operand from it)
+    unfilled = sorted({n for n, _ in model.named_parameters(remove_duplicate=False)} - {c.dest for c in cuts.values()})
+    if unfilled:
+        return f"no trainer tensor fills the engine's {', '.join(unfilled[:3])}"
     return cuts, get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
 
 
