@@ -71,7 +71,7 @@ def _colocated_rank(rank: int, world: int, args: dict, results) -> None:
         from rlkit.config.schema import FSDPConfig
         from rlkit.rollout.lifecycle import ActorWeights
         from rlkit.rollout.vllm_rollout import VLLMRollout
-        from rlkit.utils.memory_peak import _status_kb, reset_rss_peak, rss_bytes
+        from rlkit.utils.memory_peak import PhasePeaks
         from rlkit.workers.fsdp_model import FSDPModel
         from rlkit.workers.rollout_worker import TENSOR_PARALLEL_ENGINE_KWARGS
 
@@ -90,15 +90,14 @@ def _colocated_rank(rank: int, world: int, args: dict, results) -> None:
         actor.model = model
         source = ActorWeights(actor)
         source.load_into(engine)  # a first sync outside the timing (plans the cuts)
-        seconds, extra, nbytes = [], [], 0
+        seconds, extra, nbytes, peaks = [], [], 0, PhasePeaks()
         for _ in range(args["syncs"]):
             dist.barrier()
-            before = rss_bytes()
-            reset_rss_peak()
-            start = time.perf_counter()
-            nbytes = source.load_into(engine)
-            seconds.append(time.perf_counter() - start)
-            extra.append((_status_kb("VmHWM") or 0) * 1024 - before)
+            with peaks.measure("sync"):  # the kernel's peak RSS, reset before the sync, minus the RSS before it
+                start = time.perf_counter()
+                nbytes = source.load_into(engine)
+                seconds.append(time.perf_counter() - start)
+            extra.append(peaks.pop()["sync"].get("rss_growth_gb", float("nan")) * 2**30)
         slices = source.last_slices
         results.put((rank, {"sync_s_median": statistics.median(seconds), "sync_s": seconds, "bytes": nbytes,
                             "peak_extra_mb": max(extra) / 2**20,
