@@ -7,6 +7,7 @@ engine's greedy tokens and log-probs on fixed prompts equal a fresh single-rank 
 folder (float32, bound 1e-5), and each rank received about half of the sharded weights' bytes (its vocabulary rows:
 32 of 60, vLLM pads the vocabulary to 64 before splitting it, so those are gathered whole and narrowed).
 The model has GQA (4 query, 2 key/value heads, head_dim 32) and untied embeddings (the LM head is cut too).
+A tensor the engine cannot place, or an engine parameter no tensor fills, sends the engine to the full-tensor path.
 """
 
 from __future__ import annotations
@@ -108,6 +109,15 @@ def _worker(rank: int, store: str, payload: dict, results) -> None:
                 _export(model, out / f"exported-tp{tp}", path)
                 torch.save({"out": got, "initial": initial, "stats": stats}, out / f"tp{tp}-rank{rank}.pt")
                 del model
+            # the fallback: a tensor that does not resolve, or an engine parameter left unfilled -> full tensors
+            from rlkit.rollout.vllm_slices import read_cuts
+
+            for shapes, said in (({"model.layers.0.mlp.experts.0.w1.weight": (4, 4)}, "no such engine module"),
+                                 ({"model.norm.weight": (128,)}, "no trainer tensor fills")):
+                reason = engine.llm.collective_rpc(read_cuts, args=(shapes,))[0]
+                assert isinstance(reason, str) and said in reason, reason
+            engine._slice_plan = None
+            assert engine.slice_plan({"model.norm.weight": (128,)}) is None and engine._slice_plan is False
         finally:
             engine.close()
 
