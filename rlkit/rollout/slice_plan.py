@@ -91,9 +91,6 @@ class SlicePlan:
     tp_rank: int
     bucket_bytes: int
 
-    def sharded_names(self) -> list[str]:
-        return [name for name, cut in self.cuts.items() if cut.dim is not None]
-
 
 @dataclass
 class SliceStats:

@@ -47,30 +47,38 @@ def _recorded(layer: torch.nn.Module, param_name: str) -> torch.Tensor | None:
 
 
 def _qkv(name: str, dest: str, param: torch.Tensor, layer: Any, shard: Any) -> Cut | None:
+    if shard not in ("q", "k", "v") or getattr(param, "output_dim", None) is None:
+        return None
     return qkv_cut(name, dest, param.output_dim, shard, heads=layer.num_heads, kv_heads=layer.num_kv_heads,
                    head_size=layer.head_size, v_head_size=getattr(layer, "v_head_size", layer.head_size),
                    kv_replicas=layer.num_kv_head_replicas, tp_rank=layer.tp_rank)
 
 
 def _merged(name: str, dest: str, param: torch.Tensor, layer: Any, shard: Any) -> Cut | None:
-    return merged_cut(name, dest, param.output_dim, int(shard), output_sizes=list(layer.output_sizes),
+    if not isinstance(shard, int) or getattr(param, "output_dim", None) is None:
+        return None
+    return merged_cut(name, dest, param.output_dim, shard, output_sizes=list(layer.output_sizes),
                       tp_size=layer.tp_size, tp_rank=layer.tp_rank)
 
 
 def _column(name: str, dest: str, param: torch.Tensor, layer: Any, shard: Any) -> Cut | None:
     dim = getattr(param, "output_dim", None)
+    if shard is not None:
+        return None
     return column_cut(name, dest, dim, param.shape[dim], layer.tp_rank) if dim is not None else whole(name, dest)
 
 
 def _row(name: str, dest: str, param: torch.Tensor, layer: Any, shard: Any) -> Cut | None:
     dim = getattr(param, "input_dim", None)
+    if shard is not None:
+        return None
     return row_cut(name, dest, dim, param.shape[dim], layer.tp_rank) if dim is not None else whole(name, dest)
 
 
 def _vocab(name: str, dest: str, param: torch.Tensor, layer: Any, shard: Any) -> Cut | None:
     idx = layer.shard_indices
-    if idx.num_added_elements:  # LoRA's extra vocabulary rows: not the trainer's tensor
-        return None
+    if shard is not None or idx.num_added_elements or getattr(param, "output_dim", None) is None:
+        return None  # added vocabulary rows (LoRA's) are not the trainer's tensor
     return vocab_cut(name, dest, param.output_dim, start=idx.org_vocab_start_index, end=idx.org_vocab_end_index,
                      padded=param.shape[param.output_dim])
 
@@ -94,7 +102,7 @@ def _cut_of(model: torch.nn.Module, readers: Mapping[type, Any], name: str, shap
     mapper = getattr(model, "hf_to_vllm_mapper", None)
     if mapper is None:
         return f"{type(model).__name__} has no hf_to_vllm_mapper"
-    mapped = mapper._map_name_with_shard(name)
+    mapped = mapper._map_name_with_shard(name)  # vLLM's own HF -> engine name and shard (pinned vLLM 0.32)
     if mapped is None:
         return f"vLLM drops {name}"
     dest, shard = mapped
@@ -110,10 +118,19 @@ def _cut_of(model: torch.nn.Module, readers: Mapping[type, Any], name: str, shap
     if reader is None:  # a layer vLLM keeps whole on every rank
         ok = shard is None and tuple(param.shape) == shape
         return whole(name, dest) if ok else f"{name} -> {dest}: {type(layer).__name__} of shape {tuple(param.shape)}"
-    if isinstance(shard, list) or (shard is not None and reader in (_column, _row, _vocab)):
-        return f"{name} -> {dest}: shard {shard} of a {type(layer).__name__}"
     cut = reader(name, dest, param, layer, shard)
-    return cut if cut is not None else f"{name} -> {dest}: a {type(layer).__name__} layout rlkit does not cut"
+    if cut is None:
+        return f"{name} -> {dest} (shard {shard}): a {type(layer).__name__} layout rlkit does not cut"
+    return cut if _fits(cut, shape, tuple(param.shape)) else \
+        f"{name} {shape} -> {dest} {tuple(param.shape)}: the slice does not fit ({cut})"
+
+
+def _fits(cut: Cut, shape: tuple[int, ...], dest: tuple[int, ...]) -> bool:
+    """The slice lies inside the HF tensor, its region inside the engine parameter, the other dimensions equal."""
+    if cut.dim is None:
+        return shape == dest
+    same = all(a == b for d, (a, b) in enumerate(zip(shape, dest)) if d != cut.dim) and len(shape) == len(dest)
+    return same and cut.start + cut.length <= shape[cut.dim] and cut.dest_start + cut.length <= dest[cut.dim]
 
 
 def read_cuts(worker: Any, shapes: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, Cut], int, int] | str:

@@ -18,6 +18,7 @@ the sync holds beyond the engine's weights is one bucket, plus one parameter's g
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,9 +57,9 @@ class EngineCutter:
         return whole.narrow(cut.dim, cut.start, cut.length), False
 
     def _engine_view(self, x: Any) -> Any:
-        """`x` on a mesh whose innermost dimension is this rank's engine TP group, or None."""
+        """`x` on a mesh whose innermost dimension is this rank's engine TP group, or None (the same answer on
+        every rank: what follows is a collective)."""
         from torch.distributed.tensor import DTensor, Replicate, Shard
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
         mesh = x.device_mesh
         ranks = mesh.mesh.flatten().tolist()
@@ -69,19 +70,34 @@ class EngineCutter:
         last = x.placements[-1]
         if type(last) not in (Shard, Replicate):
             return None  # a strided shard (FSDP2 on top of TP): no split of that dimension here
+        shape = (*mesh.shape[:-1], mesh.size(-1) // self.tp, self.tp)
+        placements = (*x.placements[:-1], last, last)
+        if not _same_pieces(tuple(x.shape), tuple(mesh.shape), tuple(x.placements), shape, placements):
+            return None  # uneven chunks that nest differently
         key = id(mesh)
         if key not in self.views:
             from torch.distributed.device_mesh import DeviceMesh
 
-            shape = (*mesh.shape[:-1], mesh.size(-1) // self.tp, self.tp)
             self.views[key] = DeviceMesh(mesh.device_type, mesh.mesh.reshape(shape))
-        view_mesh = self.views[key]
-        placements = (*x.placements[:-1], last, last)
-        local = x.to_local()
-        if compute_local_shape_and_global_offset(x.shape, view_mesh, placements) != \
-                compute_local_shape_and_global_offset(x.shape, mesh, x.placements):
-            return None  # uneven chunks that nest differently
-        return DTensor.from_local(local, view_mesh, placements, shape=x.shape, stride=x.stride())
+        return DTensor.from_local(x.to_local(), self.views[key], placements, shape=x.shape, stride=x.stride())
+
+
+def _same_pieces(global_shape: tuple[int, ...], mesh_shape: tuple[int, ...], placements: tuple,
+                 view_shape: tuple[int, ...], view_placements: tuple) -> bool:
+    """Every rank's local shape and offset are the same on the mesh and on its view (checked for all ranks, so
+    every rank decides alike; torch's own chunk arithmetic, a private helper of DTensor)."""
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset as piece
+
+    def coordinate(rank: int, shape: tuple[int, ...]) -> list[int]:
+        out = []
+        for size in reversed(shape):
+            rank, c = divmod(rank, size)
+            out.append(c)
+        return out[::-1]
+
+    world = math.prod(mesh_shape)
+    return all(piece(global_shape, mesh_shape, coordinate(r, mesh_shape), placements)
+               == piece(global_shape, view_shape, coordinate(r, view_shape), view_placements) for r in range(world))
 
 
 def engine_slices(named: Iterator[tuple[str, torch.Tensor]], plan: SlicePlan, stats: SliceStats
