@@ -10,7 +10,7 @@ with `wait=True` (until the engine has loaded them). Per route: the sync's wall 
 in the cluster's object stores per sync, and each call's peak RSS (the sender's and the engine's), against the
 model's weight bytes. Prints a table and writes JSON.
 
-    .venv/bin/python bench/weight_sync.py --mode colocated [--tp 1 2] [--trainer-tp 1] [--syncs 5] [--bucket-mb 64]
+    .venv/bin/python bench/weight_sync.py --mode colocated [--tp 1 3] [--trainer-tp 1] [--syncs 5] [--bucket-mb 64]
         [--out bench/results/weight_sync_colocated.json]
 
 The colocated (hybrid) sync into an engine of TP `t` (each of `--tp`): `t` gloo processes, each an FSDP2 trainer
@@ -18,6 +18,9 @@ The colocated (hybrid) sync into an engine of TP `t` (each of `--tp`): `t` gloo 
 `--syncs` times (`ActorWeights.load_into`: full tensors at TP 1, this rank's slices at TP > 1). Per rank: the
 sync's wall time (median), the bytes handed to the engine, the largest bucket, and the peak extra memory (the
 kernel's peak RSS during the sync, reset before it, minus the RSS before it). Float32 trainer, `--dtype` engine.
+An engine TP size must divide the model's attention heads: SmolLM2-135M has 9 query and 3 key/value heads, so its
+sizes are 1, 3 (and 9 with the key/value heads replicated), not 2; a model with even head counts (Qwen2.5-0.5B: 14
+and 2) runs `--tp 1 2`.
 """
 
 from __future__ import annotations
@@ -120,6 +123,12 @@ def colocated(args: argparse.Namespace) -> None:
     from rlkit.models.resolve import resolve_model_path
 
     model = str(resolve_model_path(args.model))
+    text = json.loads((Path(model) / "config.json").read_text())
+    text = text.get("text_config", text)
+    bad = [tp for tp in args.tp if text["num_attention_heads"] % tp]
+    if bad:
+        raise SystemExit(f"--tp {bad}: {args.model}'s {text['num_attention_heads']} attention heads do not split in "
+                         f"{bad}; pick sizes that divide them")
     out: dict = {"model": args.model, "bucket_mb": args.bucket_mb, "syncs": args.syncs, "trainer_tp": args.trainer_tp,
                  "dtype": args.dtype, "load": os.getloadavg(), "engine_tp": {}}
     ctx = mp.get_context("spawn")
@@ -157,7 +166,7 @@ def main() -> None:
     ap.add_argument("--syncs", type=int, default=5)
     ap.add_argument("--bucket-mb", type=float, default=64)
     ap.add_argument("--nodes", type=int, default=1, choices=(1, 2))
-    ap.add_argument("--tp", type=int, nargs="+", default=[1, 2], help="colocated: engine TP sizes")
+    ap.add_argument("--tp", type=int, nargs="+", default=[1, 3], help="colocated: engine TP sizes (divide the heads)")
     ap.add_argument("--trainer-tp", type=int, default=1, help="colocated: the trainer's TP (at engine TP > 1)")
     ap.add_argument("--dtype", default="bfloat16", help="colocated: the engine's dtype")
     ap.add_argument("--data", default=str(Path("~/data/gsm8k/train.parquet").expanduser()))
