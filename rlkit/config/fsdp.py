@@ -53,6 +53,12 @@ class FSDPConfig:
         "rows; FSDP2 shards over the world / n data-parallel workers (fsdp_size counts those). n divides the "
         "workers and the model's attention and key/value heads; dense families only (rlkit/workers/tp_plans.py)",
     )
+    sequence_parallel: bool = f(
+        True,
+        "with tensor_parallel_size > 1: the residual stream and the layer norms between the split projections run "
+        "on 1/n of the tokens on each worker of a TP group (Megatron's sequence parallel: less activation memory, "
+        "the same numbers and communication volume); false keeps them whole on every worker",
+    )
 
     def __post_init__(self) -> None:
         for key, allowed in (("param_dtype", PARAM_DTYPES), ("reduce_dtype", REDUCE_DTYPES)):

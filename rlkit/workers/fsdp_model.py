@@ -191,7 +191,9 @@ class FSDPModel:
                 shard_kwargs["offload_policy"] = offload
             mesh, tp_mesh = self.layout.meshes(self.device)
             if tp_mesh is not None:
-                self.tp = tp_plans.parallelize(model, tp_mesh)
+                self.tp = tp_plans.parallelize(model, tp_mesh, fsdp.sequence_parallel)
+                if self.tp.sequence_parallel:  # every fed length splits evenly along the sequence
+                    self.token_bucket = math.lcm(self.token_bucket, self.tp.size)
             if mesh is not None:
                 shard_kwargs["mesh"] = mesh
             for layer in _decoder_layers(model):
