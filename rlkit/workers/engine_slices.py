@@ -7,8 +7,8 @@ rank's slice:
 - the trainer's own TP mesh when its innermost dimension is the engine's group (trainer TP = engine TP: only
   FSDP's gather over the data-parallel ranks runs, a column/row-parallel weight needs no collective over TP);
 - otherwise the trainer mesh with its innermost dimension split in (size / tp, tp), the placements split alike
-  (FSDP2's Shard(0) over s ranks = Shard(0) over s / tp, then over tp), checked against the local shard's shape
-  and offset before it is trusted.
+  (FSDP2's Shard(0) over s ranks = Shard(0) over s / tp, then over tp), trusted only where every rank's shard
+  keeps its shape and offset on the view (checked for all ranks, so every rank takes the same collective).
 A slice that is not torch.chunk's piece (`Cut.is_chunk`), or a mesh that has no such view, is gathered whole and
 narrowed (counted in `SliceStats.gathered`); a weight the engine keeps whole is gathered whole.
 
@@ -104,6 +104,9 @@ def engine_slices(named: Iterator[tuple[str, torch.Tensor]], plan: SlicePlan, st
                   ) -> Iterator[list[tuple[Cut, torch.Tensor]]]:
     """Buckets of (cut, this rank's slice) for every planned tensor of `named` (the module's state dict: sharded
     parameters, unmaterialised); a collective, as `iter_full_params`."""
+    if dist.get_rank() % plan.tp_size != plan.tp_rank:  # the re-cut takes engine groups of consecutive ranks
+        raise RuntimeError(f"engine TP rank {plan.tp_rank} of {plan.tp_size} on world rank {dist.get_rank()}: the "
+                           "sliced sync needs the engine's TP groups to be consecutive ranks (external_launcher)")
     cutter = EngineCutter(plan.tp_size, plan.tp_rank)
     bucket: list[tuple[Cut, torch.Tensor]] = []
     held = 0
