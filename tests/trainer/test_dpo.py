@@ -138,3 +138,60 @@ def test_dry_run_and_bad_keys(pairs, tmp_path):
         load_dpo_config([*args, "dpo.label_smoothing=0.5"])
     with pytest.raises(UserError, match="Did you mean 'sigmoid'"):
         DPOTrainer(load_dpo_config([*args, "dpo.loss_type=sigmoidd"]), workers=object())
+
+
+class Rows:
+    """A tracker that keeps every logged row and progress line."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, dict] = {}
+        self.progress_lines: list[tuple[str, int, int]] = []
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.rows.setdefault(step, {}).update(metrics)
+
+    def progress(self, phase: str, done: int, total: int) -> None:
+        self.progress_lines.append((phase, done, total))
+
+
+def short_run(process_group, pairs: Path, model: Path, out: Path, steps: int, **extra) -> tuple[DPOTrainer, Rows]:
+    """`steps` steps of the shared config, shuffled (so a step's rows are not the precompute's chunks)."""
+    values = {"trainer.total_training_steps": steps, "data.shuffle": True, "trainer.test_freq": 2, **extra}
+    args = [a for a in overrides(pairs, model, out) if a.split("=")[0] not in values]
+    cfg = load_dpo_config([*args, *(f"{k}={v}" for k, v in values.items())])
+    role = dpo_role(cfg, str(model), str(model), steps)
+    worker = role.cls(*role.args, **role.kwargs)
+    worker.init_model()
+    rows = Rows()
+    trainer = DPOTrainer(cfg, workers=WorkerHandles([], {"model": worker}, 1), tracker=rows)
+    trainer.fit()
+    return trainer, rows
+
+
+SCORES = ("train/loss", "rewards/", "logps/", "val/loss", "val/rewards/", "val/logps/")
+
+
+def test_precomputed_reference_matches_the_per_step_reference(process_group, pairs, tmp_path):
+    from rlkit.testing import save_tiny_model
+
+    torch.set_num_threads(1)
+    model = save_tiny_model(tmp_path / "tiny", heads=2, tie_embeddings=True)
+    live, live_rows = short_run(process_group, pairs, model, tmp_path / "live", 3)
+    stored, stored_rows = short_run(process_group, pairs, model, tmp_path / "stored", 3, **{"dpo.ref.precompute": True})
+    assert sorted(live_rows.rows) == sorted(stored_rows.rows) == [0, 1, 2, 3]
+    worst = 0.0
+    for step, row in live_rows.rows.items():
+        scores = {k: v for k, v in row.items() if k.startswith(SCORES)}
+        assert scores and scores.keys() <= stored_rows.rows[step].keys()
+        for key, value in scores.items():
+            worst = max(worst, abs(stored_rows.rows[step][key] - value))
+            assert stored_rows.rows[step][key] == pytest.approx(value, abs=1e-6), (step, key)
+    print(f"precomputed vs per-step reference: largest difference {worst:.3g}")
+    for step in (1, 2, 3):
+        assert live_rows.rows[step]["timing_s/ref"] > 0 and "timing_s/ref" not in stored_rows.rows[step]
+    ref_mb = live.workers.model.memory_report()["ref_mb"]
+    assert ref_mb > 0 and stored.workers.model.memory_report()["ref_mb"] == 0 and stored.ref_freed_mb == ref_mb
+    phases = {phase for phase, _, _ in stored_rows.progress_lines}
+    assert {"reference log-probs (training pairs)", "reference log-probs (validation pairs)"} <= phases
+    with pytest.raises(RuntimeError, match="reference was released"):
+        stored.workers.model.compute_ref_log_prob(stored.train_set.get_batch([0, 1]))

@@ -79,8 +79,8 @@ class DPOTrainer(SFTTrainer):
         if self.stored_ref is None:
             self.stored_ref = StoredReference.compute(w.model, self.train_set, self.val_set,
                                                       self.cfg.data.train_batch_size, w.world_size, self._progress)
-        freed = w.model.release_reference()
-        self.ref_freed_mb = max(r["ref_freed_mb"] for r in freed)
+        freed = w.model.release_reference()  # one report per worker (one dict from a worker called in-process)
+        self.ref_freed_mb = max(r["ref_freed_mb"] for r in (freed if isinstance(freed, list) else [freed]))
         log.warning("dpo.ref.precompute: %d pairs scored in %.1fs (%.1f KiB kept); the reference is released: %.1f "
                     "MiB of weights freed per worker", len(self.stored_ref.train), self.stored_ref.seconds,
                     self.stored_ref.nbytes() / 2**10, self.ref_freed_mb)
