@@ -177,7 +177,8 @@ def test_precomputed_reference_matches_the_per_step_reference(process_group, pai
     torch.set_num_threads(1)
     model = save_tiny_model(tmp_path / "tiny", heads=2, tie_embeddings=True)
     live, live_rows = short_run(process_group, pairs, model, tmp_path / "live", 3)
-    stored, stored_rows = short_run(process_group, pairs, model, tmp_path / "stored", 3, **{"dpo.ref.precompute": True})
+    stored, stored_rows = short_run(process_group, pairs, model, tmp_path / "stored", 3,
+                                    **{"dpo.ref.precompute": True, "trainer.save_freq": 2})
     assert sorted(live_rows.rows) == sorted(stored_rows.rows) == [0, 1, 2, 3]
     worst = 0.0
     for step, row in live_rows.rows.items():
@@ -195,3 +196,10 @@ def test_precomputed_reference_matches_the_per_step_reference(process_group, pai
     assert {"reference log-probs (training pairs)", "reference log-probs (validation pairs)"} <= phases
     with pytest.raises(RuntimeError, match="reference was released"):
         stored.workers.model.compute_ref_log_prob(stored.train_set.get_batch([0, 1]))
+    # a resume scores the pairs again (nothing is checkpointed) and picks each step's pairs by their dataset rows
+    step2 = tmp_path / "stored" / "ckpt" / "global_step_2"
+    _, resumed_rows = short_run(process_group, pairs, model, tmp_path / "resumed", 3,
+                                **{"dpo.ref.precompute": True, "trainer.resume_mode": step2})
+    assert sorted(resumed_rows.rows) == [3]
+    assert {k: v for k, v in resumed_rows.rows[3].items() if k.startswith(SCORES)} == \
+        {k: v for k, v in stored_rows.rows[3].items() if k.startswith(SCORES)}
