@@ -132,6 +132,10 @@ def test_dry_run_and_bad_keys(pairs, tmp_path):
     assert res.exit_code == 0, res.output
     assert "resource plan (dpo)" in out and "ipo (beta 0.5)" in out
     assert "smollm2-135m-instruct, frozen, in each worker" in out and "pre-flight ok: 2 data file(s)" in out
+    res = CliRunner().invoke(app, ["train", "dpo", *args, "dpo.ref.precompute=true", "--dry-run"],
+                             env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    assert "scores every training and validation pair once before step 1" in " ".join(res.output.split())
     with pytest.raises(UserError, match="data.messages_key: a conversation key of SFT"):
         load_dpo_config([*args, "data.messages_key=conversation"])
     with pytest.raises(UserError, match=r"dpo.label_smoothing=0.5 must be in \[0, 0.5\)"):
