@@ -5,6 +5,9 @@ DPO learns a marker: the pairs' chosen replies end in "think", their rejected re
 ~chance (measured 0.12: the random model finds a digit likelier) to > 0.9 (measured 1.00), DPO's rewards/accuracies
 to > 0.9, and the policy's sampled replies contain the marker more often (measured 0.11 -> 0.91). The checkpoint
 exports to a plain HF model; `--dry-run` prints the plan with the loss and the reference.
+
+dpo.ref.precompute: 3 shuffled steps log the very losses and rewards of the per-step reference (measured: equal bit
+for bit), with no reference phase and the reference's weights released; a resume from step 2 logs step 3 the same.
 """
 
 from __future__ import annotations
