@@ -10,8 +10,9 @@ its reference solution, rejected = the next row's reference solution (fluent, we
 question; row 63 takes row 0's). One conversational parquet file (rlkit.data.preference_schema; TRL's
 conversational preference format) is read by both, each applying the chat template. 8 pairs per optimizer step (one
 micro-batch), at most 512 tokens per sequence and 256 per prompt, sigmoid loss, beta 0.1, lr 1e-6 constant, no weight
-decay (TRL's default), no gradient checkpointing, 6 steps; medians over steps 2-6. Each framework at its best precision on this CPU (as
-bench/sft_vs_trl.py: rlkit `param_dtype: auto`, TRL `bf16=True` where the same measurement finds bf16 faster).
+decay (TRL's default), no gradient checkpointing, 6 steps; medians over steps 2-6. Each framework at its best
+precision on this CPU (as bench/sft_vs_trl.py: rlkit `param_dtype: auto`, TRL `bf16=True` where the same measurement
+finds bf16 faster).
 
 Each framework twice: the reference scored every step (rlkit's frozen copy in the worker, TRL's `ref_model` copy),
 and precomputed (rlkit `dpo.ref.precompute=true`, TRL `precompute_ref_log_probs=True`). Step time: rlkit's reference
@@ -69,7 +70,8 @@ def run_rlkit(model: str, data: Path, steps: int, out_dir: Path, precompute: boo
     cmd = [sys.executable, "-m", "rlkit_cli.main", "train", "dpo", f"model.path={model}", f"data.train_files={data}",
            f"data.train_batch_size={BATCH}", f"data.micro_batch_size_per_gpu={BATCH}", "data.use_dynamic_bsz=false",
            f"data.max_length={MAX_LEN}", f"dpo.max_prompt_length={MAX_PROMPT}", "data.truncation=right",
-           "data.shuffle=false", f"optim.lr={LR}", "optim.lr_warmup_steps=0", "optim.weight_decay=0.0", f"dpo.beta={BETA}",
+           "data.shuffle=false", f"optim.lr={LR}", "optim.lr_warmup_steps=0", "optim.weight_decay=0.0",
+           f"dpo.beta={BETA}",
            f"dpo.ref.precompute={str(precompute).lower()}", "model.enable_gradient_checkpointing=false",
            f"trainer.total_training_steps={steps}", "trainer.val_before_train=false", "trainer.logger=[file]",
            f"trainer.default_local_dir={ckpt}", "trainer.resume_mode=disable",
