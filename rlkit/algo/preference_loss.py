@@ -70,6 +70,15 @@ def sequence_logps(token_logps: torch.Tensor, mask: torch.Tensor, length_normali
     return masked_mean(token_logps, mask, dim=-1) if length_normalized else masked_sum(token_logps, mask, dim=-1)
 
 
+def reference_logps(token_logps: torch.Tensor, mask: torch.Tensor, loss_type: str) -> torch.Tensor:
+    """The reference's completion log-probs (B,) as `loss_type` reads them; (B,) values are taken as already reduced.
+    All a loss needs of the reference, so a precomputed reference stores these, not its token log-probs."""
+    if token_logps.dim() == 1:
+        return token_logps
+    kind = PREFERENCE_LOSSES.get(loss_type)
+    return sequence_logps(token_logps, mask.to(token_logps.dtype), kind.length_normalized)
+
+
 def preference_loss(
     chosen_logps: torch.Tensor,
     rejected_logps: torch.Tensor,
@@ -85,14 +94,16 @@ def preference_loss(
 ) -> dict[str, torch.Tensor]:
     """Mean pair loss (+ rpo_alpha x NLL of the chosen tokens) and TRL's metrics, all from (B, R) token log-probs.
 
+    The reference's may instead be (B,) completion log-probs already reduced by `reference_logps` (the
+    precomputed reference, dpo.ref.precompute): every loss reads the reference through that one number per side.
     `loss` carries the gradient (through the policy's log-probs only); the other entries are detached scalars.
     """
     kind = PREFERENCE_LOSSES.get(loss_type)
     chosen_mask, rejected_mask = chosen_mask.to(chosen_logps.dtype), rejected_mask.to(rejected_logps.dtype)
     pi_c = sequence_logps(chosen_logps, chosen_mask, kind.length_normalized)
     pi_r = sequence_logps(rejected_logps, rejected_mask, kind.length_normalized)
-    ref_c = sequence_logps(ref_chosen_logps.detach(), chosen_mask, kind.length_normalized)
-    ref_r = sequence_logps(ref_rejected_logps.detach(), rejected_mask, kind.length_normalized)
+    ref_c = reference_logps(ref_chosen_logps.detach(), chosen_mask, loss_type)
+    ref_r = reference_logps(ref_rejected_logps.detach(), rejected_mask, loss_type)
     z = (pi_c - pi_r) - (ref_c - ref_r)
     loss = kind.fn(z, beta, label_smoothing).mean()
     nll = -masked_mean(chosen_logps, chosen_mask)  # token mean over every chosen completion of the batch

@@ -16,6 +16,12 @@ class DPORefConfig:
     model_path: str | None = f(None, "the frozen reference model (folder, hub id or alias); null = model.path, the "
                                "policy's start. With LoRA (model.lora_rank > 0) the reference is the base model: the "
                                "policy with its adapter off, so this must stay null")
+    precompute: bool = f(False, "score every training and validation pair with the reference once, before step 1 (and "
+                         "again at each start or resume), keep its completion log-probs (8 bytes per pair, on the "
+                         "driver) and free the reference's weights in every worker: no reference forward per step and "
+                         "one model less in memory, for one pass over the data up front (TRL's "
+                         "precompute_ref_log_probs). With LoRA it saves the forward only (the base weights are the "
+                         "policy's)")
 
 
 @dataclass

@@ -112,8 +112,12 @@ class PreferenceDataset:
         return len(self.pairs)
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
-        """Pairs at `indices`, one row each (see `pairs_batch`)."""
-        return pairs_batch([self.pairs[int(i)] for i in indices], self.pad_token_id)
+        """Pairs at `indices`, one row each (see `pairs_batch`), with `pair_index` (B,): each row's place in the
+        dataset, which keys what is stored per pair (the precomputed reference log-probs) across shuffles and epochs."""
+        rows = [int(i) for i in indices]
+        batch = pairs_batch([self.pairs[i] for i in rows], self.pad_token_id)
+        batch["pair_index"] = torch.tensor(rows, dtype=torch.long)
+        return batch
 
 
 def pairs_batch(pairs: Sequence[Pair], pad_id: int) -> Batch:

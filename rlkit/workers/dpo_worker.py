@@ -4,18 +4,21 @@ A batch row is one preference pair (rlkit.data.preference.pairs_batch: the chose
 side), so the shared update loop's micro-batches never part a pair; a forward unfolds them into 2b rows in the RL
 layout. The reference is a second FSDP2 model held frozen in the same worker, as the RL reference role holds it
 (`dpo.ref.model_path`, default the policy's start); with LoRA it is the policy with its adapter off, as the actor
-scores its reference, so the base weights exist once.
+scores its reference, so the base weights exist once. With dpo.ref.precompute the trainer has the reference score
+every pair once (`compute_ref_logps`) and then drops it (`release_reference`); a step's pairs then carry those
+numbers, `ref_logps`, instead of `ref_log_prob`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 from collections.abc import Iterator
 
 import torch
 
-from rlkit.algo.preference_loss import preference_loss
+from rlkit.algo.preference_loss import preference_loss, reference_logps
 from rlkit.config.dpo_schema import DPOSection
 from rlkit.config.fsdp import FSDPConfig
 from rlkit.config.sft_schema import SFTModelConfig, SFTOptimConfig
@@ -54,7 +57,7 @@ class DPOWorker(SFTWorker):
                                  trust_remote_code=m.trust_remote_code, fused_lm_head=m.use_fused_kernels)
             for p in self.ref.module.parameters():
                 p.requires_grad_(False)
-        return report
+        return {**report, "ref_mb": self._ref_mb()}
 
     @contextlib.contextmanager
     def _reference(self) -> Iterator[FSDPModel]:
@@ -62,7 +65,8 @@ class DPOWorker(SFTWorker):
         if self.ref is not None:
             yield self.ref
             return
-        assert self.model.lora is not None
+        if self.model.lora is None:
+            raise RuntimeError("the reference was released (dpo.ref.precompute); read the precomputed ref_logps")
         with self.model.lora.disabled():
             yield self.model
 
@@ -92,6 +96,42 @@ class DPOWorker(SFTWorker):
         return Batch({"ref_log_prob": self._pair_log_probs(batch, reference=True)})
 
     @register(dispatch=Dispatch.DP_COMPUTE)
+    def compute_ref_logps(self, batch: Batch) -> Batch:
+        """The reference's completion log-probs of every pair, `ref_logps` (B, 2): chosen, rejected, reduced as
+        dpo.loss_type reads them, on the device as the loss reduces them, so they equal the per-step path's."""
+        tokens = self._pair_log_probs(batch, reference=True).to(self.device)
+        masks = split_sides(batch["response_mask"].to(self.device))
+        sides = [reference_logps(t, m, self.dpo.loss_type) for t, m in zip(split_sides(tokens), masks, strict=True)]
+        return Batch({"ref_logps": torch.stack(sides, dim=1).cpu()})
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def release_reference(self) -> dict[str, float]:
+        """Drop the frozen reference (after the precompute): `ref_freed_mb`, this rank's share of its weights.
+        With LoRA there is no copy to drop (the reference is the policy's own base weights): 0."""
+        freed = self._ref_mb()
+        allocated = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
+        self.ref = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            freed_device = (allocated - torch.cuda.memory_allocated()) / 2**20
+            return {"ref_freed_mb": freed, "ref_freed_device_mb": freed_device}
+        return {"ref_freed_mb": freed}
+
+    def _ref_mb(self) -> float:
+        """This rank's bytes of the reference's parameters and buffers (its FSDP shards), in MiB; 0 once released."""
+        if self.ref is None:
+            return 0.0
+        tensors = [*self.ref.module.parameters(), *self.ref.module.buffers()]
+        local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+        return sum(t.numel() * t.element_size() for t in local) / 2**20
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def memory_report(self) -> dict[str, float]:
+        """The policy's report and `ref_mb`: the frozen reference's share of this rank (0 with LoRA or released)."""
+        return {**self.model.memory_report(), "ref_mb": self._ref_mb()}
+
+    @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """The policy's token log-probs of every pair, `log_probs` (B, 2R), no grad (validation)."""
         return Batch({"log_probs": self._pair_log_probs(batch, reference=False)})
@@ -103,7 +143,11 @@ class DPOWorker(SFTWorker):
             lp, rows = self._sequence_log_probs(self.model, mb)
             mask = rows["response_mask"].to(self.device)
             chosen, rejected = lp.chunk(2)
-            ref_chosen, ref_rejected = split_sides(mb["ref_log_prob"].to(self.device))
+            # the stored reference (dpo.ref.precompute: (b, 2) completion log-probs) or this step's (b, 2R) tokens
+            if "ref_logps" in mb:
+                ref_chosen, ref_rejected = mb["ref_logps"].to(self.device).unbind(1)
+            else:
+                ref_chosen, ref_rejected = split_sides(mb["ref_log_prob"].to(self.device))
             out = preference_loss(chosen, rejected, ref_chosen, ref_rejected, *mask.chunk(2), loss_type=d.loss_type,
                                   beta=d.beta, label_smoothing=d.label_smoothing, rpo_alpha=d.rpo_alpha)
             metrics = {("train/loss" if k == "loss" else f"train/{k}" if k == "nll_loss" else k): float(v.detach())

@@ -108,3 +108,17 @@ def test_robust_refuses_half_smoothing_and_unknown_name():
         preference_loss(*args, loss_type="robust", label_smoothing=0.5)
     with pytest.raises(Exception, match="sigmoid"):
         preference_loss(*args, loss_type="sigmoidd")
+
+
+@pytest.mark.parametrize("loss_type", sorted(BY_HAND))
+def test_a_reduced_reference_gives_the_same_numbers(loss_type):
+    """dpo.ref.precompute keeps `reference_logps` (one number per completion): every loss reads the same values."""
+    from rlkit.algo.preference_loss import reference_logps
+
+    gen = torch.Generator().manual_seed(0)
+    pi_c, pi_r, ref_c, ref_r = (-torch.rand(2, 4, generator=gen) * 3 for _ in range(4))
+    kwargs = {"loss_type": loss_type, "beta": 0.5, "label_smoothing": 0.1, "rpo_alpha": 0.3}
+    tokens = preference_loss(pi_c, pi_r, ref_c, ref_r, CHOSEN_MASK, REJECTED_MASK, **kwargs)
+    reduced = preference_loss(pi_c, pi_r, reference_logps(ref_c, CHOSEN_MASK, loss_type),
+                              reference_logps(ref_r, REJECTED_MASK, loss_type), CHOSEN_MASK, REJECTED_MASK, **kwargs)
+    assert {k: float(v) for k, v in tokens.items()} == {k: float(v) for k, v in reduced.items()}

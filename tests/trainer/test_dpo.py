@@ -5,6 +5,9 @@ DPO learns a marker: the pairs' chosen replies end in "think", their rejected re
 ~chance (measured 0.12: the random model finds a digit likelier) to > 0.9 (measured 1.00), DPO's rewards/accuracies
 to > 0.9, and the policy's sampled replies contain the marker more often (measured 0.11 -> 0.91). The checkpoint
 exports to a plain HF model; `--dry-run` prints the plan with the loss and the reference.
+
+dpo.ref.precompute: 3 shuffled steps log the very losses and rewards of the per-step reference (measured: equal bit
+for bit), with no reference phase and the reference's weights released; a resume from step 2 logs step 3 the same.
 """
 
 from __future__ import annotations
@@ -132,9 +135,78 @@ def test_dry_run_and_bad_keys(pairs, tmp_path):
     assert res.exit_code == 0, res.output
     assert "resource plan (dpo)" in out and "ipo (beta 0.5)" in out
     assert "smollm2-135m-instruct, frozen, in each worker" in out and "pre-flight ok: 2 data file(s)" in out
+    res = CliRunner().invoke(app, ["train", "dpo", *args, "dpo.ref.precompute=true", "--dry-run"],
+                             env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    assert "scores every training and validation pair once before step 1" in " ".join(res.output.split())
     with pytest.raises(UserError, match="data.messages_key: a conversation key of SFT"):
         load_dpo_config([*args, "data.messages_key=conversation"])
     with pytest.raises(UserError, match=r"dpo.label_smoothing=0.5 must be in \[0, 0.5\)"):
         load_dpo_config([*args, "dpo.label_smoothing=0.5"])
     with pytest.raises(UserError, match="Did you mean 'sigmoid'"):
         DPOTrainer(load_dpo_config([*args, "dpo.loss_type=sigmoidd"]), workers=object())
+
+
+class Rows:
+    """A tracker that keeps every logged row and progress line."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, dict] = {}
+        self.progress_lines: list[tuple[str, int, int]] = []
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.rows.setdefault(step, {}).update(metrics)
+
+    def progress(self, phase: str, done: int, total: int) -> None:
+        self.progress_lines.append((phase, done, total))
+
+
+def short_run(process_group, pairs: Path, model: Path, out: Path, steps: int, **extra) -> tuple[DPOTrainer, Rows]:
+    """`steps` steps of the shared config, shuffled (so a step's rows are not the precompute's chunks)."""
+    values = {"trainer.total_training_steps": steps, "data.shuffle": True, "trainer.test_freq": 2, **extra}
+    args = [a for a in overrides(pairs, model, out) if a.split("=")[0] not in values]
+    cfg = load_dpo_config([*args, *(f"{k}={v}" for k, v in values.items())])
+    role = dpo_role(cfg, str(model), str(model), steps)
+    worker = role.cls(*role.args, **role.kwargs)
+    worker.init_model()
+    rows = Rows()
+    trainer = DPOTrainer(cfg, workers=WorkerHandles([], {"model": worker}, 1), tracker=rows)
+    trainer.fit()
+    return trainer, rows
+
+
+SCORES = ("train/loss", "rewards/", "logps/", "val/loss", "val/rewards/", "val/logps/")
+
+
+def test_precomputed_reference_matches_the_per_step_reference(process_group, pairs, tmp_path):
+    from rlkit.testing import save_tiny_model
+
+    torch.set_num_threads(1)
+    model = save_tiny_model(tmp_path / "tiny", heads=2, tie_embeddings=True)
+    live, live_rows = short_run(process_group, pairs, model, tmp_path / "live", 3)
+    stored, stored_rows = short_run(process_group, pairs, model, tmp_path / "stored", 3,
+                                    **{"dpo.ref.precompute": True, "trainer.save_freq": 2})
+    assert sorted(live_rows.rows) == sorted(stored_rows.rows) == [0, 1, 2, 3]
+    worst = 0.0
+    for step, row in live_rows.rows.items():
+        scores = {k: v for k, v in row.items() if k.startswith(SCORES)}
+        assert scores and scores.keys() <= stored_rows.rows[step].keys()
+        for key, value in scores.items():
+            worst = max(worst, abs(stored_rows.rows[step][key] - value))
+            assert stored_rows.rows[step][key] == pytest.approx(value, abs=1e-6), (step, key)
+    print(f"precomputed vs per-step reference: largest difference {worst:.3g}")
+    for step in (1, 2, 3):
+        assert live_rows.rows[step]["timing_s/ref"] > 0 and "timing_s/ref" not in stored_rows.rows[step]
+    ref_mb = live.workers.model.memory_report()["ref_mb"]
+    assert ref_mb > 0 and stored.workers.model.memory_report()["ref_mb"] == 0 and stored.ref_freed_mb == ref_mb
+    phases = {phase for phase, _, _ in stored_rows.progress_lines}
+    assert {"reference log-probs (training pairs)", "reference log-probs (validation pairs)"} <= phases
+    with pytest.raises(RuntimeError, match="reference was released"):
+        stored.workers.model.compute_ref_log_prob(stored.train_set.get_batch([0, 1]))
+    # a resume scores the pairs again (nothing is checkpointed) and picks each step's pairs by their dataset rows
+    step2 = tmp_path / "stored" / "ckpt" / "global_step_2"
+    _, resumed_rows = short_run(process_group, pairs, model, tmp_path / "resumed", 3,
+                                **{"dpo.ref.precompute": True, "trainer.resume_mode": step2})
+    assert sorted(resumed_rows.rows) == [3]
+    assert {k: v for k, v in resumed_rows.rows[3].items() if k.startswith(SCORES)} == \
+        {k: v for k, v in stored_rows.rows[3].items() if k.startswith(SCORES)}

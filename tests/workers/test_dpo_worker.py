@@ -1,6 +1,7 @@
 """The DPO role on a 1-rank gloo group in this process, as a worker runs it: the reference's log-probs of a pair batch
 equal a plain transformers forward of the same sequences, with a frozen reference model and with LoRA (the policy
-with its adapter off). That DPO learns: tests/trainer/test_dpo.py."""
+with its adapter off); the precomputed reference's sums are those of the same forward, and releasing the reference
+frees its weights (nothing with LoRA). That DPO learns: tests/trainer/test_dpo.py."""
 
 from __future__ import annotations
 
@@ -60,3 +61,18 @@ def test_reference_log_probs_equal_a_plain_forward(setup, lora_rank):
     assert torch.allclose(got[mask], logp[mask], atol=1e-5), (got[mask] - logp[mask]).abs().max()
     policy = torch.cat(split_sides(worker.compute_log_prob(batch)["log_probs"]), dim=0)
     assert torch.allclose(policy[mask], logp[mask], atol=1e-5) == (lora_rank == 0)
+    # dpo.ref.precompute: the reduced reference (sums; IPO's means) of the same forward, then the reference dropped
+    from rlkit.algo.preference_loss import reference_logps
+
+    stored = worker.compute_ref_logps(batch)["ref_logps"]
+    sides = [reference_logps(t, m, "sigmoid") for t, m in zip(split_sides(ref), split_sides(batch["response_mask"]),
+                                                                strict=True)]
+    assert torch.equal(stored, torch.stack(sides, dim=1))
+    held = worker.memory_report()["ref_mb"]
+    assert (held > 0) == (lora_rank == 0)
+    assert worker.release_reference()["ref_freed_mb"] == held and worker.memory_report()["ref_mb"] == 0
+    if lora_rank:  # nothing was freed: the reference is the policy's base weights, still there
+        assert torch.equal(worker.compute_ref_logps(batch)["ref_logps"], stored)
+    else:
+        with pytest.raises(RuntimeError, match="reference was released"):
+            worker.compute_ref_logps(batch)

@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
+from rlkit.config.checks import world_size
 from rlkit.config.dpo_schema import DPOConfig
 from rlkit.trainer.kinds import sft_launch
 
@@ -23,8 +24,27 @@ def plan(cfg: DPOConfig) -> Table:
     rpo = f", + {d.rpo_alpha} x NLL of chosen" if d.rpo_alpha is not None else ""
     table.add_row("preference loss", f"{d.loss_type} (beta {d.beta}{smoothing}{rpo})")
     reference = "the base model (LoRA adapter off)" if cfg.model.lora_rank else (d.ref.model_path or cfg.model.path)
-    table.add_row("reference", f"{reference}, frozen, in each worker")
+    table.add_row("reference", f"{reference}, frozen, {precompute_note(cfg) if d.ref.precompute else 'in each worker'}")
     return table
+
+
+def precompute_note(cfg: DPOConfig) -> str:
+    """What dpo.ref.precompute will do, with its memory estimate (the weights it frees, the scores it keeps)."""
+    scored = "scores every training and validation pair once before step 1 (8 bytes a pair kept)"
+    if cfg.model.lora_rank:
+        return f"{scored}; nothing to free: its weights are the policy's"
+    mib = weights_mib(cfg.dpo.ref.model_path or cfg.model.path)
+    size = f"~{mib / world_size(cfg):.0f} MiB of its ~{mib:.0f} MiB of weights on disk" if mib else "its weights"
+    return f"{scored}, then freed from each worker ({size})"
+
+
+def weights_mib(path: str) -> float | None:
+    """The size of a local model folder's weight files (None for a hub id or alias, resolved only at start)."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        return None
+    files = [p for pattern in ("*.safetensors", "*.bin") for p in folder.glob(pattern)]
+    return sum(p.stat().st_size for p in files) / 2**20 or None
 
 
 def preflight(cfg: DPOConfig, allow_download: bool = False) -> list[str]:
