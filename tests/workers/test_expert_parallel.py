@@ -1,0 +1,144 @@
+"""Expert parallel (DTensor, `fsdp_config.expert_parallel_size`) computes what the same ranks compute without it.
+
+Two gloo ranks, each with its own micro-batch of one handmade rollout batch (different row and token counts), build
+the same tiny MoE twice: FSDP2 over both (ep=1) and with the experts split over an EP group of both ranks (ep=2,
+rlkit/workers/expert_parallel.py: tokens dispatched to their experts' rank by all-to-all, FSDP2 over the ranks
+holding the same experts), gradient checkpointing on (the recomputed forward dispatches again). For the packed and
+the padded forward, one micro-batch step of a policy loss plus the router load-balancing loss (as the actor adds it):
+this rank's log-probs, loss, load-balancing loss and expert-load metrics, and every parameter's full gradient, equal
+the ep=1 model's; so do they with routing replay (given routes), and so do the grad norm and the weights after two
+AdamW steps (what the rollout engine receives). Checkpoints: a DCP save at ep=2 loads exactly at ep=1 and an ep=1
+save at ep=2; `rlkit export` of the ep=2 checkpoint is the plain HF folder of the same weights (the per-expert
+names vLLM loads are made from it as from any other, rlkit/models/weight_layout.py).
+Bound (float32): 1e-5 absolute on log-probs, gradients, weights; loss and aux loss 1e-6 relative; metrics equal.
+Measured, max over both families and ranks (printed by rank 0): see the module's report in the commit message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlkit.config.schema import FSDPConfig, OptimConfig
+from tests.gloo_workers import gloo_rank, run_on_gloo_workers
+from tests.workers.test_tensor_parallel import full_grads, max_diff, rows_of
+
+R, TOL, AUX_COEF = 7, 1e-5, 0.01
+PATHS = {"packed": dict(), "padded": dict(remove_padding=False)}
+
+
+def build(path: str, ep: int = 1, tp: int = 1):
+    from rlkit.workers.fsdp_model import FSDPModel
+
+    config = FSDPConfig(param_dtype="float32", expert_parallel_size=ep, tensor_parallel_size=tp)
+    return FSDPModel(path, config, torch.device("cpu"), gradient_checkpointing=True)
+
+
+def aux_step(model, batch: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """The actor's micro-batch with the router load-balancing loss: (log-probs, loss, aux loss, load metrics)."""
+    from rlkit.algo.loss_agg import agg_loss
+    from rlkit.workers.micro_batch import loss_scales
+
+    model.module.zero_grad(set_to_none=True)
+    tap = model.router_tap
+    with tap.recording():
+        out = model.forward(batch["input_ids"], batch["attention_mask"], batch["position_ids"], R,
+                            temperature=0.7, **kw)
+        aux = tap.load_balancing_loss()
+        metrics = tap.load_metrics()
+    mask = batch["response_mask"].float()
+    scale = loss_scales([batch["response_mask"]], "token-mean")[0]
+    loss = scale * agg_loss(-batch["advantages"] * out.log_probs, mask) + AUX_COEF * aux
+    loss.backward()
+    return out.log_probs.detach(), loss.detach(), aux.detach(), metrics
+
+
+def compare(base, split, batch: dict, found: dict, tag: str, **kw) -> torch.Tensor:
+    """One `aux_step` of each model, compared; returns the ep=1 log-probs."""
+    valid = batch["response_mask"].bool()
+    want, got = aux_step(base, batch, **kw), aux_step(split, batch, **kw)
+    rel = [abs(float(g - w)) / max(1.0, abs(float(w))) for g, w in zip(got[1:3], want[1:3])]
+    found[tag] = dict(log_probs=float((got[0] - want[0])[valid].abs().max()), loss_rel=rel[0], aux_rel=rel[1],
+                      grads=max_diff(full_grads(split), full_grads(base)))
+    assert got[3] == want[3] and got[3], (got[3], want[3])
+    assert found[tag]["log_probs"] <= TOL and found[tag]["grads"] <= TOL and max(rel) <= 1e-6, found[tag]
+    return want[0]
+
+
+def given_routes(batch: dict, layers: int, experts: int, top_k: int, seed: int) -> torch.Tensor:
+    """(rows, tokens, layers, k) distinct experts per token, some tokens (-1) keeping the router's own choice."""
+    rows, tokens = batch["input_ids"].shape
+    g = torch.Generator().manual_seed(seed)
+    routes = torch.rand(rows, tokens, layers, experts, generator=g).argsort(-1)[..., :top_k]
+    routes[:, ::3] = -1
+    return routes
+
+
+def _worker(rank: int, store_path: str, payload: dict, results) -> None:
+    from rlkit.workers.hf_export import export_hf
+
+    ckpt = Path(payload["ckpt"])
+    with gloo_rank(rank, store_path, results, world=2):
+        batch = rows_of(rank, 2)
+        found: dict = {}
+        path = payload["model"]
+        base, split = build(path), build(path, ep=2)
+        assert split.ep is not None and split.ep.size == 2 and split.layout.describe() == (
+            "replicate 1 x shard 1 x ep 2 x tp 1")
+        experts = split.ep.modules[0]
+        local = experts.gate_up_proj.to_local()
+        assert experts.gate_up_proj.shape[0] == experts.num_experts == 2 * local.shape[0]  # half the experts here
+        for model in (base, split):
+            model.setup_optimizer(OptimConfig(lr=1e-4, weight_decay=0.0), total_steps=3)
+        own = [compare(base, split, batch, found, name, **kw) for name, kw in PATHS.items()][0]
+        tap = base.router_tap
+        routes = given_routes(batch, len(tap.routers), tap.num_experts, tap.top_k, seed=rank)
+        replayed = compare(base, split, batch, found, "routing replay", routed_experts=routes)
+        assert not torch.allclose(replayed, own), "the given routes changed nothing"  # they were used
+        norms = []
+        for _ in range(2):
+            aux_step(base, batch), aux_step(split, batch)
+            norms.append((base.clip_and_step(1.0), split.clip_and_step(1.0)))
+        found["grad_norm_rel"] = max(abs(a - b) / abs(a) for a, b in norms)
+        found["weights"] = max_diff(split.full_state_dict(), base.full_state_dict())
+        assert found["grad_norm_rel"] <= 1e-5 and found["weights"] <= TOL, found
+        for saved, ep in ((split, 1), (base, 2)):  # DCP checkpoints cross the layouts
+            folder = ckpt / f"saved_for_ep{ep}"
+            saved.save(folder)
+            loaded = build(path, ep=ep)
+            loaded.setup_optimizer(OptimConfig(lr=1e-4, weight_decay=0.0), total_steps=2)
+            loaded.load(folder)
+            found[f"checkpoint to ep={ep}"] = max_diff(loaded.full_state_dict(), saved.full_state_dict())
+            assert found[f"checkpoint to ep={ep}"] == 0.0, found
+        want = split.full_state_dict()
+        dist.barrier()
+        if rank == 0:  # `rlkit export` of the ep=2 checkpoint: the plain HF folder (per-expert names on disk)
+            from transformers import AutoModelForCausalLM
+
+            out = export_hf(ckpt / "saved_for_ep1", ckpt / "hf")
+            exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+            found["export"] = max_diff(exported, want)
+            assert found["export"] == 0.0, found
+        dist.barrier()
+        gathered = [None] * 2
+        dist.all_gather_object(gathered, found)
+        if rank == 0:
+            for key in found:
+                print(key, {r: gathered[r].get(key) for r in range(2)})
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory) -> dict[str, str]:
+    from rlkit.testing import save_tiny_moe
+
+    root = tmp_path_factory.mktemp("ep-models")
+    return {family: str(save_tiny_moe(root / family, family, sharpen=1.0)) for family in ("qwen3_moe", "mixtral")}
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_ep2_matches_ep1_on_two_gloo_workers(moe_models, family, tmp_path):
+    run_on_gloo_workers(_worker, dict(model=moe_models[family], ckpt=str(tmp_path / "ckpt")), tmp_path, world=2,
+                        timeout_s=600)
