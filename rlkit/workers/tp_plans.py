@@ -12,8 +12,10 @@ trains share one shape (Llama, Mistral, Qwen2/2.5, Qwen3 and the Qwen2-VL/2.5-VL
   vocabulary shards (rlkit/workers/vocab_parallel.py) and never gathers a (tokens x vocab) tensor. Tied
   embeddings (one (V, H) weight for both) share that weight, sharded once on the vocabulary.
 Norms, rotary tables and a VLM's vision tower stay whole on every rank of the group (FSDP2 still shards them
-over the data-parallel ranks). MoE families (Qwen3-MoE, Mixtral) have no plan yet: their experts wait for the
-expert-parallel dimension (issue 46).
+over the data-parallel ranks). MoE families (Qwen3-MoE, Mixtral): the same attention, embedding and LM head, the
+dense-MLP layers' MLP as above; a sparse layer's router and experts stay whole over the TP group (every rank of it
+runs them on the group's replicated rows), and the expert-parallel dimension splits the experts
+(rlkit/workers/expert_parallel.py), so TP and EP compose.
 
 A new family: a function returning its plan, `@TP_PLANS.register("<model_type>")`.
 """
@@ -70,6 +72,22 @@ def decoder_plan(model: torch.nn.Module) -> dict[str, Any]:
     head = _head_name(model)
     if head is not None:
         plan[head] = ColwiseParallel(output_layouts=Shard(-1))  # the logits stay sharded on the vocabulary
+    return plan
+
+
+@TP_PLANS.register("qwen3_moe", "mixtral")
+def moe_decoder_plan(model: torch.nn.Module) -> dict[str, Any]:
+    """A Llama-shaped MoE decoder's plan: the decoder plan's attention, embedding and head; the gated MLP of the
+    layers that have one (Qwen3-MoE's `mlp_only_layers`), named one by one; routers and experts whole."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {name: style for name, style in decoder_plan(model).items() if ".mlp." not in name}
+    stack = _text_model(model)
+    for i, layer in enumerate(model.get_submodule(stack).layers):
+        if hasattr(layer.mlp, "gate_proj") and hasattr(layer.mlp, "down_proj"):
+            prefix = f"{stack}.layers.{i}.mlp"
+            plan.update({f"{prefix}.gate_proj": ColwiseParallel(), f"{prefix}.up_proj": ColwiseParallel(),
+                         f"{prefix}.down_proj": RowwiseParallel()})
     return plan
 
 
@@ -132,8 +150,7 @@ def parallelize(model: torch.nn.Module, tp_mesh: Any) -> TensorParallel:
     if model_type not in TP_PLANS:
         raise UserError(
             f"fsdp_config.tensor_parallel_size={tp}: no tensor-parallel plan for model_type "
-            f"'{model_type}' (plans: {', '.join(TP_PLANS)}; MoE families wait for expert parallel, "
-            "issue 46); use tensor_parallel_size=1"
+            f"'{model_type}' (plans: {', '.join(TP_PLANS)}); use tensor_parallel_size=1"
         )
     check_heads(model.config, tp)
     embeddings, head = model.get_input_embeddings(), _head_name(model)

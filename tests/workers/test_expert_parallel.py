@@ -80,17 +80,17 @@ def given_routes(batch: dict, layers: int, experts: int, top_k: int, seed: int) 
 def _worker(rank: int, store_path: str, payload: dict, results) -> None:
     from rlkit.workers.hf_export import export_hf
 
-    ckpt = Path(payload["ckpt"])
-    with gloo_rank(rank, store_path, results, world=2):
-        batch = rows_of(rank, 2)
+    ckpt, world, (ep, tp) = Path(payload["ckpt"]), payload["world"], payload["layout"]
+    with gloo_rank(rank, store_path, results, world=world):
+        batch = rows_of(rank, world)
         found: dict = {}
         path = payload["model"]
-        base, split = build(path), build(path, ep=2)
-        assert split.ep is not None and split.ep.size == 2 and split.layout.describe() == (
-            "replicate 1 x shard 1 x ep 2 x tp 1")
+        base, split = build(path), build(path, ep=ep, tp=tp)
+        assert split.ep is not None and split.ep.size == ep and split.layout.describe() == (
+            f"replicate 1 x shard {world // tp // ep} x ep {ep} x tp {tp}")
         experts = split.ep.modules[0]
         local = experts.gate_up_proj.to_local()
-        assert experts.gate_up_proj.shape[0] == experts.num_experts == 2 * local.shape[0]  # half the experts here
+        assert experts.gate_up_proj.shape[0] == experts.num_experts == ep * local.shape[0]  # 1/ep of the experts
         for model in (base, split):
             model.setup_optimizer(OptimConfig(lr=1e-4, weight_decay=0.0), total_steps=3)
         own = [compare(base, split, batch, found, name, **kw) for name, kw in PATHS.items()][0]
@@ -105,14 +105,14 @@ def _worker(rank: int, store_path: str, payload: dict, results) -> None:
         found["grad_norm_rel"] = max(abs(a - b) / abs(a) for a, b in norms)
         found["weights"] = max_diff(split.full_state_dict(), base.full_state_dict())
         assert found["grad_norm_rel"] <= 1e-5 and found["weights"] <= TOL, found
-        for saved, ep in ((split, 1), (base, 2)):  # DCP checkpoints cross the layouts
-            folder = ckpt / f"saved_for_ep{ep}"
+        for saved, (to_ep, to_tp) in ((split, (1, 1)), (base, (ep, tp))):  # DCP checkpoints cross the layouts
+            folder = ckpt / f"saved_for_ep{to_ep}"
             saved.save(folder)
-            loaded = build(path, ep=ep)
+            loaded = build(path, ep=to_ep, tp=to_tp)
             loaded.setup_optimizer(OptimConfig(lr=1e-4, weight_decay=0.0), total_steps=2)
             loaded.load(folder)
-            found[f"checkpoint to ep={ep}"] = max_diff(loaded.full_state_dict(), saved.full_state_dict())
-            assert found[f"checkpoint to ep={ep}"] == 0.0, found
+            found[f"checkpoint to ep={to_ep}"] = max_diff(loaded.full_state_dict(), saved.full_state_dict())
+            assert found[f"checkpoint to ep={to_ep}"] == 0.0, found
         want = split.full_state_dict()
         dist.barrier()
         if rank == 0:  # `rlkit export` of the ep=2 checkpoint: the plain HF folder (per-expert names on disk)
@@ -123,11 +123,11 @@ def _worker(rank: int, store_path: str, payload: dict, results) -> None:
             found["export"] = max_diff(exported, want)
             assert found["export"] == 0.0, found
         dist.barrier()
-        gathered = [None] * 2
+        gathered = [None] * world
         dist.all_gather_object(gathered, found)
         if rank == 0:
             for key in found:
-                print(key, {r: gathered[r].get(key) for r in range(2)})
+                print(key, {r: gathered[r].get(key) for r in range(world)})
 
 
 @pytest.fixture(scope="module")
@@ -135,10 +135,20 @@ def moe_models(tmp_path_factory) -> dict[str, str]:
     from rlkit.testing import save_tiny_moe
 
     root = tmp_path_factory.mktemp("ep-models")
-    return {family: str(save_tiny_moe(root / family, family, sharpen=1.0)) for family in ("qwen3_moe", "mixtral")}
+    models = {family: str(save_tiny_moe(root / family, family, sharpen=1.0)) for family in ("qwen3_moe", "mixtral")}
+    models["qwen3_moe/tp"] = str(save_tiny_moe(root / "qwen3_moe_tp", "qwen3_moe", sharpen=1.0, kv_heads=2))
+    return models
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_ep2_matches_ep1_on_two_gloo_workers(moe_models, family, tmp_path):
-    run_on_gloo_workers(_worker, dict(model=moe_models[family], ckpt=str(tmp_path / "ckpt")), tmp_path, world=2,
-                        timeout_s=600)
+    payload = dict(model=moe_models[family], ckpt=str(tmp_path / "ckpt"), world=2, layout=(2, 1))
+    run_on_gloo_workers(_worker, payload, tmp_path, world=2, timeout_s=600)
+
+
+@pytest.mark.slow
+def test_ep2_x_tp2_matches_dp_on_four_gloo_workers(moe_models, tmp_path):
+    """EP groups of the ranks with the same TP index ({0, 2}, {1, 3}); each TP group runs the router and experts
+    whole on its gathered rows (rlkit/workers/tp_plans.py's MoE plan)."""
+    payload = dict(model=moe_models["qwen3_moe/tp"], ckpt=str(tmp_path / "ckpt"), world=4, layout=(2, 2))
+    run_on_gloo_workers(_worker, payload, tmp_path, world=4, timeout_s=900)
