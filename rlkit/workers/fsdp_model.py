@@ -147,6 +147,8 @@ class FSDPModel:
         self.module = model
         # 4. head: the router taps of an MoE, the log-prob or value head on top (in `forward`)
         self.router_tap = RouterTap.attach(model)  # MoE: router hooks (aux loss, load metrics, replay); None if dense
+        if self.router_tap is not None and self.tp is not None:  # the group's rows: each rank's tokens kept apart
+            self.router_tap.share_rows(self.tp.size, self.tp.rank)
         logits_to_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
         self.head = make_head(value_head, fused_lm_head, logits_to_keep, self.tp.vocab if self.tp else None)
         # model inputs that are not the model's keywords, by name -> who takes them (MoE: the replayed routes)
@@ -316,6 +318,9 @@ class FSDPModel:
             inputs, own = inputs.gather_rows(self.sp, vision)
             return self._packed_forward(inputs, head, call).rows(own)
         if self.tp is not None:  # the group's micro-batches together through the split weights; each keeps its own
+            if self.router_tap is not None:  # whose tokens the routers see (moe_router.py: RouterTap.share_rows)
+                inputs = inputs.with_extra(RouterTap.OWNERS, TokenInput(
+                    torch.full_like(inputs.input_ids, self.tp.rank), fill=-1, to_model=False))
             inputs, own = inputs.gather_rows(self.tp, vision)
             out = self._rows_forward(inputs, head, call, remove_padding)
             return out.map(lambda t: self.tp.own_rows(t, own))

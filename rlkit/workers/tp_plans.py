@@ -7,6 +7,8 @@ trains share one shape (Llama, Mistral, Qwen2/2.5, Qwen3 and the Qwen2-VL/2.5-VL
   of the MLP's hidden units on the replicated activations (HF's attention reshapes to (.., -1, head_dim), so it
   runs on the local heads as it stands; the GQA ratio is unchanged);
 - o and down projections row-parallel: the partial sums all-reduced back to replicated activations;
+- Qwen3's per-head q/k norms: their one weight replicated, applied to the local heads (its gradient summed over the
+  group);
 - the token embedding row-parallel over the vocabulary (a token's row lives on one rank, its output summed);
 - the LM head column-parallel over the vocabulary, its logits left sharded: the log-prob head reduces over the
   vocabulary shards (rlkit/workers/vocab_parallel.py) and never gathers a (tokens x vocab) tensor. Tied
@@ -55,11 +57,16 @@ def _head_name(model: torch.nn.Module) -> str | None:
 def decoder_plan(model: torch.nn.Module) -> dict[str, Any]:
     """The Llama-shaped decoder's plan (see the module docstring)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
     stack = _text_model(model)
     layer = f"{stack}.layers.*"
-    plan: dict[str, Any] = {
+    first = model.get_submodule(stack).layers[0].self_attn
+    # Qwen3's per-head q/k norms: one (head_dim,) weight over the local heads (b, s, heads / tp, head_dim); as a
+    # replicated DTensor on heads-sharded input, its gradient is summed over the group's heads
+    norms = {f"{layer}.self_attn.{name}": SequenceParallel(sequence_dim=2, use_local_output=True)
+             for name in ("q_norm", "k_norm") if hasattr(first, name)}
+    plan: dict[str, Any] = {**norms,
         f"{stack}.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
         f"{layer}.self_attn.q_proj": ColwiseParallel(),
         f"{layer}.self_attn.k_proj": ColwiseParallel(),

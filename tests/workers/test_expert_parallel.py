@@ -60,12 +60,20 @@ def compare(base, split, batch: dict, found: dict, tag: str, **kw) -> torch.Tens
     """One `aux_step` of each model, compared; returns the ep=1 log-probs."""
     valid = batch["response_mask"].bool()
     want, got = aux_step(base, batch, **kw), aux_step(split, batch, **kw)
-    rel = [abs(float(g - w)) / max(1.0, abs(float(w))) for g, w in zip(got[1:3], want[1:3])]
+    # under TP each rank's loss holds its group's mean load-balancing loss: the ranks' mean is what matches
+    rel = [abs(float(world_mean(g) - world_mean(w))) / max(1.0, abs(float(world_mean(w))))
+           for g, w in zip(got[1:3], want[1:3])]
     found[tag] = dict(log_probs=float((got[0] - want[0])[valid].abs().max()), loss_rel=rel[0], aux_rel=rel[1],
                       grads=max_diff(full_grads(split), full_grads(base)))
     assert got[3] == want[3] and got[3], (got[3], want[3])
     assert found[tag]["log_probs"] <= TOL and found[tag]["grads"] <= TOL and max(rel) <= 1e-6, found[tag]
     return want[0]
+
+
+def world_mean(value: torch.Tensor) -> torch.Tensor:
+    total = value.clone()
+    dist.all_reduce(total)
+    return total / dist.get_world_size()
 
 
 def given_routes(batch: dict, layers: int, experts: int, top_k: int, seed: int) -> torch.Tensor:
