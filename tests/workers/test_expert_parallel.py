@@ -160,3 +160,81 @@ def test_ep2_x_tp2_matches_dp_on_four_gloo_workers(moe_models, tmp_path):
     whole on its gathered rows (rlkit/workers/tp_plans.py's MoE plan)."""
     payload = dict(model=moe_models["qwen3_moe/tp"], ckpt=str(tmp_path / "ckpt"), world=4, layout=(2, 2))
     run_on_gloo_workers(_worker, payload, tmp_path, world=4, timeout_s=900)
+
+
+def test_config_sizes_verl_keys_and_the_dry_run_mesh(toy_data, tmp_path):
+    """`fsdp_config.expert_parallel_size` and verl's `megatron.expert_model_parallel_size` (with
+    `tensor_model_parallel_size`) and VeOmni's `expert_parallel_size` reach the layout, the reference following the
+    actor; sizes that do not divide the data-parallel workers, EP beside Ulysses, EP on a dense model and EP not
+    dividing the experts are refused with one line naming the key; the dry run shows each role's mesh."""
+    import io
+
+    from rich.console import Console
+
+    from rlkit.errors import UserError
+    from rlkit.testing import save_tiny_model, save_tiny_moe
+    from rlkit.trainer.kinds.rl_launch import plan as resource_plan
+    from rlkit.trainer.run.preflight import Preflight, check_expert_parallel_model, check_model
+    from rlkit.trainer.run.run_config import load_config
+    from tests.trainer.conftest import toy_overrides
+
+    model = save_tiny_moe(tmp_path / "moe", "qwen3_moe", kv_heads=2)
+    base = toy_overrides(toy_data, str(model), tmp_path, trainer__n_gpus_per_node=4)
+    actor, ref = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
+    cfg = load_config("grpo", [*base, f"{actor}.fsdp_config.expert_parallel_size=2", f"{actor}.use_kl_loss=true"])
+    assert cfg.actor_rollout_ref.ref.fsdp_config.expert_parallel_size == 2  # the reference follows the actor
+    console = Console(width=240, record=True, file=io.StringIO())
+    console.print(resource_plan(cfg))
+    plan = console.export_text()
+    assert "actor mesh" in plan and "replicate 1 x shard 2 x ep 2 x tp 1 (4 workers)" in plan, plan
+    assert "ref mesh" in plan, plan
+    verl = load_config("grpo", [*base, f"{actor}.strategy=megatron", f"+{actor}.megatron.expert_model_parallel_size=2",
+                                f"+{actor}.megatron.tensor_model_parallel_size=2",
+                                f"+{actor}.megatron.expert_tensor_parallel_size=2"])
+    fsdp = verl.actor_rollout_ref.actor.fsdp_config
+    assert (fsdp.expert_parallel_size, fsdp.tensor_parallel_size) == (2, 2)
+    console = Console(width=240, record=True, file=io.StringIO())
+    console.print(resource_plan(verl))
+    assert "replicate 1 x shard 1 x ep 2 x tp 2 (4 workers)" in console.export_text()
+    veomni = load_config("grpo", [*base, f"+{actor}.veomni.expert_parallel_size=4"])
+    assert veomni.actor_rollout_ref.actor.fsdp_config.expert_parallel_size == 4
+    for override, message in [
+        (f"{actor}.fsdp_config.expert_parallel_size=3", "expert_parallel_size=3 must divide the 4 data-parallel"),
+        (f"{actor}.fsdp_config.tensor_parallel_size=4", "expert_parallel_size=2 must divide the 1 data-parallel"),
+        (f"{actor}.fsdp_config.fsdp_size=1", "expert_parallel_size=2 must divide fsdp_size=1"),
+        (f"{ref}.fsdp_config.expert_parallel_size=3", "ref.fsdp_config.expert_parallel_size=3 must divide"),
+        (f"{actor}.fsdp_config.expert_parallel_size=0", "expert_parallel_size=0: use 1"),
+        (f"{actor}.ulysses_sequence_parallel_size=2", "ulysses_sequence_parallel_size=2: the two together"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            load_config("grpo", [*base, f"{actor}.fsdp_config.expert_parallel_size=2", override])
+    for folder, ep, problem in [
+        (save_tiny_model(tmp_path / "dense", heads=4), 2, "expert_parallel_size=2 splits a mixture-of-experts"),
+        (save_tiny_moe(tmp_path / "moe6", "mixtral", experts=6), 4, "must divide the model's 6 experts"),
+    ]:
+        overrides = toy_overrides(toy_data, str(folder), tmp_path, trainer__n_gpus_per_node=4)
+        report = Preflight(load_config("grpo", [*overrides, f"{actor}.fsdp_config.expert_parallel_size={ep}"]), False)
+        check_model(report)
+        check_expert_parallel_model(report)
+        assert any(problem in line for line in report.problems), report.problems
+
+
+def test_layout_meshes_and_plan_refusals():
+    from rlkit.errors import UserError
+    from rlkit.workers.expert_parallel import EXPERT_PLANS
+    from rlkit.workers.parallel_layout import ParallelLayout
+    from rlkit.workers.tp_plans import TP_PLANS
+
+    layout = ParallelLayout.of(-1, world=8, tp=2, ep=2)
+    assert layout.mesh_shape == {"replicate": 1, "shard": 2, "ep": 2, "tp": 2} and layout.data_parallel == 4
+    assert ParallelLayout.of(2, world=8, ep=2).describe() == "replicate 4 x shard 1 x ep 2 x tp 1"
+    with pytest.raises(ValueError, match="expert_parallel_size=4 must divide the 2 ranks"):
+        ParallelLayout.of(2, world=8, ep=4)
+    with pytest.raises(ValueError, match="not verified yet"):
+        ParallelLayout.of(-1, sp=2, world=8, ep=2)
+    for family in ("qwen3_moe", "mixtral", "qwen2_moe", "olmoe"):
+        assert family in EXPERT_PLANS
+    for family in ("qwen3_moe", "mixtral"):
+        assert family in TP_PLANS
+    with pytest.raises(UserError, match="expert-parallel plan"):
+        EXPERT_PLANS.get("llama")
