@@ -201,8 +201,12 @@ class FSDPModel:
                 self.ep = expert_parallel.parallelize(model, meshes.ep)
                 for experts in self.ep.modules:  # their own unit, over the ranks holding the same experts
                     fully_shard(experts, **dict(shard_kwargs, mesh=meshes.experts_fsdp))
-                    # the no-EP mean over all data-parallel ranks (expert_parallel.py's docstring)
+                    # the no-EP mean over all data-parallel ranks (expert_parallel.py's docstring); gloo has no
+                    # pre-scaled sum (NCCL's PREMUL_SUM): a plain sum, then the divide (not over one rank: torch
+                    # 2.13's FSDP2 would divide that twice; it calls no reduce-scatter there)
                     experts.set_gradient_divide_factor(float(self.layout.replicate * self.layout.shard))
+                    experts.set_force_sum_reduction_for_comms(self.device.type == "cpu"
+                                                              and self.layout.shard // self.layout.ep > 1)
             if meshes.fsdp is not None:
                 shard_kwargs["mesh"] = meshes.fsdp
             for layer in _decoder_layers(model):

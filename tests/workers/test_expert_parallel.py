@@ -30,10 +30,10 @@ R, TOL, AUX_COEF = 7, 1e-5, 0.01
 PATHS = {"packed": dict(), "padded": dict(remove_padding=False)}
 
 
-def build(path: str, ep: int = 1, tp: int = 1):
+def build(path: str, ep: int = 1, tp: int = 1, fsdp_size: int = -1):
     from rlkit.workers.fsdp_model import FSDPModel
 
-    config = FSDPConfig(param_dtype="float32", expert_parallel_size=ep, tensor_parallel_size=tp)
+    config = FSDPConfig(param_dtype="float32", expert_parallel_size=ep, tensor_parallel_size=tp, fsdp_size=fsdp_size)
     return FSDPModel(path, config, torch.device("cpu"), gradient_checkpointing=True)
 
 
@@ -87,18 +87,21 @@ def given_routes(batch: dict, layers: int, experts: int, top_k: int, seed: int) 
 
 def _worker(rank: int, store_path: str, payload: dict, results) -> None:
     from rlkit.workers.hf_export import export_hf
+    from rlkit.workers.parallel_layout import ParallelLayout
 
-    ckpt, world, (ep, tp) = Path(payload["ckpt"]), payload["world"], payload["layout"]
+    ckpt, world, (ep, tp, fsdp_size) = Path(payload["ckpt"]), payload["world"], payload["layout"]
     with gloo_rank(rank, store_path, results, world=world):
         batch = rows_of(rank, world)
         found: dict = {}
         path = payload["model"]
-        base, split = build(path), build(path, ep=ep, tp=tp)
-        assert split.ep is not None and split.ep.size == ep and split.layout.describe() == (
-            f"replicate 1 x shard {world // tp // ep} x ep {ep} x tp {tp}")
+        base, split = build(path), build(path, ep, tp, fsdp_size)
+        layout = ParallelLayout.of(fsdp_size, world=world, tp=tp, ep=ep)
+        assert split.ep is not None and split.ep.size == ep and split.layout == layout
         experts = split.ep.modules[0]
         local = experts.gate_up_proj.to_local()
-        assert experts.gate_up_proj.shape[0] == experts.num_experts == ep * local.shape[0]  # 1/ep of the experts
+        weight = experts.gate_up_proj  # its experts split over ep, then sharded by FSDP2 over the shard / ep
+        assert weight.placements[weight.device_mesh.mesh_dim_names.index("ep")].is_shard(0), weight.placements
+        assert weight.shape[0] == experts.num_experts == layout.shard * local.shape[0]
         for model in (base, split):
             model.setup_optimizer(OptimConfig(lr=1e-4, weight_decay=0.0), total_steps=3)
         own = [compare(base, split, batch, found, name, **kw) for name, kw in PATHS.items()][0]
@@ -113,10 +116,11 @@ def _worker(rank: int, store_path: str, payload: dict, results) -> None:
         found["grad_norm_rel"] = max(abs(a - b) / abs(a) for a, b in norms)
         found["weights"] = max_diff(split.full_state_dict(), base.full_state_dict())
         assert found["grad_norm_rel"] <= 1e-5 and found["weights"] <= TOL, found
-        for saved, (to_ep, to_tp) in ((split, (1, 1)), (base, (ep, tp))):  # DCP checkpoints cross the layouts
+        for saved, to in ((split, (1, 1, -1)), (base, (ep, tp, fsdp_size))):  # DCP checkpoints cross the layouts
+            to_ep = to[0]
             folder = ckpt / f"saved_for_ep{to_ep}"
             saved.save(folder)
-            loaded = build(path, ep=to_ep, tp=to_tp)
+            loaded = build(path, *to)
             loaded.setup_optimizer(OptimConfig(lr=1e-4, weight_decay=0.0), total_steps=2)
             loaded.load(folder)
             found[f"checkpoint to ep={to_ep}"] = max_diff(loaded.full_state_dict(), saved.full_state_dict())
@@ -150,15 +154,17 @@ def moe_models(tmp_path_factory) -> dict[str, str]:
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_ep2_matches_ep1_on_two_gloo_workers(moe_models, family, tmp_path):
-    payload = dict(model=moe_models[family], ckpt=str(tmp_path / "ckpt"), world=2, layout=(2, 1))
+    payload = dict(model=moe_models[family], ckpt=str(tmp_path / "ckpt"), world=2, layout=(2, 1, -1))
     run_on_gloo_workers(_worker, payload, tmp_path, world=2, timeout_s=600)
 
 
 @pytest.mark.slow
-def test_ep2_x_tp2_matches_dp_on_four_gloo_workers(moe_models, tmp_path):
-    """EP groups of the ranks with the same TP index ({0, 2}, {1, 3}); each TP group runs the router and experts
-    whole on its gathered rows (rlkit/workers/tp_plans.py's MoE plan)."""
-    payload = dict(model=moe_models["qwen3_moe/tp"], ckpt=str(tmp_path / "ckpt"), world=4, layout=(2, 2))
+@pytest.mark.parametrize("layout", [(2, 2, -1), (2, 1, -1), (2, 1, 2)], ids=["ep2xtp2", "shard2xep2", "hsdp2xep2"])
+def test_ep2_on_four_gloo_workers(moe_models, layout, tmp_path):
+    """ep 2 x tp 2: EP groups of the ranks with the same TP index ({0, 2}, {1, 3}), each TP group running the router
+    and experts whole on its gathered rows (rlkit/workers/tp_plans.py's MoE plan); shard 2 x ep 2: the experts'
+    FSDP2 unit reduces over 2 ranks and divides by 4; HSDP (fsdp_size 2): replicate 2 x ep 2."""
+    payload = dict(model=moe_models["qwen3_moe/tp"], ckpt=str(tmp_path / "ckpt"), world=4, layout=layout)
     run_on_gloo_workers(_worker, payload, tmp_path, world=4, timeout_s=900)
 
 
