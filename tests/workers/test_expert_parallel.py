@@ -10,8 +10,14 @@ the ep=1 model's; so do they with routing replay (given routes), and so do the g
 AdamW steps (what the rollout engine receives). Checkpoints: a DCP save at ep=2 loads exactly at ep=1 and an ep=1
 save at ep=2; `rlkit export` of the ep=2 checkpoint is the plain HF folder of the same weights (the per-expert
 names vLLM loads are made from it as from any other, rlkit/models/weight_layout.py).
-Bound (float32): 1e-5 absolute on log-probs, gradients, weights; loss and aux loss 1e-6 relative; metrics equal.
-Measured, max over both families and ranks (printed by rank 0): see the module's report in the commit message.
+Also tp=2 alone on the MoE (its TP plan: router and experts whole over the group, each rank's router load kept to
+its own tokens, Qwen3's per-head q/k norms), and, slow, four ranks: ep 2 x tp 2, shard 2 x ep 2, HSDP replicate 2 x
+ep 2.
+Bound (float32): 1e-5 absolute on log-probs, gradients, weights; loss and aux loss 1e-6 relative (under TP: the
+ranks' mean, each rank's loss holding its group's mean load-balancing loss); metrics equal; checkpoints and export
+exact. Measured, max over families, paths, layouts and ranks (printed by rank 0): log-probs 9.5e-7, gradients
+2.2e-7, loss 3.6e-7 relative, aux loss 1.2e-7 relative, grad norm 1.1e-7 relative, weights after two AdamW steps
+(lr 1e-4) 1.5e-6; routing replay's log-probs equal at ep=2 without TP.
 """
 
 from __future__ import annotations
@@ -96,12 +102,13 @@ def _worker(rank: int, store_path: str, payload: dict, results) -> None:
         path = payload["model"]
         base, split = build(path), build(path, ep, tp, fsdp_size)
         layout = ParallelLayout.of(fsdp_size, world=world, tp=tp, ep=ep)
-        assert split.ep is not None and split.ep.size == ep and split.layout == layout
-        experts = split.ep.modules[0]
-        local = experts.gate_up_proj.to_local()
-        weight = experts.gate_up_proj  # its experts split over ep, then sharded by FSDP2 over the shard / ep
-        assert weight.placements[weight.device_mesh.mesh_dim_names.index("ep")].is_shard(0), weight.placements
-        assert weight.shape[0] == experts.num_experts == layout.shard * local.shape[0]
+        assert split.layout == layout and (split.tp is not None) == (tp > 1) and (split.ep is not None) == (ep > 1)
+        if split.ep is not None:
+            experts = split.ep.modules[0]
+            local = experts.gate_up_proj.to_local()
+            weight = experts.gate_up_proj  # its experts split over ep, then sharded by FSDP2 over the shard / ep
+            assert weight.placements[weight.device_mesh.mesh_dim_names.index("ep")].is_shard(0), weight.placements
+            assert weight.shape[0] == experts.num_experts == layout.shard * local.shape[0]
         for model in (base, split):
             model.setup_optimizer(OptimConfig(lr=1e-4, weight_decay=0.0), total_steps=3)
         own = [compare(base, split, batch, found, name, **kw) for name, kw in PATHS.items()][0]
@@ -116,21 +123,21 @@ def _worker(rank: int, store_path: str, payload: dict, results) -> None:
         found["grad_norm_rel"] = max(abs(a - b) / abs(a) for a, b in norms)
         found["weights"] = max_diff(split.full_state_dict(), base.full_state_dict())
         assert found["grad_norm_rel"] <= 1e-5 and found["weights"] <= TOL, found
-        for saved, to in ((split, (1, 1, -1)), (base, (ep, tp, fsdp_size))):  # DCP checkpoints cross the layouts
-            to_ep = to[0]
-            folder = ckpt / f"saved_for_ep{to_ep}"
+        for saved, to, name in ((split, (1, 1, -1), "split"), (base, (ep, tp, fsdp_size), "base")):
+            folder = ckpt / f"saved_by_{name}"  # DCP checkpoints cross the layouts
             saved.save(folder)
             loaded = build(path, *to)
             loaded.setup_optimizer(OptimConfig(lr=1e-4, weight_decay=0.0), total_steps=2)
             loaded.load(folder)
-            found[f"checkpoint to ep={to_ep}"] = max_diff(loaded.full_state_dict(), saved.full_state_dict())
-            assert found[f"checkpoint to ep={to_ep}"] == 0.0, found
+            found[f"checkpoint of the {name} model loaded at ep, tp={to[:2]}"] = got = max_diff(
+                loaded.full_state_dict(), saved.full_state_dict())
+            assert got == 0.0, found
         want = split.full_state_dict()
         dist.barrier()
         if rank == 0:  # `rlkit export` of the ep=2 checkpoint: the plain HF folder (per-expert names on disk)
             from transformers import AutoModelForCausalLM
 
-            out = export_hf(ckpt / "saved_for_ep1", ckpt / "hf")
+            out = export_hf(ckpt / "saved_by_split", ckpt / "hf")
             exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
             found["export"] = max_diff(exported, want)
             assert found["export"] == 0.0, found
@@ -152,9 +159,12 @@ def moe_models(tmp_path_factory) -> dict[str, str]:
     return models
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
-def test_ep2_matches_ep1_on_two_gloo_workers(moe_models, family, tmp_path):
-    payload = dict(model=moe_models[family], ckpt=str(tmp_path / "ckpt"), world=2, layout=(2, 1, -1))
+@pytest.mark.parametrize(("family", "layout"), [("qwen3_moe", (2, 1, -1)), ("mixtral", (2, 1, -1)),
+                                                ("qwen3_moe/tp", (1, 2, -1))], ids=["qwen3_moe", "mixtral", "tp2"])
+def test_ep2_matches_ep1_on_two_gloo_workers(moe_models, family, layout, tmp_path):
+    """ep 2 for both families; and tp 2 (the MoE TP plan: router and experts whole over the group, each rank's
+    router load kept to its own tokens, Qwen3's per-head q/k norms)."""
+    payload = dict(model=moe_models[family], ckpt=str(tmp_path / "ckpt"), world=2, layout=layout)
     run_on_gloo_workers(_worker, payload, tmp_path, world=2, timeout_s=600)
 
 
