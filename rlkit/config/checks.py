@@ -128,6 +128,10 @@ def check_fsdp_size(cfg: RLConfig) -> None:
     if rm.enable and rm.model.fsdp_config.tensor_parallel_size > 1:
         raise UserError("reward_model.model.fsdp_config.tensor_parallel_size > 1: the classifier reward model calls "
                         "its model on each worker's own rows, which a TP group does not share; use 1")
+    if (arr.model.lora_rank > 0 or arr.model.lora_adapter_path) and arr.actor.fsdp_config.expert_parallel_size > 1:
+        raise UserError("actor_rollout_ref.actor.fsdp_config.expert_parallel_size > 1 with LoRA: peft's adapters on "
+                        "the fused experts are not split over the expert-parallel group; use expert_parallel_size=1 "
+                        "with LoRA")
 
 
 def check_expert_parallel(key: str, ep: int, dp: int, fsdp_size: int, sp: int) -> None:

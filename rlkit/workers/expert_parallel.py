@@ -50,16 +50,6 @@ def fused_experts_plan(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
                                                     for w in FUSED_WEIGHTS)}
 
 
-def num_experts(config: Any) -> int | None:
-    """The routed experts of a model config (None for a dense model)."""
-    text = config.get_text_config()
-    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
-        count = getattr(text, key, None)
-        if isinstance(count, int) and count > 0:
-            return count
-    return None
-
-
 @dataclass(frozen=True)
 class ExpertParallel:
     """The EP group of this rank and the experts modules placed over it."""
@@ -107,7 +97,7 @@ def _dispatching_forward(own_forward: Callable, ep: int, group: Any) -> Callable
         local_count = int(module.num_experts) // ep
         arrived, local_ids, route = _dispatch(hidden, top_k_index, local_count, ep, group)
         weights = {name: _local(getattr(module, name)) for name in FUSED_WEIGHTS}
-        with _local_view(module, weights, local_count):
+        with _LocalView(module, weights, local_count):
             out = own_forward(module, arrived, local_ids[:, None], arrived.new_ones(arrived.shape[0], 1))
         # every local weight in the graph, so a rank that received no token still hands FSDP2 a (zero) gradient
         out = out + sum(w.sum() for w in weights.values()) * 0.0
@@ -120,7 +110,7 @@ def _local(weight: torch.Tensor) -> torch.Tensor:
     return weight.to_local() if hasattr(weight, "to_local") else weight
 
 
-class _local_view:
+class _LocalView:
     """The module's fused weights and expert count replaced by this rank's slice for one call of its own forward."""
 
     def __init__(self, module: torch.nn.Module, weights: dict[str, torch.Tensor], count: int) -> None:

@@ -27,6 +27,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 
 from rlkit.config.schema import FSDPConfig, OptimConfig
+from rlkit.errors import UserError
 from rlkit.models.config_overrides import apply_config_overrides
 from rlkit.models.lora import LoraModel, lora_enabled, merged_named_tensors, wrap_lora, write_lora_info
 from rlkit.models.moe_router import RouterTap
@@ -129,6 +130,9 @@ class FSDPModel:
         config = apply_config_overrides(  # verl's model.override_config, before the weights load
             AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code), config_overrides)
         use_lora = lora is not None and lora_enabled(lora) and not value_head
+        if use_lora and self.layout.ep > 1:  # the config checks refuse it by key; this guards direct use
+            raise UserError("fsdp_config.expert_parallel_size > 1 with LoRA: peft's adapters on the fused experts are "
+                            "not split over the expert-parallel group; use expert_parallel_size=1 with LoRA")
         # rank 0 reads, the others build on meta (model_load.py); a TP or EP plan splits weights every rank has read
         rank0 = rank0_load_wanted(device, self.layout.world) and self.layout.tp == 1 and self.layout.ep == 1
         # 1. load: a frozen LoRA base needs no float32 master copy: store it in the compute dtype

@@ -181,8 +181,8 @@ def test_ep2_on_four_gloo_workers(moe_models, layout, tmp_path):
 def test_config_sizes_verl_keys_and_the_dry_run_mesh(toy_data, tmp_path):
     """`fsdp_config.expert_parallel_size` and verl's `megatron.expert_model_parallel_size` (with
     `tensor_model_parallel_size`) and VeOmni's `expert_parallel_size` reach the layout, the reference following the
-    actor; sizes that do not divide the data-parallel workers, EP beside Ulysses, EP on a dense model and EP not
-    dividing the experts are refused with one line naming the key; the dry run shows each role's mesh."""
+    actor; sizes that do not divide the data-parallel workers, EP beside Ulysses or LoRA, EP on a dense model and EP
+    not dividing the experts are refused with one line naming the key; the dry run shows each role's mesh."""
     import io
 
     from rich.console import Console
@@ -221,6 +221,7 @@ def test_config_sizes_verl_keys_and_the_dry_run_mesh(toy_data, tmp_path):
         (f"{ref}.fsdp_config.expert_parallel_size=3", "ref.fsdp_config.expert_parallel_size=3 must divide"),
         (f"{actor}.fsdp_config.expert_parallel_size=0", "expert_parallel_size=0: use 1"),
         (f"{actor}.ulysses_sequence_parallel_size=2", "ulysses_sequence_parallel_size=2: the two together"),
+        ("actor_rollout_ref.model.lora_rank=4", "expert_parallel_size > 1 with LoRA"),
     ]:
         with pytest.raises(UserError, match=message):
             load_config("grpo", [*base, f"{actor}.fsdp_config.expert_parallel_size=2", override])
