@@ -124,7 +124,7 @@ def check_fsdp_size(cfg: RLConfig) -> None:
         if tp > 1 and sp > 1:
             raise UserError(f"{key}.tensor_parallel_size={tp} with the role's ulysses_sequence_parallel_size={sp}: "
                             "both would split the same attention heads; use one of them")
-        check_expert_parallel(key, fsdp.expert_parallel_size, dp, size, sp)
+        check_expert_parallel(key, fsdp.expert_parallel_size, dp, size)
     if rm.enable and rm.model.fsdp_config.tensor_parallel_size > 1:
         raise UserError("reward_model.model.fsdp_config.tensor_parallel_size > 1: the classifier reward model calls "
                         "its model on each worker's own rows, which a TP group does not share; use 1")
@@ -134,9 +134,9 @@ def check_fsdp_size(cfg: RLConfig) -> None:
                         "with LoRA")
 
 
-def check_expert_parallel(key: str, ep: int, dp: int, fsdp_size: int, sp: int) -> None:
-    """Expert-parallel groups are `ep` consecutive ranks of an FSDP group (the `dp` data-parallel workers, or
-    verl's `fsdp_size` of them): ep divides that group. With Ulysses the pair is not verified: refused."""
+def check_expert_parallel(key: str, ep: int, dp: int, fsdp_size: int) -> None:
+    """Expert-parallel groups are `ep` consecutive ranks of an FSDP group (the `dp` workers left by TP, or verl's
+    `fsdp_size` of them; a Ulysses group's ranks among them): ep divides that group."""
     if ep == 1:
         return
     group = fsdp_size if 0 < fsdp_size < dp else dp
@@ -144,9 +144,6 @@ def check_expert_parallel(key: str, ep: int, dp: int, fsdp_size: int, sp: int) -
         what = f"fsdp_size={fsdp_size}" if group != dp else f"the {dp} data-parallel workers"
         raise UserError(f"{key}.expert_parallel_size={ep} must divide {what} (experts are split over groups of ep "
                         f"consecutive data-parallel workers); set 1 or a divisor of {group}")
-    if sp > 1:
-        raise UserError(f"{key}.expert_parallel_size={ep} with the role's ulysses_sequence_parallel_size={sp}: the "
-                        "two together are not verified yet; use one of them")
 
 
 def _largest_divisor_at_most(total: int, cap: int) -> int:

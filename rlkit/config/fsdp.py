@@ -60,7 +60,7 @@ class FSDPConfig:
         "same TP index) split every MoE layer's experts, each token's hidden state sent to the worker holding its "
         "expert and back by all-to-all; FSDP2 shards the experts over the data-parallel workers / n, the rest as "
         "without it. n divides the FSDP group (the data-parallel workers, or fsdp_size) and the model's experts; "
-        "not with Ulysses or LoRA (rlkit/workers/expert_parallel.py)",
+        "not with LoRA (rlkit/workers/expert_parallel.py)",
     )
 
     def __post_init__(self) -> None:

@@ -11,7 +11,8 @@ The dimensions, outermost first:
   data-parallel ranks alone (`shard` x `replicate` = `world // tp`);
 - `ep`: expert parallel, groups of `ep` consecutive data-parallel ranks (with TP: those of the same TP index) that
   split every MoE layer's experts by a plan of the model's family (rlkit/workers/expert_parallel.py); the experts are
-  then FSDP2-sharded over the `shard / ep` ranks holding the same ones, everything else as without EP. One device mesh
+  then FSDP2-sharded over the `shard / ep` ranks holding the same ones, everything else as without EP (with
+  Ulysses, an EP group's ranks dispatch the tokens of their slices of the packed row). One device mesh
   (replicate, shard / ep, ep, tp) holds every dimension, so DCP checkpoints and `full_tensor()` cross layouts.
 
 Data-parallel ranks (those that get different rows) are `world // (sp * tp)`. A Ulysses or tensor-parallel group
@@ -80,9 +81,6 @@ class ParallelLayout:
         if self.ep < 1 or self.shard % self.ep:
             raise ValueError(f"fsdp_config.expert_parallel_size={self.ep} must divide the {self.shard} ranks each "
                              "parameter is sharded over (the data-parallel workers, or fsdp_size)")
-        if self.ep > 1 and self.sp > 1:
-            raise ValueError("fsdp_config.expert_parallel_size > 1 with ulysses_sequence_parallel_size > 1: the two "
-                             "together are not verified yet; use one of them")
 
     @property
     def replicate(self) -> int:

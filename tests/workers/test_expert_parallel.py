@@ -36,11 +36,11 @@ R, TOL, AUX_COEF = 7, 1e-5, 0.01
 PATHS = {"packed": dict(), "padded": dict(remove_padding=False)}
 
 
-def build(path: str, ep: int = 1, tp: int = 1, fsdp_size: int = -1):
+def build(path: str, ep: int = 1, tp: int = 1, fsdp_size: int = -1, sp: int = 1):
     from rlkit.workers.fsdp_model import FSDPModel
 
     config = FSDPConfig(param_dtype="float32", expert_parallel_size=ep, tensor_parallel_size=tp, fsdp_size=fsdp_size)
-    return FSDPModel(path, config, torch.device("cpu"), gradient_checkpointing=True)
+    return FSDPModel(path, config, torch.device("cpu"), gradient_checkpointing=True, ulysses_sequence_parallel_size=sp)
 
 
 def aux_step(model, batch: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
@@ -95,13 +95,14 @@ def _worker(rank: int, store_path: str, payload: dict, results) -> None:
     from rlkit.workers.hf_export import export_hf
     from rlkit.workers.parallel_layout import ParallelLayout
 
-    ckpt, world, (ep, tp, fsdp_size) = Path(payload["ckpt"]), payload["world"], payload["layout"]
+    ckpt, world = Path(payload["ckpt"]), payload["world"]
+    ep, tp, fsdp_size, sp = (*payload["layout"], 1)[:4]  # sp: the baseline is Ulysses at the same sp
     with gloo_rank(rank, store_path, results, world=world):
         batch = rows_of(rank, world)
         found: dict = {}
         path = payload["model"]
-        base, split = build(path), build(path, ep, tp, fsdp_size)
-        layout = ParallelLayout.of(fsdp_size, world=world, tp=tp, ep=ep)
+        base, split = build(path, sp=sp), build(path, ep, tp, fsdp_size, sp)
+        layout = ParallelLayout.of(fsdp_size, sp, world=world, tp=tp, ep=ep)
         assert split.layout == layout and (split.tp is not None) == (tp > 1) and (split.ep is not None) == (ep > 1)
         if split.ep is not None:
             experts = split.ep.modules[0]
@@ -123,7 +124,7 @@ def _worker(rank: int, store_path: str, payload: dict, results) -> None:
         found["grad_norm_rel"] = max(abs(a - b) / abs(a) for a, b in norms)
         found["weights"] = max_diff(split.full_state_dict(), base.full_state_dict())
         assert found["grad_norm_rel"] <= 1e-5 and found["weights"] <= TOL, found
-        for saved, to, name in ((split, (1, 1, -1), "split"), (base, (ep, tp, fsdp_size), "base")):
+        for saved, to, name in ((split, (1, 1, -1, sp), "split"), (base, (ep, tp, fsdp_size, sp), "base")):
             folder = ckpt / f"saved_by_{name}"  # DCP checkpoints cross the layouts
             saved.save(folder)
             loaded = build(path, *to)
@@ -169,11 +170,13 @@ def test_ep2_matches_ep1_on_two_gloo_workers(moe_models, family, layout, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [(2, 2, -1), (2, 1, -1), (2, 1, 2)], ids=["ep2xtp2", "shard2xep2", "hsdp2xep2"])
+@pytest.mark.parametrize("layout", [(2, 2, -1), (2, 1, -1), (2, 1, 2), (2, 1, -1, 2)],
+                         ids=["ep2xtp2", "shard2xep2", "hsdp2xep2", "sp2xep2"])
 def test_ep2_on_four_gloo_workers(moe_models, layout, tmp_path):
     """ep 2 x tp 2: EP groups of the ranks with the same TP index ({0, 2}, {1, 3}), each TP group running the router
     and experts whole on its gathered rows (rlkit/workers/tp_plans.py's MoE plan); shard 2 x ep 2: the experts'
-    FSDP2 unit reduces over 2 ranks and divides by 4; HSDP (fsdp_size 2): replicate 2 x ep 2."""
+    FSDP2 unit reduces over 2 ranks and divides by 4; HSDP (fsdp_size 2): replicate 2 x ep 2; Ulysses sp 2 x ep 2
+    against Ulysses sp 2 alone (each rank's routers see its slice of the group's packed row)."""
     payload = dict(model=moe_models["qwen3_moe/tp"], ckpt=str(tmp_path / "ckpt"), world=4, layout=layout)
     run_on_gloo_workers(_worker, payload, tmp_path, world=4, timeout_s=900)
 
@@ -181,8 +184,8 @@ def test_ep2_on_four_gloo_workers(moe_models, layout, tmp_path):
 def test_config_sizes_verl_keys_and_the_dry_run_mesh(toy_data, tmp_path):
     """`fsdp_config.expert_parallel_size` and verl's `megatron.expert_model_parallel_size` (with
     `tensor_model_parallel_size`) and VeOmni's `expert_parallel_size` reach the layout, the reference following the
-    actor; sizes that do not divide the data-parallel workers, EP beside Ulysses or LoRA, EP on a dense model and EP
-    not dividing the experts are refused with one line naming the key; the dry run shows each role's mesh."""
+    actor; sizes that do not divide the data-parallel workers, EP beside LoRA, EP on a dense model and EP not
+    dividing the experts are refused with one line naming the key; the dry run shows each role's mesh."""
     import io
 
     from rich.console import Console
@@ -220,7 +223,6 @@ def test_config_sizes_verl_keys_and_the_dry_run_mesh(toy_data, tmp_path):
         (f"{actor}.fsdp_config.fsdp_size=1", "expert_parallel_size=2 must divide fsdp_size=1"),
         (f"{ref}.fsdp_config.expert_parallel_size=3", "ref.fsdp_config.expert_parallel_size=3 must divide"),
         (f"{actor}.fsdp_config.expert_parallel_size=0", "expert_parallel_size=0: use 1"),
-        (f"{actor}.ulysses_sequence_parallel_size=2", "ulysses_sequence_parallel_size=2: the two together"),
         ("actor_rollout_ref.model.lora_rank=4", "expert_parallel_size > 1 with LoRA"),
     ]:
         with pytest.raises(UserError, match=message):
@@ -247,8 +249,7 @@ def test_layout_meshes_and_plan_refusals():
     assert ParallelLayout.of(2, world=8, ep=2).describe() == "replicate 4 x shard 1 x ep 2 x tp 1"
     with pytest.raises(ValueError, match="expert_parallel_size=4 must divide the 2 ranks"):
         ParallelLayout.of(2, world=8, ep=4)
-    with pytest.raises(ValueError, match="not verified yet"):
-        ParallelLayout.of(-1, sp=2, world=8, ep=2)
+    assert ParallelLayout.of(-1, sp=2, world=8, ep=2).describe() == "replicate 1 x shard 4 x ep 2 x tp 1, Ulysses sp 2"
     for family in ("qwen3_moe", "mixtral", "qwen2_moe", "olmoe"):
         assert family in EXPERT_PLANS
     for family in ("qwen3_moe", "mixtral"):
