@@ -62,6 +62,12 @@ class FSDPConfig:
         "without it. n divides the FSDP group (the data-parallel workers, or fsdp_size) and the model's experts; "
         "not with LoRA (rlkit/workers/expert_parallel.py)",
     )
+    sequence_parallel: bool = f(
+        True,
+        "with tensor_parallel_size > 1: the residual stream and the layer norms between the split projections run "
+        "on 1/n of the tokens on each worker of a TP group (Megatron's sequence parallel: less activation memory, "
+        "the same numbers and communication volume); false keeps them whole on every worker",
+    )
 
     def __post_init__(self) -> None:
         for key, allowed in (("param_dtype", PARAM_DTYPES), ("reduce_dtype", REDUCE_DTYPES)):

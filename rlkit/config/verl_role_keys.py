@@ -233,9 +233,9 @@ def megatron_rules(prefix: str, role: str, model_prefix: str) -> list[VerlKey]:
                "use_remove_padding,entropy_from_logits_with_chunking,entropy_from_logits_chunk_size}",
                "a Megatron engine setting with no counterpart in FSDP2: rlkit loads and saves HF weights directly, "
                "shards optimizer state with the parameters and packs sequences as model.use_remove_padding says"),
-        mapped(f"{prefix}.sequence_parallel", "nothing to set: under tensor parallel rlkit keeps the norms' "
-               "activations whole on every worker of a TP group (the same numbers; Megatron's sequence parallel "
-               "only splits them to save activation memory)"),
+        alias(f"{prefix}.sequence_parallel", f"{role}.fsdp_config.sequence_parallel",
+              why=f"= {role}.fsdp_config.sequence_parallel (under tensor parallel the norms and the residual stream "
+                  "run on sequence slices; the same numbers, less activation memory)"),
         refused(f"{prefix}.qat.**", "quantisation-aware training is not in rlkit; remove qat.*", switch="enable"),
         mapped(f"{prefix}.router_replay.mode", REPLAY_OFF, derive=router_replay(f"{ACTOR}.router_replay")),
         refused(f"{prefix}.router_replay.{{record_file,replay_file}}", "rlkit replays routes in memory from the "

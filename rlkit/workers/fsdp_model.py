@@ -200,7 +200,9 @@ class FSDPModel:
                 shard_kwargs["offload_policy"] = offload
             meshes = self.layout.meshes(self.device)
             if meshes.tp is not None:
-                self.tp = tp_plans.parallelize(model, meshes.tp)
+                self.tp = tp_plans.parallelize(model, meshes.tp, fsdp.sequence_parallel)
+                if self.tp.sequence_parallel:  # every fed length splits evenly along the sequence
+                    self.token_bucket = math.lcm(self.token_bucket, self.tp.size)
             if meshes.ep is not None:
                 self.ep = expert_parallel.parallelize(model, meshes.ep)
                 for experts in self.ep.modules:  # their own unit, over the ranks holding the same experts

@@ -37,6 +37,11 @@ from rlkit.workers.row_group import RowGroup
 from rlkit.workers.ulysses import SequenceParallel
 
 
+def _pad_left(t: torch.Tensor, columns: int, fill: int | float) -> torch.Tensor:
+    """(rows, tokens, ...) with `columns` more leading tokens of `fill` (masked out: padding)."""
+    return torch.cat([t.new_full((t.shape[0], columns, *t.shape[2:]), fill), t], dim=1)
+
+
 @dataclass(frozen=True, eq=False)
 class TokenInput:
     """An extra per-token input: `value`'s dims `row_dim` and `token_dim` align with input_ids' (b, S)."""
@@ -105,11 +110,17 @@ class ModelInputs:
         return replace(moved, images={k: v.to(device) for k, v in self.images.items()})
 
     def trim_left_padding(self, response_length: int, bucket: int = 1) -> ModelInputs:
-        """Without the leading columns that are padding in every row (rlkit/workers/packing.py), keeping as many
-        as make the width a multiple of `bucket` where there are (rlkit/workers/shape_buckets.py)."""
+        """Without the leading columns that are padding in every row (rlkit/workers/packing.py), keeping (or
+        adding) as many as make the width a multiple of `bucket` (rlkit/workers/shape_buckets.py; tensor
+        parallel's sequence split needs it exact)."""
         first = left_padding_start(self.attention_mask, response_length)
-        first = max(0, first - (-(self.attention_mask.shape[1] - first) % bucket))
-        return self._map(lambda t: t[:, first:])
+        first -= -(self.attention_mask.shape[1] - first) % bucket
+        if first >= 0:
+            return self._map(lambda t: t[:, first:])
+        add = -first
+        extras = {name: x.with_rows_tokens(_pad_left(x.rows_tokens(), add, x.fill)) for name, x in self.extras.items()}
+        ids, mask, positions = (_pad_left(t, add, 0) for t in (self.input_ids, self.attention_mask, self.position_ids))
+        return ModelInputs(ids, mask, positions, extras, self.images)
 
     def gather_rows(self, sp: RowGroup, vision_config: Any = None) -> tuple[ModelInputs, slice]:
         """The group's (Ulysses or tensor-parallel) micro-batches stacked in rank order, and this rank's rows in

@@ -47,6 +47,7 @@ class VocabShard:
 class TensorParallel(RowGroup):
     mesh: Any  # the 1-D TP device mesh
     vocab: VocabShard | None  # the LM head's slice on this rank (None: a value head, no LM head)
+    sequence_parallel: bool = False  # the residual stream split along the sequence (fed lengths: multiples of size)
 
     def own_rows(self, full: torch.Tensor, own: slice) -> torch.Tensor:
         """This rank's rows of a group-replicated result; backward: the group's mean row gradient (see above)."""

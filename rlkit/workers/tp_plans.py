@@ -14,10 +14,15 @@ trains share one shape (Llama, Mistral, Qwen2/2.5, Qwen3 and the Qwen2-VL/2.5-VL
   vocabulary shards (rlkit/workers/vocab_parallel.py) and never gathers a (tokens x vocab) tensor. Tied
   embeddings (one (V, H) weight for both) share that weight, sharded once on the vocabulary.
 Norms, rotary tables and a VLM's vision tower stay whole on every rank of the group (FSDP2 still shards them
-over the data-parallel ranks). MoE families (Qwen3-MoE, Mixtral): the same attention, embedding and LM head, the
-dense-MLP layers' MLP as above; a sparse layer's router and experts stay whole over the TP group (every rank of it
-runs them on the group's replicated rows), and the expert-parallel dimension splits the experts
-(rlkit/workers/expert_parallel.py), so TP and EP compose.
+over the data-parallel ranks). With sequence parallel (`fsdp_config.sequence_parallel`, Megatron's; on by default)
+the residual stream and the norms between the split projections run on 1/tp of the tokens each (`with_sequence_
+parallel`): the first layer keeps its slice of the sequence, the attention and the MLP all-gather it, the o and
+down projections reduce-scatter back to slices, and the final norm all-gathers for the LM head, so activation
+memory outside the projections falls by tp for the same communication volume. MoE families (Qwen3-MoE, Mixtral):
+the same attention, embedding and LM head, the dense-MLP layers' MLP as above; a sparse layer's router and experts
+stay whole over the TP group (every rank of it runs them on the group's replicated rows; under sequence parallel
+the gathered sequence, its output sliced back to this rank's tokens), and the expert-parallel dimension splits the
+experts (rlkit/workers/expert_parallel.py), so TP and EP compose.
 
 A new family: a function returning its plan, `@TP_PLANS.register("<model_type>")`.
 """
@@ -28,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.distributed.tensor.parallel import SequenceParallel
 
 from rlkit.errors import UserError
 from rlkit.registry import Registry
@@ -57,14 +63,14 @@ def _head_name(model: torch.nn.Module) -> str | None:
 def decoder_plan(model: torch.nn.Module) -> dict[str, Any]:
     """The Llama-shaped decoder's plan (see the module docstring)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     stack = _text_model(model)
     layer = f"{stack}.layers.*"
     first = model.get_submodule(stack).layers[0].self_attn
     # Qwen3's per-head q/k norms: one (head_dim,) weight over the local heads (b, s, heads / tp, head_dim); as a
-    # replicated DTensor on heads-sharded input, its gradient is summed over the group's heads
-    norms = {f"{layer}.self_attn.{name}": SequenceParallel(sequence_dim=2, use_local_output=True)
+    # replicated DTensor on heads-sharded input, its gradient is summed over the group's heads (a frozen one stays so)
+    norms = {f"{layer}.self_attn.{name}": _NormOnSlices(sequence_dim=2, use_local_output=True)
              for name in ("q_norm", "k_norm") if hasattr(first, name)}
     plan: dict[str, Any] = {**norms,
         f"{stack}.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
@@ -105,7 +111,8 @@ def with_adapters(model: torch.nn.Module, plan: dict[str, Any]) -> dict[str, Any
     activation), so `base(x) + B(A(x))` adds two tensors laid out alike. Without adapters: the plan as it is."""
     import re
 
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleOutput, RowwiseParallel
 
     modules = dict(model.named_modules())
     if not any(hasattr(m, "base_layer") for m in modules.values()):
@@ -131,7 +138,83 @@ def with_adapters(model: torch.nn.Module, plan: dict[str, Any]) -> dict[str, Any
                     out[f"{name}.lora_B.{adapter}"] = ColwiseParallel()
                 else:
                     out[f"{name}.lora_A.{adapter}"] = RowwiseParallel()
+                    if _to_sequence_slices(style):  # B's whole output sliced as the base's
+                        out[f"{name}.lora_B.{adapter}"] = PrepareModuleOutput(
+                            output_layouts=Replicate(), desired_output_layouts=Shard(1))
     return out
+
+
+class _NormOnSlices(SequenceParallel):
+    """A norm on this rank's slice of the tokens, its weight replicated over the group as a DTensor (its gradient
+    summed over the group's slices). Unlike torch's `SequenceParallel`, a frozen weight (a LoRA run's norms) stays
+    frozen."""
+
+    def _replicate_module_fn(self, name: str, module: torch.nn.Module, device_mesh: Any) -> None:
+        from torch.distributed.tensor import DTensor, Replicate
+
+        for p_name, param in list(module.named_parameters(recurse=False)):
+            replicated = DTensor.from_local(param, device_mesh, [Replicate()], run_check=False)
+            module.register_parameter(p_name, torch.nn.Parameter(replicated, requires_grad=param.requires_grad))
+
+
+class _GatheredNorm(_NormOnSlices):
+    """The final norm under sequence parallel: computed on this rank's slice of the tokens, its output gathered
+    whole (the log-prob head reads every token's hidden state)."""
+
+    @staticmethod
+    def _prepare_output_fn(use_local_output: bool, mod: torch.nn.Module, outputs: Any, device_mesh: Any) -> Any:
+        from torch.distributed.tensor import Replicate
+
+        return outputs.redistribute(placements=[Replicate()]).to_local()
+
+
+def with_sequence_parallel(model: torch.nn.Module, plan: dict[str, Any]) -> dict[str, Any]:
+    """`plan` with the residual stream split along the sequence between the split projections (Megatron's sequence
+    parallel): the layer norms run on each rank's tokens (their weights replicated over the group, their gradients
+    summed over it), the row-parallel o/down projections (and a LoRA B beside them) hand back sequence slices
+    instead of all-reduced wholes, attention and MLP gather the sequence first. An MLP the plan does not split (an
+    MoE layer's router and experts) runs whole on the gathered sequence and keeps this rank's slice of its output.
+    The fed sequence length must be a multiple of tp (the forward pads it: `FSDPModel.token_bucket`)."""
+    from fnmatch import fnmatch
+
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleInputOutput, RowwiseParallel
+
+    stack = _text_model(model)
+    layers = model.get_submodule(stack).layers
+    layer = f"{stack}.layers.*"
+    out = dict(plan)
+    for name, style in plan.items():
+        if isinstance(style, RowwiseParallel) and name.startswith(f"{stack}.layers."):
+            out[name] = RowwiseParallel(output_layouts=Shard(1))
+    for norm in ("input_layernorm", "post_attention_layernorm"):
+        if not all(hasattr(lay, norm) for lay in layers):
+            raise UserError(f"sequence parallel: {type(layers[0]).__name__} has no {norm}; set "
+                            "fsdp_config.sequence_parallel=false")
+        out[f"{layer}.{norm}"] = _NormOnSlices()
+    out[f"{stack}.layers.0"] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                                  use_local_output=True)
+    out[f"{layer}.self_attn"] = PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                   desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                                                   use_local_output=True)
+    gather = dict(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    split = [i for i in range(len(layers)) if any(
+        isinstance(style, RowwiseParallel) and fnmatch(f"{stack}.layers.{i}.mlp.", name.rsplit(".", 1)[0] + ".")
+        for name, style in plan.items())]
+    if len(split) == len(layers):
+        out[f"{layer}.mlp"] = PrepareModuleInput(**gather, use_local_output=True)
+    else:  # per layer: a split MLP reduce-scatters itself; a whole one's output is sliced
+        for i in range(len(layers)):
+            out[f"{stack}.layers.{i}.mlp"] = (
+                PrepareModuleInput(**gather, use_local_output=True) if i in split else PrepareModuleInputOutput(
+                    **gather, use_local_input=True, output_layouts=Replicate(), desired_output_layouts=Shard(1)))
+    out[f"{stack}.norm"] = _GatheredNorm()
+    return out
+
+
+def _to_sequence_slices(style: Any) -> bool:
+    """A row-parallel style that hands back sequence slices (sequence parallel) rather than the all-reduced whole."""
+    return any(getattr(p, "dim", None) == 1 for p in getattr(style, "output_layouts", ()) or ())
 
 
 def check_heads(config: Any, tp: int) -> None:
@@ -147,9 +230,10 @@ def check_heads(config: Any, tp: int) -> None:
             )
 
 
-def parallelize(model: torch.nn.Module, tp_mesh: Any) -> TensorParallel:
-    """Split `model` over `tp_mesh` (1-D) by its family's plan, before FSDP2 shards it over the data-parallel
-    ranks; returns the group's handle (its rows, the LM head's vocabulary slice)."""
+def parallelize(model: torch.nn.Module, tp_mesh: Any, sequence_parallel: bool = True) -> TensorParallel:
+    """Split `model` over `tp_mesh` (1-D) by its family's plan (with `sequence_parallel`, the residual stream split
+    along the sequence too), before FSDP2 shards it over the data-parallel ranks; returns the group's handle (its
+    rows, the LM head's vocabulary slice, whether the sequence is split)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     tp = tp_mesh.size()
@@ -162,7 +246,10 @@ def parallelize(model: torch.nn.Module, tp_mesh: Any) -> TensorParallel:
     check_heads(model.config, tp)
     embeddings, head = model.get_input_embeddings(), _head_name(model)
     tied = head is not None and model.get_submodule(head).weight is embeddings.weight
-    parallelize_module(model, tp_mesh, with_adapters(model, TP_PLANS.get(model_type)(model)))
+    plan = TP_PLANS.get(model_type)(model)
+    if sequence_parallel:
+        plan = with_sequence_parallel(model, plan)
+    parallelize_module(model, tp_mesh, with_adapters(model, plan))
     vocab = None
     if head is not None:
         head_module = model.get_submodule(head)
@@ -170,4 +257,4 @@ def parallelize(model: torch.nn.Module, tp_mesh: Any) -> TensorParallel:
             head_module.weight = model.get_input_embeddings().weight
         vocab = VocabShard.of(head_module.weight)
     group = tp_mesh.get_group()
-    return TensorParallel(tp, tp_mesh.get_local_rank(), group, tp_mesh, vocab)
+    return TensorParallel(tp, tp_mesh.get_local_rank(), group, tp_mesh, vocab, sequence_parallel)

@@ -34,6 +34,23 @@ def test_trimming_cuts_every_extra_like_the_ids():
     assert torch.equal(trimmed.extras["pairs"].value, torch.stack([pos, -pos], dim=-1))
 
 
+
+def test_a_width_that_falls_short_of_the_bucket_gets_padding_columns_in_front():
+    """Tensor parallel's sequence split needs the fed width a multiple of its size: trimming adds masked columns
+    when the rows have too few padding columns to keep, every extra padded with its own fill."""
+    inputs = with_extras(handmade_batch(0))
+    full = inputs.input_ids.shape[1]
+    first = int(inputs.attention_mask.bool().any(0).int().argmax())
+    bucket = full - first + 3 if first < 3 else full + 3  # more than the padding columns there are
+    out = inputs.trim_left_padding(RESPONSE, bucket)
+    width = out.input_ids.shape[1]
+    assert width % bucket == 0 and width > full
+    added = width - full
+    assert torch.equal(out.input_ids[:, added:], inputs.input_ids)
+    assert not out.attention_mask[:, :added].any() and torch.equal(out.attention_mask[:, added:], inputs.attention_mask)
+    assert (out.extras["rope3d"].value[:, :, :added] == -7).all() and (out.extras["pairs"].value[:, :added] == -1).all()
+    assert torch.equal(out.extras["pairs"].value[:, added:], inputs.extras["pairs"].value)
+
 @pytest.mark.parametrize("rank", [0, 3])
 def test_packing_and_the_sp_slice_select_every_extra_like_the_ids(rank):
     batch = handmade_batch(0)

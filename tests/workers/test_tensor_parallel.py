@@ -15,7 +15,8 @@ entropies 9.5e-7, loss 1.7e-7 relative, full gradients 1.5e-7, sum_pi_squared 2e
 relative, weights after two AdamW steps (lr 1e-4) 7.5e-7.
 Models: untied and tied embeddings (the tied weight is sharded once, on the vocabulary), each also with LoRA at the
 first layout (the adapters split with their bases; measured within the same bounds).
-Layouts: world 2: tp 2; world 4 (slow): shard 2 x tp 2, replicate 2 x shard 1 x tp 2 (HSDP), tp 4.
+Layouts: world 2: tp 2; world 4 (slow): shard 2 x tp 2, replicate 2 x shard 1 x tp 2 (HSDP), tp 4; sequence
+parallel (the norms on sequence slices, checked by their outputs' placement) on in each but the HSDP one.
 Checkpoints: a DCP save at tp loads exactly at tp=1 and a tp=1 save at tp (model, optimizer, LoRA adapter).
 """
 
@@ -50,11 +51,12 @@ def rows_of(rank: int, world: int) -> dict[str, torch.Tensor]:
     return {k: v[own] for k, v in full.items()}
 
 
-def build(path: str, tp: int = 1, fsdp_size: int = -1, **kw):
+def build(path: str, tp: int = 1, fsdp_size: int = -1, sequence_parallel: bool = True, **kw):
     from rlkit.workers.fsdp_model import FSDPModel
 
     torch.manual_seed(0)  # a value head is new: the same init in every build
-    config = FSDPConfig(param_dtype="float32", fsdp_size=fsdp_size, tensor_parallel_size=tp)
+    config = FSDPConfig(param_dtype="float32", fsdp_size=fsdp_size, tensor_parallel_size=tp,
+                        sequence_parallel=sequence_parallel)
     return FSDPModel(path, config, torch.device("cpu"), **kw)
 
 
@@ -77,12 +79,13 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 def check_layout(
-    path: str, batch: dict, tp: int, fsdp_size: int, found: dict, tag: str, ckpt: Path, lora: bool = False
+    path: str, batch: dict, layout: tuple, found: dict, tag: str, ckpt: Path, lora: bool = False
 ) -> None:
+    tp, fsdp_size, seq_parallel = layout
     valid = batch["response_mask"].bool()
     args = [batch[k] for k in ("input_ids", "attention_mask", "position_ids")]
     adapter = dict(lora=LORA) if lora else {}
-    base, split = build(path, **adapter), build(path, tp, fsdp_size, **adapter)
+    base, split = build(path, **adapter), build(path, tp, fsdp_size, seq_parallel, **adapter)
     if lora:  # each adapter split with its base: B of a column-parallel projection, A of a row-parallel one
         layer = split.module.model.layers[0]
         for weight, dim in (
@@ -101,6 +104,9 @@ def check_layout(
     assert split.tp.vocab.stop - split.tp.vocab.start == -(-vocab // tp)  # this rank's slice of the LM head only
     widths: list[int] = []
     hook = split.module.get_output_embeddings().register_forward_hook(lambda m, i, o: widths.append(o.shape[-1]))
+    norm_out: list[tuple] = []  # sequence parallel: the norms' outputs are sequence slices (DTensor Shard(1))
+    norm = split.module.get_decoder().layers[1].post_attention_layernorm
+    norm_hook = norm.register_forward_hook(lambda m, i, o: norm_out.append(getattr(o, "placements", None)))
     for name, kw in PATHS.items():
         want, got = step(base, batch, **kw), step(split, batch, **kw)
         grads = max_diff(full_grads(split), full_grads(base))
@@ -108,7 +114,9 @@ def check_layout(
         loss = abs(float(got[2] - want[2])) / max(1.0, abs(float(want[2])))
         found[f"{tag}/{name}"] = dict(log_probs=stats[0], entropy=stats[1], loss_rel=loss, grads=grads)
         assert max(stats) <= TOL and grads <= TOL and loss <= 1e-6, found[f"{tag}/{name}"]
-    hook.remove()
+    hook.remove(), norm_hook.remove()
+    assert split.tp.sequence_parallel == seq_parallel
+    assert all((p is not None and p[0].is_shard(1)) == seq_parallel for p in norm_out) and norm_out, norm_out
     assert widths and max(widths) == split.tp.vocab.stop - split.tp.vocab.start < vocab, widths
     with torch.no_grad():
         a, b = (m.forward(*args, R, temperature=0.7, with_sum_pi_squared=True).sum_pi_squared for m in (base, split))
@@ -125,7 +133,7 @@ def check_layout(
     found[f"{tag}/grad_norm_rel"] = max(abs(a - b) / abs(a) for a, b in norms)
     found[f"{tag}/weights"] = max_diff(split.full_state_dict(), base.full_state_dict())
     # DCP checkpoints are layout-free: a tp save loads into tp=1 and a tp=1 save into tp, model and optimizer
-    for saved, layout in ((split, (1, -1)), (base, (tp, fsdp_size))):
+    for saved, layout in ((split, (1, -1, True)), (base, (tp, fsdp_size, seq_parallel))):
         folder = ckpt / re.sub(r"[^a-z0-9]+", "_", f"{tag}_{layout}")
         saved.save(folder)
         loaded = build(path, *layout, **adapter)
@@ -143,12 +151,10 @@ def _worker(rank: int, store_path: str, payload: dict, results) -> None:
         batch = rows_of(rank, world)
         found: dict = {}
         for kind, path in payload["models"].items():
-            for tp, fsdp_size in payload["layouts"]:
-                check_layout(path, batch, tp, fsdp_size, found, f"{kind}/tp={tp},fsdp_size={fsdp_size}", ckpt)
-            tp, fsdp_size = payload["layouts"][0]
-            check_layout(
-                path, batch, tp, fsdp_size, found, f"{kind}/lora/tp={tp},fsdp_size={fsdp_size}", ckpt, lora=True
-            )
+            for layout in payload["layouts"]:
+                check_layout(path, batch, layout, found, f"{kind}/tp,fsdp_size,sp={layout}", ckpt)
+            layout = payload["layouts"][0]
+            check_layout(path, batch, layout, found, f"{kind}/lora/tp,fsdp_size,sp={layout}", ckpt, lora=True)
         gathered = [None] * world
         dist.all_gather_object(gathered, found)
         if rank == 0:
@@ -170,7 +176,7 @@ def models(tmp_path_factory) -> dict[str, str]:
 def test_tp2_matches_tp1_on_two_gloo_workers(models, tmp_path):
     run_on_gloo_workers(
         _worker,
-        dict(world=2, models=models, layouts=[(2, -1)], ckpt=str(tmp_path / "ckpt")),
+        dict(world=2, models=models, layouts=[(2, -1, True)], ckpt=str(tmp_path / "ckpt")),
         tmp_path,
         world=2,
         timeout_s=600,
@@ -179,7 +185,7 @@ def test_tp2_matches_tp1_on_two_gloo_workers(models, tmp_path):
 
 @pytest.mark.slow
 def test_dp2_x_tp2_and_tp4_on_four_gloo_workers(models, tmp_path):
-    layouts = [(2, -1), (2, 1), (4, -1)]
+    layouts = [(2, -1, True), (2, 1, False), (4, -1, True)]  # (tp, fsdp_size, sequence_parallel)
     run_on_gloo_workers(
         _worker,
         dict(world=4, models=models, layouts=layouts, ckpt=str(tmp_path / "ckpt")),
@@ -220,9 +226,11 @@ def test_config_sizes_verl_keys_and_the_dry_run_mesh(toy_data, tmp_path):
             f"{actor}.strategy=megatron",
             f"+{actor}.megatron.tensor_model_parallel_size=4",
             f"+{actor}.megatron.pipeline_model_parallel_size=1",
+            f"+{actor}.megatron.sequence_parallel=false",
         ],
     )
     assert verl.actor_rollout_ref.actor.fsdp_config.tensor_parallel_size == 4
+    assert verl.actor_rollout_ref.actor.fsdp_config.sequence_parallel is False
     for override, message in [
         (f"{actor}.fsdp_config.tensor_parallel_size=3", "tensor_parallel_size=3 must divide the 4 workers"),
         (f"{ref}.fsdp_config.tensor_parallel_size=3", "tensor_parallel_size=3 must divide the 4 workers"),
