@@ -36,10 +36,11 @@ R, TOL, AUX_COEF = 7, 1e-5, 0.01
 PATHS = {"packed": dict(), "padded": dict(remove_padding=False)}
 
 
-def build(path: str, ep: int = 1, tp: int = 1, fsdp_size: int = -1, sp: int = 1):
+def build(path: str, ep: int = 1, tp: int = 1, fsdp_size: int = -1, sp: int = 1, seq_par: bool = True):
     from rlkit.workers.fsdp_model import FSDPModel
 
-    config = FSDPConfig(param_dtype="float32", expert_parallel_size=ep, tensor_parallel_size=tp, fsdp_size=fsdp_size)
+    config = FSDPConfig(param_dtype="float32", expert_parallel_size=ep, tensor_parallel_size=tp, fsdp_size=fsdp_size,
+                        sequence_parallel=seq_par)
     return FSDPModel(path, config, torch.device("cpu"), gradient_checkpointing=True, ulysses_sequence_parallel_size=sp)
 
 
@@ -96,12 +97,12 @@ def _worker(rank: int, store_path: str, payload: dict, results) -> None:
     from rlkit.workers.parallel_layout import ParallelLayout
 
     ckpt, world = Path(payload["ckpt"]), payload["world"]
-    ep, tp, fsdp_size, sp = (*payload["layout"], 1)[:4]  # sp: the baseline is Ulysses at the same sp
+    ep, tp, fsdp_size, sp, seq_par = (*payload["layout"], 1, True)[:5]  # sp: the baseline is Ulysses at that sp
     with gloo_rank(rank, store_path, results, world=world):
         batch = rows_of(rank, world)
         found: dict = {}
         path = payload["model"]
-        base, split = build(path, sp=sp), build(path, ep, tp, fsdp_size, sp)
+        base, split = build(path, sp=sp), build(path, ep, tp, fsdp_size, sp, seq_par)
         layout = ParallelLayout.of(fsdp_size, sp, world=world, tp=tp, ep=ep)
         assert split.layout == layout and (split.tp is not None) == (tp > 1) and (split.ep is not None) == (ep > 1)
         if split.ep is not None:
@@ -124,7 +125,7 @@ def _worker(rank: int, store_path: str, payload: dict, results) -> None:
         found["grad_norm_rel"] = max(abs(a - b) / abs(a) for a, b in norms)
         found["weights"] = max_diff(split.full_state_dict(), base.full_state_dict())
         assert found["grad_norm_rel"] <= 1e-5 and found["weights"] <= TOL, found
-        for saved, to, name in ((split, (1, 1, -1, sp), "split"), (base, (ep, tp, fsdp_size, sp), "base")):
+        for saved, to, name in ((split, (1, 1, -1, sp), "split"), (base, (ep, tp, fsdp_size, sp, seq_par), "base")):
             folder = ckpt / f"saved_by_{name}"  # DCP checkpoints cross the layouts
             saved.save(folder)
             loaded = build(path, *to)
@@ -170,11 +171,12 @@ def test_ep2_matches_ep1_on_two_gloo_workers(moe_models, family, layout, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [(2, 2, -1), (2, 1, -1), (2, 1, 2), (2, 1, -1, 2)],
-                         ids=["ep2xtp2", "shard2xep2", "hsdp2xep2", "sp2xep2"])
+@pytest.mark.parametrize("layout", [(2, 2, -1), (2, 2, -1, 1, False), (2, 1, -1), (2, 1, 2), (2, 1, -1, 2)],
+                         ids=["ep2xtp2", "ep2xtp2-no-seq-par", "shard2xep2", "hsdp2xep2", "sp2xep2"])
 def test_ep2_on_four_gloo_workers(moe_models, layout, tmp_path):
     """ep 2 x tp 2: EP groups of the ranks with the same TP index ({0, 2}, {1, 3}), each TP group running the router
-    and experts whole on its gathered rows (rlkit/workers/tp_plans.py's MoE plan); shard 2 x ep 2: the experts'
+    and experts whole on its gathered rows (rlkit/workers/tp_plans.py's MoE plan), with and without TP's sequence
+    parallel; shard 2 x ep 2: the experts'
     FSDP2 unit reduces over 2 ranks and divides by 4; HSDP (fsdp_size 2): replicate 2 x ep 2; Ulysses sp 2 x ep 2
     against Ulysses sp 2 alone (each rank's routers see its slice of the group's packed row)."""
     payload = dict(model=moe_models["qwen3_moe/tp"], ckpt=str(tmp_path / "ckpt"), world=4, layout=layout)
