@@ -1,9 +1,10 @@
 """Per-rank memory and step time of a training step at tensor parallel 1 and 2 (issue 46's benchmark table).
 
-Two gloo ranks (one OpenMP thread each) build the same model with `FSDPModel` in float32 and run training steps
+n gloo ranks (one OpenMP thread each) build the same model with `FSDPModel` in float32 and run training steps
 (forward with log-probs and entropy, a policy-gradient loss, backward, clip, AdamW), in three layouts of the same
-2 workers: `tp1` (FSDP2 over both), `tp2` (one TP group, sequence parallel on, the default) and `tp2-nosp`
-(sequence parallel off). Each layout runs in fresh processes, so each peak RSS is that layout's alone. Per rank:
+n workers: `tp1` (FSDP2 over all), `tp<n>` (one TP group, sequence parallel on, the default) and `tp<n>-nosp`
+(sequence parallel off). n is 2 for the toy model and 3 for SmolLM2-135M, whose 9 attention and 3 key/value heads
+do not split in 2. Each layout runs in fresh processes, so each peak RSS is that layout's alone. Per rank:
 parameters, gradients and optimizer state actually held (the local shards' bytes), the RSS before the step and its
 peak during the steps (the kernel's high-water mark, reset before the first measured step), and the median step
 time. Workloads: the toy model (the suite's tiny Llama) and SmolLM2-135M (`rlkit model pull`).
@@ -28,11 +29,16 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYOUTS = {"tp1": (1, True), "tp2": (2, True), "tp2-nosp": (2, False)}  # name: (tensor_parallel_size, sequence par.)
 WORKLOADS = {  # rows per rank, prompt and response tokens
     "toy": dict(rows=8, prompt=32, response=32),
     "smollm2": dict(rows=4, prompt=256, response=256),
 }
+WORLD = {"toy": 2, "smollm2": 3}  # workers, = the TP size compared with tp 1
+
+
+def layouts(world: int) -> dict[str, tuple[int, bool]]:
+    """name: (tensor_parallel_size, sequence_parallel)."""
+    return {"tp1": (1, True), f"tp{world}": (world, True), f"tp{world}-nosp": (world, False)}
 MB = 2**20
 
 
@@ -62,9 +68,10 @@ def rank_main(rank: int, store: str, spec: dict, results) -> None:
     from rlkit.workers.fsdp_model import FSDPModel
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    world = WORLD[spec["workload"]]
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     try:
-        tp, seq_parallel = LAYOUTS[spec["layout"]]
+        tp, seq_parallel = layouts(world)[spec["layout"]]
         config = FSDPConfig(param_dtype="float32", tensor_parallel_size=tp, sequence_parallel=seq_parallel)
         model = FSDPModel(spec["path"], config, torch.device("cpu"))
         model.setup_optimizer(OptimConfig(lr=1e-5, weight_decay=0.0), total_steps=spec["steps"] + 1)
@@ -115,7 +122,8 @@ def run_layout(path: str, workload: str, layout: str, steps: int, tmp: Path) -> 
     store = tmp / f"store-{workload}-{layout}"
     spec = dict(path=path, workload=workload, layout=layout, steps=steps)
     os.environ["OMP_NUM_THREADS"] = "1"
-    procs = [ctx.Process(target=rank_main, args=(r, str(store), spec, results)) for r in range(2)]
+    world = WORLD[workload]
+    procs = [ctx.Process(target=rank_main, args=(r, str(store), spec, results)) for r in range(world)]
     for p in procs:
         p.start()
     got = dict(results.get(timeout=3600) for _ in procs)
@@ -124,7 +132,7 @@ def run_layout(path: str, workload: str, layout: str, steps: int, tmp: Path) -> 
     errors = [r["error"] for r in got.values() if "error" in r]
     if errors:
         raise RuntimeError(f"{workload}/{layout}: {errors[0]}")
-    return {"ranks": [got[0], got[1]]}
+    return {"ranks": [got[r] for r in range(world)]}
 
 
 def model_path(workload: str, tmp: Path) -> str:
@@ -150,7 +158,7 @@ def main() -> int:
         for workload in args.models:
             path = model_path(workload, tmp)
             rows = out["workloads"][workload] = {"shape": WORKLOADS[workload], "layouts": {}}
-            for layout in LAYOUTS:
+            for layout in layouts(WORLD[workload]):
                 rows["layouts"][layout] = row = run_layout(path, workload, layout, args.steps, tmp)
                 r0 = row["ranks"][0]
                 print(f"{workload:8} {layout:9} params {r0['params_mb']:8.1f} MB  grads {r0['grads_mb']:8.1f} MB  "

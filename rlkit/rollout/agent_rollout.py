@@ -18,7 +18,7 @@ datasets keep the two kwargs) along with the prompt tensors (`AGENT_INPUT_KEYS`)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ from rlkit.rollout.agent.loop import AgentLoop
 from rlkit.rollout.agent.parser import TOOL_PARSERS
 from rlkit.rollout.agent.verl_files import build_configured_interaction, build_configured_tools
 from rlkit.rollout.base import RolloutBackend, SamplingConfig
+from rlkit.rollout.slice_plan import Cut, SlicePlan
 
 AGENT_INPUT_KEYS = ("raw_prompt", "tools_kwargs", "interaction_kwargs", "reward_model", "extra_info")
 
@@ -81,6 +82,12 @@ class AgentRollout(RolloutBackend):
 
     def load_adapter(self, peft_config: dict, tensors: dict[str, torch.Tensor]) -> int:
         return self.backend.load_adapter(peft_config, tensors)
+
+    def slice_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> SlicePlan | None:
+        return self.backend.slice_plan(shapes)
+
+    def update_slices(self, buckets: Iterable[list[tuple[Cut, torch.Tensor]]]) -> int:
+        return self.backend.update_slices(buckets)
 
     @property
     def asleep(self) -> frozenset[str]:  # type: ignore[override] - the wrapped engine's record, not a second one

@@ -19,7 +19,8 @@ Non-tensor data and meta of the input are carried through unchanged.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +28,9 @@ from rlkit.config.rollout import SamplingConfig
 from rlkit.errors import UserError
 from rlkit.protocol import Batch
 from rlkit.registry import Registry
+
+if TYPE_CHECKING:
+    from rlkit.rollout.slice_plan import Cut, SlicePlan
 
 WAKE_ORDER = ("weights", "kv_cache")  # the parts an engine sleeps, in the order they wake
 SLEEP_PARTS = frozenset(WAKE_ORDER)
@@ -50,6 +54,15 @@ class RolloutBackend(ABC):
     @abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load full (unsharded) HF-named tensors into the engine; returns bytes loaded."""
+
+    def slice_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> SlicePlan | None:
+        """A tensor-parallel engine's cuts of the trainer's tensors (`shapes`: HF name -> whole shape), so each rank
+        receives only its slices (`update_slices`); None: this engine loads full tensors (`update_weights`)."""
+        return None
+
+    def update_slices(self, buckets: Iterable[list[tuple[Cut, torch.Tensor]]]) -> int:
+        """Write buckets of this rank's slices, cut by `slice_plan`; returns bytes loaded."""
+        raise NotImplementedError(f"{type(self).__name__} has no slice_plan: it loads full tensors")
 
     def load_adapter(self, peft_config: dict, tensors: dict[str, torch.Tensor]) -> int:
         """LoRA with `rollout.lora_sync=native`: generate with this PEFT adapter (config dict, tensors under

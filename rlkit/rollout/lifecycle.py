@@ -16,7 +16,9 @@ from the actor before every generation anyway (`default_sleep_level`), so the up
 Where the new weights come from is an explicit `WeightSource` handed to the lifecycle:
 
 - colocated layout (hybrid engine): `ActorWeights`, the actor role in the same process,
-  gathered one full tensor at a time (every actor rank takes part: a collective);
+  gathered one full tensor at a time (every actor rank takes part: a collective); into a tensor-parallel
+  engine, each rank's slices only, re-cut from the trainer's DTensors (rlkit/workers/engine_slices.py,
+  rlkit/rollout/vllm_slices.py);
 - separate rollout layout: `StateDictWeights`, a full state dict the actor's rank 0 put in
   Ray's object store;
 - LoRA with `rollout.lora_sync=native` (colocated): `ActorAdapter`, only the adapter's tensors,
@@ -43,6 +45,7 @@ import torch
 
 from rlkit.protocol import Batch
 from rlkit.rollout.base import RolloutBackend, SamplingConfig
+from rlkit.rollout.slice_plan import SliceStats
 from rlkit.utils.memory_peak import note, rss_bytes
 
 WEIGHTS, KV_CACHE = "weights", "kv_cache"
@@ -60,12 +63,20 @@ class ActorWeights:
     """The colocated actor role's current weights (a collective: every actor rank must iterate)."""
 
     actor: Any  # an object with `.model.iter_full_params()` (rlkit.workers.actor.ActorWorker)
+    last_slices: SliceStats | None = None  # what the last sliced load moved on this rank
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.actor.model.iter_full_params()
 
     def load_into(self, engine: RolloutBackend) -> int:
-        return engine.update_weights(self.named_tensors())
+        """A tensor-parallel engine that cuts the weights gets this rank's slices (`engine.slice_plan`); any other,
+        and LoRA's merged weights (merged from the whole base and adapter), full tensors."""
+        model = self.actor.model
+        plan = engine.slice_plan(model.param_shapes()) if model.lora is None else None
+        if plan is None:
+            return engine.update_weights(self.named_tensors())
+        self.last_slices = SliceStats()
+        return engine.update_slices(model.iter_engine_slices(plan, self.last_slices))
 
 
 @dataclass
@@ -122,7 +133,10 @@ class EngineLifecycle:
         nbytes = source.load_into(self.engine)
         self.weights_valid = True
         # the worker's own time; the driver times the whole call as timing_s/update_weights (step_result.py)
-        return {"timing_s/rollout_load_weights": time.perf_counter() - start, "perf/update_weights_mb": nbytes / 2**20}
+        metrics = {"timing_s/rollout_load_weights": time.perf_counter() - start,
+                   "perf/update_weights_mb": nbytes / 2**20}
+        slices = getattr(source, "last_slices", None)  # a sliced load: its largest bucket, weights gathered whole
+        return {**metrics, **slices.metrics()} if slices is not None else metrics
 
     def generate(self, batch: Batch, sampling: SamplingConfig, stay_awake: bool = False
                  ) -> tuple[Batch, dict[str, float]]:

@@ -23,7 +23,7 @@ import logging
 import random
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from rlkit.rollout.base import (
 )
 from rlkit.rollout.gpu_share import fit_gpu_share
 from rlkit.rollout.kv_cache_size import auto_kv_cache_mb
+from rlkit.rollout.slice_plan import Cut, SlicePlan
 from rlkit.rollout.vllm_compat import (
     check_version,
     close_engine,
@@ -221,6 +222,7 @@ class VLLMRollout(RolloutBackend):
         self.weight_bytes = self.weight_names.nbytes(engine_torch_dtype(self.dtype))
         self.lora_request: Any = None  # the adapter generations use (rollout.lora_sync=native), or None
         self.last_update: dict[str, float] = {}
+        self._slice_plan: SlicePlan | bool | None = None  # False: the full-tensor path (slice_plan's reason logged)
 
     # ----------------------------------------------------------------- generate
     def _sampling_params(self, sampling: SamplingConfig, seed: int | None):
@@ -309,6 +311,41 @@ class VLLMRollout(RolloutBackend):
             self._drop_caches()
         self.last_update = stream.finish()
         return int(self.last_update["bytes"])
+
+    def slice_plan(self, shapes: Mapping[str, tuple[int, ...]]) -> SlicePlan | None:
+        """A tensor-parallel engine's cuts (rlkit/rollout/vllm_slices.py reads them from vLLM's layers), built at the
+        first sync; None at TP 1 (a whole tensor is the rank's slice) or where a weight does not cut (logged once:
+        the full-tensor path, vLLM's loaders narrowing each tensor)."""
+        if self.config.tensor_model_parallel_size == 1 or self._slice_plan is False:
+            return None
+        if self._slice_plan is None:
+            from rlkit.rollout.vllm_slices import read_cuts
+
+            got = self.llm.collective_rpc(read_cuts, args=(dict(shapes),))[0]
+            if isinstance(got, str):
+                logging.getLogger(__name__).warning(
+                    "weight sync: full tensors into the tensor-parallel engine (each rank narrows them): %s", got)
+                self._slice_plan = False
+                return None
+            cuts, tp_size, tp_rank = got
+            self._slice_plan = SlicePlan(cuts, tp_size, tp_rank,
+                                         int(float(self.config.update_weights_bucket_megabytes) * 2**20))
+        return self._slice_plan
+
+    def update_slices(self, buckets: Iterable[list[tuple[Cut, torch.Tensor]]]) -> int:
+        """Write this rank's slices (cut by `slice_plan`) into the model runner, then drop the stale caches."""
+        from rlkit.rollout.vllm_slices import write_slices
+
+        self._check_in_process()
+        if "weights" in self.asleep:
+            raise RuntimeError("update_slices on an engine whose weights sleep would be lost; "
+                               "wake_up(['weights']) first (EngineLifecycle.load does)")
+        try:
+            nbytes = int(self.llm.collective_rpc(write_slices, args=(buckets,))[0])
+        finally:
+            self._drop_caches()
+        self.last_update = {"bytes": float(nbytes)}
+        return nbytes
 
     def _drop_caches(self) -> None:
         """After new weights: the prefix cache's KV and, for a VLM, the vision tower's cached image features are

@@ -399,6 +399,20 @@ class FSDPModel:
                 tensor = self._on_device(tensor).full_tensor()
             yield name, tensor.detach()
 
+    def iter_engine_slices(self, plan: Any, stats: Any) -> Iterator[list[tuple[Any, torch.Tensor]]]:
+        """Buckets of this rank's slices for a tensor-parallel engine (`plan`: rlkit.rollout.slice_plan.SlicePlan;
+        `stats`: a SliceStats filled as they go; rlkit/workers/engine_slices.py). A collective, as
+        `iter_full_params`; without LoRA (its merged weights take the full-tensor path)."""
+        from rlkit.workers.engine_slices import engine_slices
+
+        state = self.module.state_dict()
+        named = ((n, self._on_device(t) if hasattr(t, "full_tensor") else t) for n, t in state.items())
+        yield from engine_slices(named, plan, stats)
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each state-dict tensor's whole shape (no collective): what the engine plans its cuts from."""
+        return {n: tuple(t.shape) for n, t in self.module.state_dict().items()}
+
     def _on_device(self, shard: Any) -> Any:
         """A CPU-offloaded DTensor shard moved to the device first, so the gather runs on NCCL, not over gloo."""
         if shard.device.type == self.device.type:

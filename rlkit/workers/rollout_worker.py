@@ -4,7 +4,8 @@ Two layouts (rlkit/trainer/run/run_plan.py), one class:
 
 - colocated (hybrid engine): the worker shares its process with the actor and is handed that
   actor at construction; `sync_weights` streams the actor's full tensors into the engine one
-  parameter at a time, so the process never holds a second full copy of the model in flight;
+  parameter at a time, so the process never holds a second full copy of the model in flight (into a
+  tensor-parallel engine: only this rank's slice of each, in buckets; docs/parallelism.md);
 - separate rollout (`trainer.one_step_off_policy` or `trainer.fully_async`): the worker has its own process
   (on nodes of its own with rollout.nnodes); `receive_broadcast` loads the buckets the actor's rank 0 broadcasts
   (rlkit/workers/weight_broadcast.py), or, with rollout.weight_transfer=object_store, `receive_weights` the full

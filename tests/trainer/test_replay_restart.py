@@ -2,7 +2,7 @@
 
 One uninterrupted GRPO run (module fixture; `trainer.deterministic=true`, 6 steps, a checkpoint every 2, steps 3
 and 4 recorded) serves three tests:
-- replay: `replay_step(checkpoint root, 4)` in this process, from the step-2 checkpoint through the records of
+- replay: `replay_step(checkpoint root, 4)` in a fresh process, from the step-2 checkpoint through the records of
   steps 3 and 4, returns the loss and gradient norm the run logged and the weights of its step-4 checkpoint, bit
   for bit; `--role rollout` generates step 4's responses again, all equal;
 - restart + determinism: the same config again, its actor worker SIGKILLed in step 4: the run restarts the workers
@@ -70,16 +70,15 @@ def grpo(toy_data, tiny_model, tmp_path_factory) -> dict:
     return {**run, "out": out}
 
 
-@pytest.fixture
-def replay_process():
-    """`replay_step` turns this process into a one-worker host (rank env, deterministic torch): undo it after."""
-    env = dict(os.environ)
-    threads = torch.get_num_threads()
-    yield
-    os.environ.clear()
-    os.environ.update(env)
-    torch.use_deterministic_algorithms(False)
-    torch.set_num_threads(threads)
+def in_fresh_process(fn, *args):
+    """`fn(*args)` in a new interpreter, its exception raised here: a replay turns its process into a one-worker
+    host (rank env, deterministic torch), and an in-process vLLM engine built earlier in the same pytest process
+    moves its float results off the run's (seen, cause not found), so each replay gets a clean process."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def _checkpoint_weights(checkpoint: Path, record_dir: Path, role: str) -> dict[str, torch.Tensor]:
@@ -109,10 +108,9 @@ def _assert_replay_equals_run(result, keys: tuple[str, ...]) -> None:
     assert all(replayed == logged for replayed, logged in compared.values()), compared
 
 
-def test_grpo_replay_equals_the_run_bit_for_bit(grpo, replay_process):
+def _grpo_replay(out: Path) -> str:
     from rlkit.trainer.replay.replay import replay_step
 
-    out = grpo["out"]
     started = time.perf_counter()
     result = replay_step(out / "ckpt", KILL_IN, say=lambda line: None)
     seconds = time.perf_counter() - started
@@ -120,13 +118,17 @@ def test_grpo_replay_equals_the_run_bit_for_bit(grpo, replay_process):
     _assert_replay_equals_run(result, ("actor/pg_loss", "actor/grad_norm"))
     replayed = result.host._roles["actor"].model.full_state_dict()
     _assert_same_weights(replayed, _checkpoint_weights(out / "ckpt" / "global_step_4", out / "ckpt" / "steps", "actor"))
-    print(f"[GRPO replay of steps 3-4 in-process: {seconds:.1f}s; pg_loss, grad_norm and "
-          f"{len(replayed)} weight tensors equal]")
 
     # the rollout of step 4: the step-2 checkpoint, step 3's update, then step 4's generation with its seed
     rollout = replay_step(out / "ckpt", KILL_IN, role="rollout", say=lambda line: None)
     assert rollout.steps == [3]
     assert rollout.metrics["rollout/replayed_rows"] == 128 and rollout.metrics["rollout/rows_with_other_responses"] == 0
+    return (f"[GRPO replay of steps 3-4: {seconds:.1f}s; pg_loss, grad_norm and {len(replayed)} weight tensors "
+            "equal; step 4's rollout equal]")
+
+
+def test_grpo_replay_equals_the_run_bit_for_bit(grpo):
+    print(in_fresh_process(_grpo_replay, grpo["out"]))
 
 
 def test_a_killed_actor_worker_restarts_from_the_last_checkpoint_and_the_run_repeats_exactly(grpo, toy_data,
@@ -186,14 +188,17 @@ def ppo(toy_data, tiny_model, tmp_path_factory) -> dict:
     return {**_run("ppo", overrides, out / "logs"), "out": out}
 
 
-@pytest.mark.parametrize("role", ["actor", "critic"])
-def test_ppo_replay_equals_the_run_bit_for_bit(ppo, role, replay_process):
+def _ppo_replay(out: Path, role: str) -> None:
     from rlkit.trainer.replay.replay import replay_step
 
-    out = ppo["out"]
     result = replay_step(out / "ckpt", 3, role=role, say=lambda line: None)
     assert result.checkpoint == out / "ckpt" / "global_step_2" and result.steps == [3]
     _assert_replay_equals_run(result, (f"{role}/pg_loss" if role == "actor" else "critic/vf_loss",
                                        f"{role}/grad_norm"))
     replayed = result.host._roles[role].model.full_state_dict()
     _assert_same_weights(replayed, _checkpoint_weights(out / "ckpt" / "global_step_3", out / "ckpt" / "steps", role))
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_ppo_replay_equals_the_run_bit_for_bit(ppo, role):
+    in_fresh_process(_ppo_replay, ppo["out"], role)
