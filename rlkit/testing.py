@@ -144,23 +144,25 @@ def save_tiny_reward_model(path: str | Path, tokenizer=None, hidden_size: int = 
 
 
 # ------------------------------------------------------------------ mixture of experts
-def _qwen3_moe(vocab: int, pad: int, eos: int, hidden: int = 128, heads: int = 2, experts: int = 8, tie: bool = False):
+def _qwen3_moe(vocab: int, pad: int, eos: int, hidden: int = 128, heads: int = 2, experts: int = 8, tie: bool = False,
+               kv_heads: int = 1):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     cfg = Qwen3MoeConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=heads, num_key_value_heads=1, head_dim=64, num_experts=experts, num_experts_per_tok=2,
-        max_position_embeddings=512, tie_word_embeddings=tie, pad_token_id=pad, eos_token_id=eos,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=64, num_experts=experts,
+        num_experts_per_tok=2, max_position_embeddings=512, tie_word_embeddings=tie, pad_token_id=pad, eos_token_id=eos,
     )
     return Qwen3MoeForCausalLM(cfg)
 
 
-def _mixtral(vocab: int, pad: int, eos: int, hidden: int = 128, heads: int = 2, experts: int = 8, tie: bool = False):
+def _mixtral(vocab: int, pad: int, eos: int, hidden: int = 128, heads: int = 2, experts: int = 8, tie: bool = False,
+             kv_heads: int = 1):
     from transformers import MixtralConfig, MixtralForCausalLM
 
     cfg = MixtralConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=64, num_hidden_layers=2, num_attention_heads=heads,
-        num_key_value_heads=1, head_dim=64, num_local_experts=experts, num_experts_per_tok=2,
+        num_key_value_heads=kv_heads, head_dim=64, num_local_experts=experts, num_experts_per_tok=2,
         max_position_embeddings=512, tie_word_embeddings=tie, pad_token_id=pad, eos_token_id=eos,
     )
     return MixtralForCausalLM(cfg)
@@ -171,7 +173,7 @@ MOE_FAMILIES = {"qwen3_moe": _qwen3_moe, "mixtral": _mixtral}
 
 def build_tiny_moe(family: str = "qwen3_moe", seed: int = 0, sharpen: float = 8.0, **size):
     """A random mixture-of-experts model (2 layers, head_dim 64 as vLLM's CPU attention needs, top-2 routing) and
-    the tiny tokenizer. `family`: qwen3_moe | mixtral; `size`: hidden, heads, experts, tie (tied embeddings);
+    the tiny tokenizer. `family`: qwen3_moe | mixtral; `size`: hidden, heads, kv_heads, experts, tie (tied embeddings);
     `sharpen` scales the LM head so greedy margins stay far above float32 kernel noise."""
     import torch
 

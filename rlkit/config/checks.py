@@ -94,9 +94,10 @@ def check_sequence_parallel(cfg: RLConfig) -> None:
 
 
 def check_fsdp_size(cfg: RLConfig) -> None:
-    """verl's hybrid sharding and rlkit's tensor parallel: a role's TP groups are `tensor_parallel_size` consecutive
-    workers of its worker group (the trainer's workers; a pooled reward model's own) and its FSDP groups
-    `fsdp_size` of the data-parallel workers left (workers / tp), so each size must divide what it splits.
+    """verl's hybrid sharding, rlkit's tensor and expert parallel: a role's TP groups are `tensor_parallel_size`
+    consecutive workers of its worker group (the trainer's workers; a pooled reward model's own), its FSDP groups
+    `fsdp_size` of the data-parallel workers left (workers / tp) and its EP groups `expert_parallel_size` consecutive
+    workers of an FSDP group, so each size must divide what it splits.
     Roles that are off: unchecked."""
     ws = world_size(cfg)
     rm = cfg.reward_model
@@ -123,9 +124,26 @@ def check_fsdp_size(cfg: RLConfig) -> None:
         if tp > 1 and sp > 1:
             raise UserError(f"{key}.tensor_parallel_size={tp} with the role's ulysses_sequence_parallel_size={sp}: "
                             "both would split the same attention heads; use one of them")
+        check_expert_parallel(key, fsdp.expert_parallel_size, dp, size)
     if rm.enable and rm.model.fsdp_config.tensor_parallel_size > 1:
         raise UserError("reward_model.model.fsdp_config.tensor_parallel_size > 1: the classifier reward model calls "
                         "its model on each worker's own rows, which a TP group does not share; use 1")
+    if (arr.model.lora_rank > 0 or arr.model.lora_adapter_path) and arr.actor.fsdp_config.expert_parallel_size > 1:
+        raise UserError("actor_rollout_ref.actor.fsdp_config.expert_parallel_size > 1 with LoRA: peft's adapters on "
+                        "the fused experts are not split over the expert-parallel group; use expert_parallel_size=1 "
+                        "with LoRA")
+
+
+def check_expert_parallel(key: str, ep: int, dp: int, fsdp_size: int) -> None:
+    """Expert-parallel groups are `ep` consecutive ranks of an FSDP group (the `dp` workers left by TP, or verl's
+    `fsdp_size` of them; a Ulysses group's ranks among them): ep divides that group."""
+    if ep == 1:
+        return
+    group = fsdp_size if 0 < fsdp_size < dp else dp
+    if group % ep:
+        what = f"fsdp_size={fsdp_size}" if group != dp else f"the {dp} data-parallel workers"
+        raise UserError(f"{key}.expert_parallel_size={ep} must divide {what} (experts are split over groups of ep "
+                        f"consecutive data-parallel workers); set 1 or a divisor of {group}")
 
 
 def _largest_divisor_at_most(total: int, cap: int) -> int:

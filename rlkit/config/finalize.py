@@ -60,6 +60,8 @@ def derive(cfg: RLConfig) -> None:
     ref = cfg.actor_rollout_ref.ref
     if ref.fsdp_config.tensor_parallel_size == 1:  # the reference (and the teachers, as it) follow the actor's TP
         ref.fsdp_config.tensor_parallel_size = actor.fsdp_config.tensor_parallel_size
+    if ref.fsdp_config.expert_parallel_size == 1:  # and its EP
+        ref.fsdp_config.expert_parallel_size = actor.fsdp_config.expert_parallel_size
     critic = cfg.critic
     if critic.ppo_mini_batch_size is None:
         critic.ppo_mini_batch_size = actor.ppo_mini_batch_size

@@ -51,7 +51,16 @@ class FSDPConfig:
         "tensor parallel (DTensor): groups of n consecutive workers split every decoder layer's projections, the "
         "embedding and the LM head (vocabulary-parallel log-probs) by the model family's plan, and share their "
         "rows; FSDP2 shards over the world / n data-parallel workers (fsdp_size counts those). n divides the "
-        "workers and the model's attention and key/value heads; dense families only (rlkit/workers/tp_plans.py)",
+        "workers and the model's attention and key/value heads; dense families and Qwen3-MoE/Mixtral, whose experts "
+        "and routers stay whole over the group (rlkit/workers/tp_plans.py)",
+    )
+    expert_parallel_size: int = f(
+        1,
+        "expert parallel (DTensor, MoE models): groups of n consecutive data-parallel workers (with TP: those of the "
+        "same TP index) split every MoE layer's experts, each token's hidden state sent to the worker holding its "
+        "expert and back by all-to-all; FSDP2 shards the experts over the data-parallel workers / n, the rest as "
+        "without it. n divides the FSDP group (the data-parallel workers, or fsdp_size) and the model's experts; "
+        "not with LoRA (rlkit/workers/expert_parallel.py)",
     )
     sequence_parallel: bool = f(
         True,
@@ -69,6 +78,9 @@ class FSDPConfig:
         if self.fsdp_size == 0 or self.fsdp_size < -1:
             raise UserError(f"fsdp_config.fsdp_size={self.fsdp_size}: use -1 (one FSDP group over every worker) "
                             "or a group size >= 1 that divides the worker count")
+        if self.expert_parallel_size < 1:
+            raise UserError(f"fsdp_config.expert_parallel_size={self.expert_parallel_size}: use 1 (no expert "
+                            "parallel) or a group size that divides the data-parallel workers")
         if self.tensor_parallel_size < 1:
             raise UserError(f"fsdp_config.tensor_parallel_size={self.tensor_parallel_size}: use 1 (no tensor "
                             "parallel) or a group size that divides the worker count")

@@ -84,8 +84,7 @@ def veomni_rules(prefix: str, role: str, strategy: Derive, replay: Derive) -> li
         alias(f"{prefix}.enable_fsdp_offload", f"{target}.param_offload"),
         alias(f"{prefix}.ulysses_parallel_size", f"{role}.ulysses_sequence_parallel_size"),
         mapped(f"{prefix}.strategy", "FSDP2", derive=strategy),
-        mapped(f"{prefix}.expert_parallel_size", "FSDP2 sharding: every expert is sharded over all data-parallel "
-               "workers instead of an expert-parallel split (the same numbers)"),
+        alias(f"{prefix}.expert_parallel_size", f"{target}.expert_parallel_size"),
         mapped(f"{prefix}.*_implementation", VEOMNI_KERNELS),
         mapped(f"{prefix}.{{mixed_precision,seed,full_determinism,init_device,enable_full_shard,ckpt_manager,"
                "forward_prefetch,use_torch_compile,entropy_from_logits_with_chunking,entropy_checkpointing,"

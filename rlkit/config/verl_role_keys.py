@@ -210,9 +210,11 @@ def megatron_rules(prefix: str, role: str, model_prefix: str) -> list[VerlKey]:
                 "forwards of different lengths would leave a pipeline mostly idle); for memory use "
                 "tensor_model_parallel_size and FSDP2 sharding, and set pipeline_model_parallel_size=1",
                 inert=only(1)),
-        mapped(f"{prefix}.{{expert_model_parallel_size,expert_tensor_parallel_size}}",
-               "FSDP2 sharding: every expert is sharded over the data-parallel workers instead of an expert-parallel "
-               "split (the same numbers; expert parallel is issue 46's next part)"),
+        alias(f"{prefix}.expert_model_parallel_size", f"{role}.fsdp_config.expert_parallel_size",
+              why=f"= {role}.fsdp_config.expert_parallel_size (DTensor expert parallel: groups of that many "
+                  "data-parallel workers split the experts, tokens dispatched by all-to-all)"),
+        mapped(f"{prefix}.expert_tensor_parallel_size", "rlkit keeps each expert whole on its expert-parallel "
+               "worker (a speed/memory setting: the same numbers)"),
         alias(f"{prefix}.context_parallel_size", f"{role}.ulysses_sequence_parallel_size",
               why=f"= {role}.ulysses_sequence_parallel_size (sequence parallelism over the same number of workers)"),
         alias(f"{prefix}.{{param_offload,optimizer_offload}}", f"{role}.fsdp_config.{{1}}"),

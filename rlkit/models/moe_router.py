@@ -17,6 +17,13 @@ The scoring rule is declared per router class (`ROUTE_SCORES`); a family without
 stay in force until the next forward of the top module, so a backward that recomputes checkpointed layers
 uses them too.
 
+Rows shared by a tensor-parallel group (rlkit/workers/tensor_parallel.py): every rank of the group runs the routers
+on the group's rows. `share_rows(size, rank)` and the per-token input `route_owners` (`OWNERS`: the group rank whose
+row each token is, -1 on packing padding) keep each rank's numbers its own: the load metrics count this rank's tokens,
+and the load-balancing loss is the mean over the group's ranks of each one's loss on its own tokens — the same value
+on every rank of the group (its gradient reaches the replicated activations alike, as the TP split needs), whose
+mean over the data-parallel ranks is the mean of every rank's own loss, as without TP.
+
 Capture (verl's R2: the routes of the trainer's own old-log-prob pass, replayed in the update): inside
 `capturing()` each forward that was handed `route_positions` (`POSITIONS`: each fed token's (SP rank, row,
 column) in its micro-batch, -1 on packing padding) records those positions and every router's chosen experts;
@@ -71,6 +78,7 @@ class RouterTap:
 
     INPUT = "routed_experts"  # the model input it consumes: (rows, tokens, layers, k) expert ids
     POSITIONS = "route_positions"  # (rows, tokens, 3): where each fed token sits, for `capturing()`
+    OWNERS = "route_owners"  # (rows, tokens): the TP group rank each token's row belongs to (`share_rows`)
     OWN_CHOICE = -1  # a token's route that keeps the router's own choice
 
     def __init__(self, model: torch.nn.Module, routers: list[torch.nn.Module]) -> None:
@@ -87,6 +95,10 @@ class RouterTap:
         self._next_positions: torch.Tensor | None = None  # (N, 3) of the next forward (`POSITIONS`)
         self._positions: torch.Tensor | None = None
         self._captured: list[tuple[torch.Tensor, list]] | None = None  # per forward: positions, each layer's
+        self._group: tuple[int, int] | None = None  # (size, rank) of a TP group sharing the rows (`share_rows`)
+        self._next_owners: torch.Tensor | None = None
+        self._owners: torch.Tensor | None = None
+        self.owners: list[torch.Tensor] = []  # per recorded router call, with `logits` (only with a group)
         model.register_forward_pre_hook(self._take_mask, with_kwargs=True)
         for router in routers:
             router.register_forward_hook(self._on_router)
@@ -108,7 +120,15 @@ class RouterTap:
 
     def inputs(self) -> dict[str, Callable[[torch.Tensor], None]]:
         """The model inputs this tap consumes, by name: the forward hands each its per-token value."""
-        return {self.INPUT: self.replay_rows, self.POSITIONS: self._take_positions}
+        return {self.INPUT: self.replay_rows, self.POSITIONS: self._take_positions, self.OWNERS: self._take_owners}
+
+    def share_rows(self, size: int, rank: int) -> None:
+        """The routers run on the rows of a group of `size` ranks, this one `rank`: each forward is handed the
+        tokens' owners (`OWNERS`), and the loss and metrics keep to them (see the module docstring)."""
+        self._group = (size, rank)
+
+    def _take_owners(self, owners: torch.Tensor) -> None:
+        self._next_owners = owners.reshape(-1)
 
     def _take_positions(self, positions: torch.Tensor) -> None:
         self._next_positions = positions.reshape(-1, positions.shape[-1])
@@ -123,6 +143,7 @@ class RouterTap:
         self._mask = mask.reshape(-1).bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
         self._forced, self._pending = self._pending, None
         self._positions, self._next_positions = self._next_positions, None
+        self._owners, self._next_owners = self._next_owners, None
         if self._captured is not None and self._positions is not None:
             self._captured.append((self._positions, [None] * len(self.routers)))
 
@@ -156,15 +177,21 @@ class RouterTap:
 
     def _record(self, output: tuple) -> None:
         logits, _, indices = output
+        owners = self._owners
+        if self._group is not None and (owners is None or owners.numel() != logits.shape[0]):
+            raise RuntimeError("router tap: rows shared by a group, but no owner for each routed token")
         if self._mask is not None and self._mask.numel() == logits.shape[0]:
             keep = self._mask.to(logits.device)
             logits, indices = logits[keep], indices[keep]
+            owners = owners[keep.to(owners.device)] if owners is not None else None
         self.logits.append(logits)
         self.indices.append(indices)
+        if self._group is not None:
+            self.owners.append(owners.to(logits.device))
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[RouterTap]:
-        self.logits, self.indices, self._on = [], [], True
+        self.logits, self.indices, self.owners, self._on = [], [], [], True
         try:
             yield self
         finally:
@@ -172,18 +199,29 @@ class RouterTap:
 
     def load_balancing_loss(self) -> torch.Tensor:
         """E * sum_e (share of the tokens' top-k slots routed to e) * (mean router probability of e), over the
-        tokens of every layer (= top_k when perfectly balanced); differentiable in the router weights."""
-        logits = torch.cat(self.logits)
+        tokens of every layer (= top_k when perfectly balanced); differentiable in the router weights. With rows
+        shared by a group: the mean over its ranks of that loss on each one's tokens."""
+        logits, indices = torch.cat(self.logits), torch.cat(self.indices)
+        if self._group is None:
+            return self._balance(logits, indices)
+        owners = torch.cat(self.owners)
+        parts = [self._balance(logits[owners == r], indices[owners == r]) for r in range(self._group[0])
+                 if bool((owners == r).any())]
+        return torch.stack(parts).mean()
+
+    def _balance(self, logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(logits.float(), dim=-1)
-        chosen = torch.nn.functional.one_hot(torch.cat(self.indices), self.num_experts).float()  # (N, k, E)
+        chosen = torch.nn.functional.one_hot(indices, self.num_experts).float()  # (N, k, E)
         tokens_per_expert = chosen.sum(dim=1).mean(dim=0)  # (E,)
         return self.num_experts * (tokens_per_expert * probs.mean(dim=0)).sum()
 
     def load_metrics(self) -> dict[str, float]:
         """Per layer, then averaged: the busiest expert's load over the mean load, and the share of experts that
-        received no token."""
+        received no token (this rank's tokens, with rows shared by a group)."""
         ratios, unused = [], []
-        for indices in self.indices:
+        own = [o == self._group[1] for o in self.owners] if self._group is not None else [None] * len(self.indices)
+        for indices, mine in zip(self.indices, own, strict=True):
+            indices = indices[mine] if mine is not None else indices
             counts = torch.bincount(indices.reshape(-1), minlength=self.num_experts).float()
             ratios.append(float(counts.max() / counts.mean().clamp(min=1e-9)))
             unused.append(float((counts == 0).float().mean()))

@@ -27,6 +27,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 
 from rlkit.config.schema import FSDPConfig, OptimConfig
+from rlkit.errors import UserError
 from rlkit.models.config_overrides import apply_config_overrides
 from rlkit.models.lora import LoraModel, lora_enabled, merged_named_tensors, wrap_lora, write_lora_info
 from rlkit.models.moe_router import RouterTap
@@ -39,8 +40,9 @@ from rlkit.models.vision import (
 from rlkit.utils.cpu_precision import auto_cpu_dtype
 from rlkit.utils.lr_schedule import lr_lambda
 from rlkit.utils.optimizer import build_optimizer
-from rlkit.workers import layer_compile, tp_plans, ulysses
+from rlkit.workers import expert_parallel, layer_compile, tp_plans, ulysses
 from rlkit.workers.compute_copy import ComputeCopy
+from rlkit.workers.expert_parallel import ExpertParallel
 from rlkit.workers.heads import ForwardOut, Head, HeadCall, make_head
 from rlkit.workers.hf_export import export_hf, export_lora  # noqa: F401  (re-exported: callers import them here)
 from rlkit.workers.master_dither import dither_masters
@@ -91,7 +93,7 @@ class FSDPModel:
     """A causal LM (or a value model) wrapped with FSDP2, built in four steps — load, adapt, place, head — the
     placing by the role's `ParallelLayout` (rlkit/workers/parallel_layout.py: FSDP2 over the default process
     group or a hybrid-sharding mesh with `fsdp_config.fsdp_size`, Ulysses groups, a tensor-parallel plan with
-    `fsdp_config.tensor_parallel_size`)."""
+    `fsdp_config.tensor_parallel_size`, an expert-parallel plan with `fsdp_config.expert_parallel_size`)."""
 
     def __init__(
         self,
@@ -123,12 +125,16 @@ class FSDPModel:
         self.value_head = value_head
         self.param_dtype = resolve_dtype(fsdp.param_dtype, device)
         self.token_bucket = token_bucket(device, self.param_dtype)  # few matmul shapes (rlkit/workers/shape_buckets.py)
-        self.layout = ParallelLayout.of(fsdp.fsdp_size, ulysses_sequence_parallel_size, tp=fsdp.tensor_parallel_size)
+        self.layout = ParallelLayout.of(fsdp.fsdp_size, ulysses_sequence_parallel_size, tp=fsdp.tensor_parallel_size,
+                                        ep=fsdp.expert_parallel_size)
         config = apply_config_overrides(  # verl's model.override_config, before the weights load
             AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code), config_overrides)
         use_lora = lora is not None and lora_enabled(lora) and not value_head
-        # rank 0 reads, the others build on meta (model_load.py); a TP plan splits weights every rank has read
-        rank0 = rank0_load_wanted(device, self.layout.world) and self.layout.tp == 1
+        if use_lora and self.layout.ep > 1:  # the config checks refuse it by key; this guards direct use
+            raise UserError("fsdp_config.expert_parallel_size > 1 with LoRA: peft's adapters on the fused experts are "
+                            "not split over the expert-parallel group; use expert_parallel_size=1 with LoRA")
+        # rank 0 reads, the others build on meta (model_load.py); a TP or EP plan splits weights every rank has read
+        rank0 = rank0_load_wanted(device, self.layout.world) and self.layout.tp == 1 and self.layout.ep == 1
         # 1. load: a frozen LoRA base needs no float32 master copy: store it in the compute dtype
         model = load_model(model_path, config, auto_class, value_head, rank0, attn_implementation=attn_implementation,
                            dtype=self.param_dtype if use_lora else torch.float32, trust_remote_code=trust_remote_code)
@@ -145,6 +151,8 @@ class FSDPModel:
         self.module = model
         # 4. head: the router taps of an MoE, the log-prob or value head on top (in `forward`)
         self.router_tap = RouterTap.attach(model)  # MoE: router hooks (aux loss, load metrics, replay); None if dense
+        if self.router_tap is not None and self.tp is not None:  # the group's rows: each rank's tokens kept apart
+            self.router_tap.share_rows(self.tp.size, self.tp.rank)
         logits_to_keep = "logits_to_keep" in inspect.signature(type(model).forward).parameters
         self.head = make_head(value_head, fused_lm_head, logits_to_keep, self.tp.vocab if self.tp else None)
         # model inputs that are not the model's keywords, by name -> who takes them (MoE: the replayed routes)
@@ -177,6 +185,7 @@ class FSDPModel:
         plain module; then the weights onto the device (rank 0's, broadcast, for a rank-0 load)."""
         offload = CPUOffloadPolicy() if (fsdp.param_offload and self.device.type == "cuda") else None
         self.tp: TensorParallel | None = None  # the TP group (its rows, the LM head's vocabulary slice)
+        self.ep: ExpertParallel | None = None  # the EP group and the experts placed over it
         self.params_offloaded = offload is not None  # FSDP2 keeps them (and grads) on the host, steps them there
         # one worker: FSDP2 would only add copies and hooks. In bf16 a compute copy casts once per optimizer step
         # (rlkit/workers/compute_copy.py); gradient checkpointing recomputes outside `computing()`, so FSDP2 there
@@ -189,13 +198,23 @@ class FSDPModel:
                 "mp_policy": MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])}
             if offload is not None:
                 shard_kwargs["offload_policy"] = offload
-            mesh, tp_mesh = self.layout.meshes(self.device)
-            if tp_mesh is not None:
-                self.tp = tp_plans.parallelize(model, tp_mesh, fsdp.sequence_parallel)
+            meshes = self.layout.meshes(self.device)
+            if meshes.tp is not None:
+                self.tp = tp_plans.parallelize(model, meshes.tp, fsdp.sequence_parallel)
                 if self.tp.sequence_parallel:  # every fed length splits evenly along the sequence
                     self.token_bucket = math.lcm(self.token_bucket, self.tp.size)
-            if mesh is not None:
-                shard_kwargs["mesh"] = mesh
+            if meshes.ep is not None:
+                self.ep = expert_parallel.parallelize(model, meshes.ep)
+                for experts in self.ep.modules:  # their own unit, over the ranks holding the same experts
+                    fully_shard(experts, **dict(shard_kwargs, mesh=meshes.experts_fsdp))
+                    # the no-EP mean over all data-parallel ranks (expert_parallel.py's docstring); gloo has no
+                    # pre-scaled sum (NCCL's PREMUL_SUM): a plain sum, then the divide (not over one rank: torch
+                    # 2.13's FSDP2 would divide that twice; it calls no reduce-scatter there)
+                    experts.set_gradient_divide_factor(float(self.layout.replicate * self.layout.shard))
+                    experts.set_force_sum_reduction_for_comms(self.device.type == "cpu"
+                                                              and self.layout.shard // self.layout.ep > 1)
+            if meshes.fsdp is not None:
+                shard_kwargs["mesh"] = meshes.fsdp
             for layer in _decoder_layers(model):
                 fully_shard(layer, **shard_kwargs)
             fully_shard(model, **shard_kwargs)
@@ -236,7 +255,7 @@ class FSDPModel:
     def clip_and_step(self, max_norm: float) -> float:
         """Clip the global grad norm, step if finite; returns the norm (nan/inf = step skipped)."""
         assert self.optimizer is not None
-        if self.tp is not None:  # parameters on two meshes (TP-split and not): one norm per mesh, combined
+        if self.tp is not None or self.ep is not None:  # parameters on several meshes: one norm per mesh, combined
             norm = tp_clip_grad_norm(self.trainable_parameters(), max_norm)
         else:
             norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_norm)
@@ -309,6 +328,9 @@ class FSDPModel:
             inputs, own = inputs.gather_rows(self.sp, vision)
             return self._packed_forward(inputs, head, call).rows(own)
         if self.tp is not None:  # the group's micro-batches together through the split weights; each keeps its own
+            if self.router_tap is not None:  # whose tokens the routers see (moe_router.py: RouterTap.share_rows)
+                inputs = inputs.with_extra(RouterTap.OWNERS, TokenInput(
+                    torch.full_like(inputs.input_ids, self.tp.rank), fill=-1, to_model=False))
             inputs, own = inputs.gather_rows(self.tp, vision)
             out = self._rows_forward(inputs, head, call, remove_padding)
             return out.map(lambda t: self.tp.own_rows(t, own))

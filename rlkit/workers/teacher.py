@@ -16,6 +16,7 @@ from rlkit.config.distillation import TeacherModelConfig
 from rlkit.config.schema import ModelConfig, RefConfig
 from rlkit.controller import Dispatch, register
 from rlkit.debug import maybe_break
+from rlkit.models.context import declares_experts
 from rlkit.protocol import Batch
 from rlkit.workers.actor import FORWARD_KEYS, _PolicyScorer
 from rlkit.workers.fsdp_model import FSDPModel
@@ -41,7 +42,9 @@ class TeacherWorker(_PolicyScorer):
         self.init_distributed()
         frozen = dataclasses.replace(self.ref.fsdp_config, dither_master_weights=False)
         for name, t in self.teachers.items():
-            model = FSDPModel(str(t.model_path), frozen, self.device,
+            # a dense teacher of an expert-parallel student: nothing to split (an MoE one splits as the reference)
+            ep = frozen.expert_parallel_size if declares_experts(t.model_path) else 1
+            model = FSDPModel(str(t.model_path), dataclasses.replace(frozen, expert_parallel_size=ep), self.device,
                               attn_implementation=self.policy_model.attn_implementation,
                               trust_remote_code=t.trust_remote_code)
             for p in model.module.parameters():

@@ -7,6 +7,8 @@ trains share one shape (Llama, Mistral, Qwen2/2.5, Qwen3 and the Qwen2-VL/2.5-VL
   of the MLP's hidden units on the replicated activations (HF's attention reshapes to (.., -1, head_dim), so it
   runs on the local heads as it stands; the GQA ratio is unchanged);
 - o and down projections row-parallel: the partial sums all-reduced back to replicated activations;
+- Qwen3's per-head q/k norms: their one weight replicated, applied to the local heads (its gradient summed over the
+  group);
 - the token embedding row-parallel over the vocabulary (a token's row lives on one rank, its output summed);
 - the LM head column-parallel over the vocabulary, its logits left sharded: the log-prob head reduces over the
   vocabulary shards (rlkit/workers/vocab_parallel.py) and never gathers a (tokens x vocab) tensor. Tied
@@ -16,8 +18,11 @@ over the data-parallel ranks). With sequence parallel (`fsdp_config.sequence_par
 the residual stream and the norms between the split projections run on 1/tp of the tokens each (`with_sequence_
 parallel`): the first layer keeps its slice of the sequence, the attention and the MLP all-gather it, the o and
 down projections reduce-scatter back to slices, and the final norm all-gathers for the LM head, so activation
-memory outside the projections falls by tp for the same communication volume. MoE families (Qwen3-MoE, Mixtral)
-have no plan yet: their experts wait for the expert-parallel dimension (issue 46).
+memory outside the projections falls by tp for the same communication volume. MoE families (Qwen3-MoE, Mixtral):
+the same attention, embedding and LM head, the dense-MLP layers' MLP as above; a sparse layer's router and experts
+stay whole over the TP group (every rank of it runs them on the group's replicated rows; under sequence parallel
+the gathered sequence, its output sliced back to this rank's tokens), and the expert-parallel dimension splits the
+experts (rlkit/workers/expert_parallel.py), so TP and EP compose.
 
 A new family: a function returning its plan, `@TP_PLANS.register("<model_type>")`.
 """
@@ -62,7 +67,12 @@ def decoder_plan(model: torch.nn.Module) -> dict[str, Any]:
 
     stack = _text_model(model)
     layer = f"{stack}.layers.*"
-    plan: dict[str, Any] = {
+    first = model.get_submodule(stack).layers[0].self_attn
+    # Qwen3's per-head q/k norms: one (head_dim,) weight over the local heads (b, s, heads / tp, head_dim); as a
+    # replicated DTensor on heads-sharded input, its gradient is summed over the group's heads (a frozen one stays so)
+    norms = {f"{layer}.self_attn.{name}": _NormOnSlices(sequence_dim=2, use_local_output=True)
+             for name in ("q_norm", "k_norm") if hasattr(first, name)}
+    plan: dict[str, Any] = {**norms,
         f"{stack}.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
         f"{layer}.self_attn.q_proj": ColwiseParallel(),
         f"{layer}.self_attn.k_proj": ColwiseParallel(),
@@ -75,6 +85,22 @@ def decoder_plan(model: torch.nn.Module) -> dict[str, Any]:
     head = _head_name(model)
     if head is not None:
         plan[head] = ColwiseParallel(output_layouts=Shard(-1))  # the logits stay sharded on the vocabulary
+    return plan
+
+
+@TP_PLANS.register("qwen3_moe", "mixtral")
+def moe_decoder_plan(model: torch.nn.Module) -> dict[str, Any]:
+    """A Llama-shaped MoE decoder's plan: the decoder plan's attention, embedding and head; the gated MLP of the
+    layers that have one (Qwen3-MoE's `mlp_only_layers`), named one by one; routers and experts whole."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {name: style for name, style in decoder_plan(model).items() if ".mlp." not in name}
+    stack = _text_model(model)
+    for i, layer in enumerate(model.get_submodule(stack).layers):
+        if hasattr(layer.mlp, "gate_proj") and hasattr(layer.mlp, "down_proj"):
+            prefix = f"{stack}.layers.{i}.mlp"
+            plan.update({f"{prefix}.gate_proj": ColwiseParallel(), f"{prefix}.up_proj": ColwiseParallel(),
+                         f"{prefix}.down_proj": RowwiseParallel()})
     return plan
 
 
@@ -146,17 +172,20 @@ def with_sequence_parallel(model: torch.nn.Module, plan: dict[str, Any]) -> dict
     """`plan` with the residual stream split along the sequence between the split projections (Megatron's sequence
     parallel): the layer norms run on each rank's tokens (their weights replicated over the group, their gradients
     summed over it), the row-parallel o/down projections (and a LoRA B beside them) hand back sequence slices
-    instead of all-reduced wholes, attention and MLP gather the sequence first. The fed sequence length must be a
-    multiple of tp (the forward pads it: `FSDPModel.token_bucket`)."""
+    instead of all-reduced wholes, attention and MLP gather the sequence first. An MLP the plan does not split (an
+    MoE layer's router and experts) runs whole on the gathered sequence and keeps this rank's slice of its output.
+    The fed sequence length must be a multiple of tp (the forward pads it: `FSDPModel.token_bucket`)."""
+    from fnmatch import fnmatch
+
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import PrepareModuleInput, RowwiseParallel
+    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleInputOutput, RowwiseParallel
 
     stack = _text_model(model)
     layers = model.get_submodule(stack).layers
     layer = f"{stack}.layers.*"
     out = dict(plan)
     for name, style in plan.items():
-        if isinstance(style, RowwiseParallel) and name.startswith(f"{layer}."):
+        if isinstance(style, RowwiseParallel) and name.startswith(f"{stack}.layers."):
             out[name] = RowwiseParallel(output_layouts=Shard(1))
     for norm in ("input_layernorm", "post_attention_layernorm"):
         if not all(hasattr(lay, norm) for lay in layers):
@@ -168,8 +197,17 @@ def with_sequence_parallel(model: torch.nn.Module, plan: dict[str, Any]) -> dict
     out[f"{layer}.self_attn"] = PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
                                                    desired_input_kwarg_layouts={"hidden_states": Replicate()},
                                                    use_local_output=True)
-    out[f"{layer}.mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                             use_local_output=True)
+    gather = dict(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    split = [i for i in range(len(layers)) if any(
+        isinstance(style, RowwiseParallel) and fnmatch(f"{stack}.layers.{i}.mlp.", name.rsplit(".", 1)[0] + ".")
+        for name, style in plan.items())]
+    if len(split) == len(layers):
+        out[f"{layer}.mlp"] = PrepareModuleInput(**gather, use_local_output=True)
+    else:  # per layer: a split MLP reduce-scatters itself; a whole one's output is sliced
+        for i in range(len(layers)):
+            out[f"{stack}.layers.{i}.mlp"] = (
+                PrepareModuleInput(**gather, use_local_output=True) if i in split else PrepareModuleInputOutput(
+                    **gather, use_local_input=True, output_layouts=Replicate(), desired_output_layouts=Shard(1)))
     out[f"{stack}.norm"] = _GatheredNorm()
     return out
 
@@ -203,8 +241,7 @@ def parallelize(model: torch.nn.Module, tp_mesh: Any, sequence_parallel: bool = 
     if model_type not in TP_PLANS:
         raise UserError(
             f"fsdp_config.tensor_parallel_size={tp}: no tensor-parallel plan for model_type "
-            f"'{model_type}' (plans: {', '.join(TP_PLANS)}; MoE families wait for expert parallel, "
-            "issue 46); use tensor_parallel_size=1"
+            f"'{model_type}' (plans: {', '.join(TP_PLANS)}); use tensor_parallel_size=1"
         )
     check_heads(model.config, tp)
     embeddings, head = model.get_input_embeddings(), _head_name(model)

@@ -48,7 +48,7 @@ def test_veomni_section_lands_on_rlkits_fsdp_keys():
     assert actor.ulysses_sequence_parallel_size == 2 and actor.router_replay is True
     assert cfg.actor_rollout_ref.ref.fsdp_config.param_offload is True
     assert "attn_implementation=flash_attention_2 -> a VeOmni kernel choice" in said
-    assert "expert_parallel_size=4 -> FSDP2 sharding" in said
+    assert actor.fsdp_config.expert_parallel_size == 4  # expert parallel (rlkit/workers/expert_parallel.py)
     with pytest.raises(UserError, match="load_checkpoint_path"):
         _compose([f"{ACTOR}.veomni.load_checkpoint_path=/ckpt"])
 

@@ -63,7 +63,8 @@ def mesh_rows(cfg: RLConfig, roles: list[str], workers: int) -> list[tuple[str, 
     for role in (r for r in roles if r in sections):
         fsdp, sp, path, trained = sections[role]
         try:
-            layout = ParallelLayout.of(fsdp.fsdp_size, sp, world=workers, tp=fsdp.tensor_parallel_size)
+            layout = ParallelLayout.of(fsdp.fsdp_size, sp, world=workers, tp=fsdp.tensor_parallel_size,
+                                       ep=fsdp.expert_parallel_size)
         except ValueError as exc:  # the config checks refuse these first; say so rather than fail the plan
             rows.append((role, str(exc)))
             continue

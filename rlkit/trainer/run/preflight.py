@@ -257,6 +257,27 @@ def check_router_replay_model(p: Preflight) -> None:
                           "config.json): set router_replay=false")
 
 
+def check_expert_parallel_model(p: Preflight) -> None:
+    """fsdp_config.expert_parallel_size > 1 splits a mixture-of-experts model's experts: the actor's model must
+    declare experts, as many as a multiple of the size."""
+    from rlkit.models.context import EXPERT_COUNT_KEYS, text_config
+
+    if p.model_dir is None:
+        return
+    config = text_config(p.model_dir)
+    experts = next((config[k] for k in EXPERT_COUNT_KEYS if isinstance(config.get(k), int) and config[k] > 1), None)
+    arr = p.cfg.actor_rollout_ref
+    for key, fsdp in (("actor_rollout_ref.actor", arr.actor.fsdp_config),
+                      ("actor_rollout_ref.ref", arr.ref.fsdp_config)):
+        ep = fsdp.expert_parallel_size
+        if ep > 1 and experts is None:
+            p.problems.append(f"{key}.fsdp_config.expert_parallel_size={ep} splits a mixture-of-experts model's "
+                              f"experts; {p.model_dir} declares none: set expert_parallel_size=1")
+        elif ep > 1 and experts % ep:
+            p.problems.append(f"{key}.fsdp_config.expert_parallel_size={ep} must divide the model's {experts} "
+                              f"experts; set a divisor of {experts}")
+
+
 def _model_config(model_dir: Path) -> dict:
     try:
         return json.loads((model_dir / "config.json").read_text())
@@ -391,6 +412,7 @@ CHECKS: list[Check] = [
     check_data, check_model, check_dataset, check_batch_rows, check_teachers, check_output_dirs, check_disk,
     check_resume, check_custom_reward, check_sequence_parallel, check_trackers, check_engine_kwargs,
     check_engine_architecture, check_engine_tensor_parallel, check_positions, check_router_replay_model,
+    check_expert_parallel_model,
     check_user_classes,
 ]
 
