@@ -5,9 +5,10 @@ n gloo ranks (one OpenMP thread each) build the same model with `FSDPModel` in f
 n workers: `tp1` (FSDP2 over all), `tp<n>` (one TP group, sequence parallel on, the default) and `tp<n>-nosp`
 (sequence parallel off). n is 2 for the toy model and 3 for SmolLM2-135M, whose 9 attention and 3 key/value heads
 do not split in 2. Each layout runs in fresh processes, so each peak RSS is that layout's alone. Per rank:
-parameters, gradients and optimizer state actually held (the local shards' bytes), the RSS before the step and its
-peak during the steps (the kernel's high-water mark, reset before the first measured step), and the median step
-time. Workloads: the toy model (the suite's tiny Llama) and SmolLM2-135M (`rlkit model pull`).
+parameters, gradients and optimizer state actually held (the local shards' bytes), the RSS before the step (after
+handing freed heap back: `malloc_trim`) and its peak during the steps (the kernel's high-water mark, reset
+before the first measured step), and the median step time. Workloads: the toy model (the suite's tiny Llama)
+and SmolLM2-135M (`rlkit model pull`).
 
     .venv/bin/python bench/tp_memory.py                    # both workloads -> bench/results/tp_memory.json
     .venv/bin/python bench/tp_memory.py --models toy --steps 3   # a quick smoke
@@ -64,7 +65,7 @@ def rank_main(rank: int, store: str, spec: dict, results) -> None:
     import torch.distributed as dist
 
     from rlkit.config.schema import FSDPConfig, OptimConfig
-    from rlkit.utils.memory_peak import reset_rss_peak, rss_bytes
+    from rlkit.utils.memory_peak import reset_rss_peak, rss_bytes, trim_heap
     from rlkit.workers.fsdp_model import FSDPModel
 
     torch.set_num_threads(1)
@@ -93,6 +94,7 @@ def rank_main(rank: int, store: str, spec: dict, results) -> None:
             return time.perf_counter() - start
 
         step()  # warm-up: the optimizer state exists after it
+        trim_heap()  # the load's and the warm-up's freed heap back to the OS: RSS is then what is held
         rss_before = rss_bytes()
         reset_rss_peak()
         times = [step() for _ in range(spec["steps"])]
