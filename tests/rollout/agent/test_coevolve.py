@@ -32,7 +32,9 @@ GEN_TESTS = ["assert double(5) == 10", "assert double(2) == 4", "assert double(1
 # rows P1, P2, P3, reference solution
 R = np.array([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]], bool)
 A = np.array([[1, 1, 0, 1], [0, 1, 1, 0], [0, 1, 0, 1], [1, 1, 0, 1]], bool)
-LIMITS = MatrixLimits(per_test_s=1.0, max_workers=4)
+# no program here runs long: the limit only guards the suite, generous for a loaded 2-core machine (at 1 s a
+# sandboxed test timed out under load and a passing test read as failing)
+LIMITS = MatrixLimits(per_test_s=10.0, max_workers=4)
 
 
 def test_reward_math_worked_example():
