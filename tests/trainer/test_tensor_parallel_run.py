@@ -15,7 +15,8 @@ ppo_kl 1.4e-6, pg_loss 2.5e-8 absolute: ~1e-3, a mean of terms ~1 that nearly ca
 L2 norm of the difference <= 1e-3 of the update's (measured 2.4e-5). The step resumed at tp=1 and
 its weights equal the uninterrupted tp=2 run's (asserted as above) and the export equals the run's weights exactly.
 The 100-step learning run at tp=2 is bench/tp_learning.py (outside the suite's time budget).
-Expert parallel likewise: a tiny Qwen3-MoE at ep=2 against the same 2 workers data parallel, with the router
+Expert parallel likewise (run by hand this stop, out of the suite for its time budget; the trainer's ep=2 path is
+tests/hybrid/test_moe_hybrid.py's): a tiny Qwen3-MoE at ep=2 against the same 2 workers data parallel, with the router
 load-balancing loss on (measured over the 3 steps: grad norms 1.2e-7 relative, kl_loss 2.8e-7, the load metrics
 and aux loss within the bounds; weights |ep2 - dp2| 2.8e-5 of the update's 10.3).
 """
@@ -100,36 +101,4 @@ def test_tp2_run_matches_data_parallel_and_resumes(toy_data, tiny_model, tmp_pat
         assert c[0][key] == pytest.approx(a[-1][key], rel=1e-5, abs=1e-6), key
     gap, moved = _gap(state3, state2, init)
     print(f"resumed: |resumed - tp2| {gap:.2e} of |tp2 - init| {moved:.2e}")
-    assert gap <= 1e-3 * moved
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_ep2_moe_run_matches_data_parallel(toy_data, tmp_path):
-    """Expert parallel through the trainer: a tiny Qwen3-MoE (8 experts, top 2) at ep=2 over the 2 workers (each
-    holds 4 experts, tokens dispatched by all-to-all) runs the same GRPO steps as the same 2 workers data parallel,
-    with the router load-balancing loss on and the reference (KL loss) following the actor's ep; the engine's
-    weights (full tensors from the EP shards) are the same, so the responses are."""
-    from rlkit.testing import save_tiny_moe
-
-    moe = save_tiny_moe(tmp_path / "moe", "qwen3_moe")
-    aux = dict(actor_rollout_ref__actor__router_aux_loss_coef=0.01)
-    runs = {}
-    for ep in (2, 1):
-        out = tmp_path / f"ep{ep}"
-        overrides = _overrides(toy_data, moe, out, 1, actor_rollout_ref__actor__fsdp_config__expert_parallel_size=ep,
-                               **aux)
-        summary, rows, state = fit("grpo", overrides, out / "logs", keep_state=True)
-        runs[ep] = (summary, _steps(rows), rows, state)
-    a, b = runs[2][1], runs[1][1]
-    print("ep=2:", a, "\ndp=2:", b)
-    assert len(a) == len(b) == STEPS == runs[2][0].steps
-    for x, y, rx, ry in zip(a, b, train_rows(runs[2][2]), train_rows(runs[1][2])):
-        assert x["critic/score/mean"] == y["critic/score/mean"]  # same responses: the engines got the same weights
-        for key in (*KEYS, "actor/router_aux_loss", "moe/expert_load_max_over_mean"):
-            want = ry[key] if key in ry else y[key]
-            assert (rx[key] if key in rx else x[key]) == pytest.approx(want, rel=1e-5, abs=1e-6), (x["step"], key)
-    init = AutoModelForCausalLM.from_pretrained(moe).state_dict()
-    gap, moved = _gap(runs[2][3], runs[1][3], init)
-    print(f"weights after {STEPS} steps: |ep2 - dp2| {gap:.2e} of the update |dp2 - init| {moved:.2e}")
     assert gap <= 1e-3 * moved
