@@ -58,7 +58,10 @@ def batch(rows: int, prompt: int, response: int, vocab: int, seed: int) -> dict[
 
 
 def local_mb(tensors) -> float:
-    return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in tensors if t is not None) / MB
+    """The tensors' local bytes (a DTensor's shard) in MB: rlkit's own count (rlkit/utils/memory_peak.py)."""
+    from rlkit.utils.memory_peak import GB, tensor_gb
+
+    return tensor_gb(tensors) * GB / MB
 
 
 def rank_main(rank: int, store: str, spec: dict, results) -> None:
