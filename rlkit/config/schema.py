@@ -68,6 +68,12 @@ class DataConfig:
                                        "data.custom_cls)")
 
 
+def check_compile_setting(value: Any, key: str) -> None:
+    """`use_torch_compile` takes true, false or auto (rlkit/workers/layer_compile.py); anything else names the key."""
+    if value not in (True, False, "auto"):
+        raise UserError(f"{key}={value!r}: expected true, false or auto")
+
+
 @dataclass
 class ModelConfig:
     path: str = f("smollm2-135m-instruct", "HF folder, hub id, .gguf file or alias (see `rlkit model list`)")
@@ -102,9 +108,7 @@ class ModelConfig:
                    "names, exclude_modules, adapter_path): read onto the keys above (rlkit.config.lora_section)")
 
     def __post_init__(self) -> None:
-        if self.use_torch_compile not in (True, False, "auto"):
-            raise UserError(f"actor_rollout_ref.model.use_torch_compile={self.use_torch_compile!r}: expected "
-                            "true, false or auto")
+        check_compile_setting(self.use_torch_compile, "actor_rollout_ref.model.use_torch_compile")
 
 
 @dataclass

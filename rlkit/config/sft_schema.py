@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlkit.config.fsdp import FSDPConfig
-from rlkit.config.schema import OptimConfig, f
+from rlkit.config.schema import OptimConfig, check_compile_setting, f
 
 PAD_MODES = ("no_padding", "right")
 
@@ -69,6 +69,12 @@ class SFTModelConfig:
     use_fused_kernels: bool = f(False, "log-probs straight from the hidden states, the LM head run in chunks and "
                                 "recomputed in backward (no tokens x vocab logits kept; docs/performance.md)")
     logits_chunk_size: int = f(1024, "rows of logits turned into log-probs at a time (bounds memory)")
+    use_torch_compile: Any = f("auto", "torch.compile (inductor) each decoder layer, dynamic shapes, compiled code "
+                               "cached across runs: true | false | auto (on for models of >= 50M parameters; "
+                               "docs/performance.md)")
+
+    def __post_init__(self) -> None:
+        check_compile_setting(self.use_torch_compile, "model.use_torch_compile")
 
 
 @dataclass

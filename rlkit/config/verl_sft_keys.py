@@ -77,8 +77,9 @@ def _rules() -> list[VerlKey]:
         mapped("engine.wrap_policy.**", "rlkit's FSDP2 wraps each decoder layer (and the root); the wrap policy has "
                "nothing to choose"),
         mapped("engine.{forward_prefetch,use_orig_params,seed,forward_only,entropy_from_logits_with_chunking,"
-               "entropy_checkpointing,use_torch_compile}", "nothing to set: FSDP2 keeps the original parameters and "
-               "prefetches the next layer; SFT needs no entropy; the layers run uncompiled"),
+               "entropy_checkpointing}", "nothing to set: FSDP2 keeps the original parameters and prefetches the "
+               "next layer; SFT needs no entropy"),
+        alias("engine.use_torch_compile", "model.use_torch_compile"),
         refused("engine.model_dtype", "rlkit keeps float32 master weights and optimizer state (engine.param_dtype "
                 "is the compute dtype); remove it", inert=only("fp32", "float32")),
         mapped("engine.reshard_after_forward", "nothing to set: rlkit's FSDP2 units reshard after forward (less "

@@ -54,7 +54,8 @@ class DPOWorker(SFTWorker):
             frozen = dataclasses.replace(self.engine, dither_master_weights=False)  # never updated: no dither
             m = self.model_cfg
             self.ref = FSDPModel(self.ref_path, frozen, self.device, attn_implementation=m.attn_implementation,
-                                 trust_remote_code=m.trust_remote_code, fused_lm_head=m.use_fused_kernels)
+                                 trust_remote_code=m.trust_remote_code, fused_lm_head=m.use_fused_kernels,
+                                 compile_layers=m.use_torch_compile)
             for p in self.ref.module.parameters():
                 p.requires_grad_(False)
         return {**report, "ref_mb": self._ref_mb()}

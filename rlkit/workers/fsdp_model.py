@@ -14,6 +14,7 @@ world size).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import math
@@ -290,6 +291,7 @@ class FSDPModel:
         fused_lm_head: bool | None = None,
         routed_experts: torch.Tensor | None = None,
         with_sum_pi_squared: bool = False,
+        loss_mask: torch.Tensor | None = None,
     ) -> ForwardOut:
         """Log-probs (and entropy) of the response tokens, or values when this is a critic (the head chosen at
         construction, rlkit/workers/heads.py).
@@ -322,8 +324,10 @@ class FSDPModel:
         inputs = inputs.to(self.device)
         head = self.head if fused_lm_head is None else self.head.with_fused(fused_lm_head)
         call = HeadCall(response_length, temperature, with_entropy, chunk_size, response_logits_only,
-                        with_sum_pi_squared, self.token_bucket)
+                        with_sum_pi_squared, self.token_bucket, loss_mask)
         vision = self.config if is_vision_model(self.config) else None
+        if self.sp is not None or self.tp is not None:  # rows gathered over the group: `loss_mask` is this rank's
+            call = dataclasses.replace(call, wanted=None)
         if self.sp is not None:  # the group's micro-batches together, packed and split along the sequence
             inputs, own = inputs.gather_rows(self.sp, vision)
             return self._packed_forward(inputs, head, call).rows(own)

@@ -121,10 +121,15 @@ class ChunkedLMHeadLogProb(torch.autograd.Function):
             if t != 1.0:
                 g.div_(t)
             del p
+            g_w = g.to(weight.dtype)  # the matmuls in the compute dtype, as the plain head's backward runs them
             if need_h:
-                grad_h[sl] = g.to(weight.dtype) @ weight
-            if need_w:
-                grad_w.addmm_(g.t(), hidden[sl].float())
+                grad_h[sl] = g_w @ weight
+            if need_w:  # summed over chunks in float32
+                h = hidden[sl].to(weight.dtype)
+                if weight.dtype == grad_w.dtype:
+                    grad_w.addmm_(g_w.t(), h)
+                else:
+                    grad_w.add_(g_w.t() @ h)
             if need_b:
                 grad_b += g.sum(0)
             del g, z

@@ -49,6 +49,7 @@ class HeadCall:
     response_logits_only: bool = True
     with_sum_pi_squared: bool = False  # sum_v pi_v^2 per token too (the optimal token baselines' energy)
     bucket: int = 1  # the LM head's rows padded to a multiple of this (rlkit/workers/shape_buckets.py)
+    wanted: torch.Tensor | None = None  # (b, R) bool: the response positions to score (None: every valid one)
 
 
 class Head(Protocol):
@@ -113,7 +114,7 @@ class LogProbHead:
     def padded(self, module: torch.nn.Module, kwargs: dict[str, Any], rows: ModelInputs, call: HeadCall) -> ForwardOut:
         keep, options = self._options(module, call)
         r = call.response_length
-        _, resp_need, labels = response_targets(rows.input_ids, rows.attention_mask, r)
+        _, resp_need, labels = response_targets(rows.input_ids, rows.attention_mask, r, call.wanted)
         if keep:
             kwargs["logits_to_keep"] = r + 1
             pick = lambda kept: kept[:, :-1][resp_need]  # noqa: E731  (b, R+1, X) -> (K, X)
@@ -125,7 +126,8 @@ class LogProbHead:
         self, module: torch.nn.Module, kwargs: dict[str, Any], rows: ModelInputs, packed: PackedInputs, call: HeadCall
     ) -> ForwardOut:
         keep, options = self._options(module, call)
-        need, resp_need, labels = response_targets(rows.input_ids, rows.attention_mask, call.response_length)
+        need, resp_need, labels = response_targets(rows.input_ids, rows.attention_mask, call.response_length,
+                                                    call.wanted)
         kept = packed.row.index()[need]  # (K,) packed positions whose logits are needed, row-major
         local = (kept >= packed.lo) & (kept < packed.hi)
         at = kept[local] - packed.lo

@@ -71,13 +71,17 @@ def _pad_end(packed: torch.Tensor, pad: int, fill: int | float) -> torch.Tensor:
 
 
 def response_targets(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, wanted: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Which logits matter: `need` (b, L), column c where c+1 is a valid response token; `resp_need` (b, R), the
-    same seen from the response columns; `labels` (K,), the predicted tokens, in row-major order of both."""
+    """Which logits matter: `need` (b, L), column c where c+1 is a valid response token (and, with `wanted`
+    (b, R), one the caller asked for); `resp_need` (b, R), the same seen from the response columns; `labels` (K,),
+    the predicted tokens, in row-major order of both."""
     length = input_ids.shape[1]
     need = torch.zeros_like(attention_mask, dtype=torch.bool)
-    need[:, length - response_length - 1 : length - 1] = attention_mask[:, length - response_length :].bool()
+    response = attention_mask[:, length - response_length :].bool()
+    if wanted is not None:
+        response = response & wanted.to(response.device).bool()
+    need[:, length - response_length - 1 : length - 1] = response
     need &= attention_mask.bool()
     resp_need = need[:, length - response_length - 1 : length - 1]
     labels = input_ids[:, length - response_length :][resp_need]

@@ -52,7 +52,7 @@ class SFTWorker(Worker, TrainableModelRole):
         self.model = FSDPModel(
             m.path, self.engine, self.device, gradient_checkpointing=m.enable_gradient_checkpointing,
             attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code, lora=m,
-            fused_lm_head=m.use_fused_kernels,
+            fused_lm_head=m.use_fused_kernels, compile_layers=m.use_torch_compile,
         )
         self.model.setup_optimizer(self.optim, self.total_steps)
         return {"init_s": time.perf_counter() - start, **self.model.memory_report()}
@@ -64,7 +64,8 @@ class SFTWorker(Worker, TrainableModelRole):
     def _forward(self, mb: Batch) -> ForwardOut:
         inputs = ModelInputs.of(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
         return self.model.forward(inputs, response_length=mb["responses"].shape[1], remove_padding=self.packed,
-                                  chunk_size=self.model_cfg.logits_chunk_size, response_logits_only=True)
+                                  chunk_size=self.model_cfg.logits_chunk_size, response_logits_only=True,
+                                  loss_mask=mb["response_mask"].bool())
 
     def _nll_loss(self) -> MicroLoss:
         def loss_fn(mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:

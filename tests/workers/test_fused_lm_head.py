@@ -366,3 +366,40 @@ def test_config_rejects_fused_head_without_response_logits_only(toy_data, model_
     assert load_config("grpo", base).actor_rollout_ref.model.fused_lm_head is True
     with pytest.raises(UserError, match="fused_lm_head=true needs actor_rollout_ref.model.response_logits_only"):
         load_config("grpo", [*base, "actor_rollout_ref.model.response_logits_only=false"])
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("remove_padding", [False, True], ids=["padded", "packed"])
+def test_loss_mask_scores_only_its_positions(process_group, model_path, remove_padding, fused):
+    """SFT's `loss_mask`: the masked positions' log-probs, entropy and the loss's gradients equal the unmasked
+    forward's, the others are 0, and on the packed row the LM head runs on the masked rows alone."""
+    model = FSDPModel(str(model_path), FSDPConfig(shard_single_worker=True), torch.device("cpu"))
+    batch = handmade_batch()
+    keep = batch["response_mask"].bool() & (torch.arange(RESPONSE) % 2 == 0)  # every other response token
+    rows: list[int] = []
+    head = model.module.get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, i, out: rows.append(i[0].shape[-2]))
+
+    def scored(loss_mask):
+        model.module.zero_grad(set_to_none=True)
+        out = model.forward(*(batch[k] for k in ("input_ids", "attention_mask", "position_ids")), RESPONSE,
+                            with_entropy=True, remove_padding=remove_padding, chunk_size=5, fused_lm_head=fused,
+                            loss_mask=loss_mask)
+        (-(out.log_probs * keep).sum() + 0.1 * (out.entropy * keep).sum()).backward()
+        grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+                 for n, p in model.module.named_parameters() if p.grad is not None}
+        return out.log_probs.detach(), out.entropy.detach(), grads
+
+    try:
+        lp_all, ent_all, g_all = scored(None)
+        lp, ent, g = scored(keep)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(lp[keep], lp_all[keep], atol=1e-6, rtol=0)
+    torch.testing.assert_close(ent[keep], ent_all[keep], atol=1e-6, rtol=0)
+    assert not lp[~keep].any() and not ent[~keep].any()
+    assert set(g) == set(g_all) and g_all
+    for name, ref in g_all.items():
+        torch.testing.assert_close(g[name], ref, atol=1e-6, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    if remove_padding:
+        assert rows == [int(batch["response_mask"].sum()), int(keep.sum())]
