@@ -50,7 +50,7 @@ def main() -> None:
         max_steps=args.steps, use_cpu=True, bf16=args.bf16, fp16=False, model_init_kwargs={"dtype": torch.float32},
         gradient_checkpointing=False, beta=args.beta, loss_type="sigmoid", precompute_ref_log_probs=args.precompute,
         precompute_ref_batch_size=args.batch, logging_steps=1, save_strategy="no", report_to=[], seed=1,
-        dataloader_num_workers=0,
+        dataloader_num_workers=0, train_sampling_strategy="sequential",  # rlkit's data.shuffle=false: same batches
     )
     known = {f.name for f in dataclasses.fields(DPOConfig)}
     config = DPOConfig(**{k: v for k, v in wanted.items() if k in known})

@@ -5,7 +5,8 @@
 Rows are prompt-completion conversations (the user turn, the assistant turn), so the loss covers the completion
 only, as rlkit's assistant-only mask does. Step time and tokens come from a TrainerCallback: on_step_begin ->
 on_step_end is one optimizer step; tokens are the non-padding input tokens TRL counts (`num_input_tokens_seen`).
-Writes {"steps": [{step, step_s, tokens}], "peak_rss_mb": ...}.
+Rows are taken in file order (`train_sampling_strategy="sequential"`, as rlkit's `data.shuffle=false`), so each
+step's batch is the same 8 conversations on both sides. Writes {"steps": [{step, step_s, tokens}], "peak_rss_mb": ...}.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main() -> None:
         model_init_kwargs={"dtype": torch.float32}, gradient_checkpointing=False, packing=False,
         logging_steps=1, save_strategy="no", report_to=[], seed=1, dataloader_num_workers=0,
         include_num_input_tokens_seen="non_padding",
+        train_sampling_strategy="sequential",  # the rows in file order, as rlkit's data.shuffle=false: same batches
     )
     trainer = SFTTrainer(model=args.model, args=config, train_dataset=Dataset.from_list(rows))
     steps: list[dict] = []
