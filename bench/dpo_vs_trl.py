@@ -32,11 +32,18 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_trl import DATA_CACHE, ROOT, ensure_trl_venv, model_dir, trl_best_precision  # noqa: E402
+from vs_trl import (  # noqa: E402
+    DATA_CACHE,
+    ROOT,
+    alternate,
+    ensure_trl_venv,
+    model_dir,
+    print_report,
+    trl_best_precision,
+)
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "dpo_vs_trl.json"
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
@@ -148,9 +155,7 @@ def main() -> None:
     ap.add_argument("--report", default=None)
     args = ap.parse_args()
     if args.report:
-        saved = json.loads(Path(args.report).read_text())
-        print(saved["meta"])
-        print(table(saved))
+        print_report(args.report, table)
         return
     frameworks = set(args.frameworks.split(","))
     variants = [n for n, (fw, _) in VARIANTS.items() if fw in frameworks]
@@ -162,18 +167,13 @@ def main() -> None:
                        "max_prompt_length": MAX_PROMPT, "lr": LR, "beta": BETA, "model": model,
                        "rejected": "the next GSM8K row's reference solution"},
               "runs": {name: [] for name in variants}}
-    for rnd in range(args.rounds):
-        for name in variants:  # alternating, so a busy spell hits every variant
-            framework, precompute = VARIANTS[name]
-            out_dir = DATA_CACHE / "runs" / "dpo_vs_trl" / f"{name}-{rnd}"
-            out_dir.mkdir(parents=True, exist_ok=True)
-            print(f"dpo_vs_trl: {name} round {rnd + 1} (load {os.getloadavg()[0]:.1f})", flush=True)
-            raw = (run_trl(py, model, data, args.steps, out_dir, precision == "bf16", precompute)
-                   if framework == "trl" else run_rlkit(model, data, args.steps, out_dir, precompute))
-            result["runs"][name].append(summarize(raw))
-            result["meta"]["load_avg_end"] = os.getloadavg()
-            result["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-            Path(args.out).write_text(json.dumps(result, indent=1))
+
+    def run(name: str, out_dir: Path) -> dict:
+        framework, precompute = VARIANTS[name]
+        return (run_trl(py, model, data, args.steps, out_dir, precision == "bf16", precompute)
+                if framework == "trl" else run_rlkit(model, data, args.steps, out_dir, precompute))
+
+    alternate("dpo_vs_trl", variants, args.rounds, run, summarize, result, Path(args.out))
     print(table(result))
 
 

@@ -23,11 +23,18 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_trl import DATA_CACHE, ROOT, ensure_trl_venv, model_dir, trl_best_precision  # noqa: E402
+from vs_trl import (  # noqa: E402
+    DATA_CACHE,
+    ROOT,
+    alternate,
+    ensure_trl_venv,
+    model_dir,
+    print_report,
+    trl_best_precision,
+)
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "sft_vs_trl.json"
 ROWS, BATCH, MAX_LEN = 64, 8, 512
@@ -110,26 +117,19 @@ def main() -> None:
     ap.add_argument("--report", default=None)
     args = ap.parse_args()
     if args.report:
-        saved = json.loads(Path(args.report).read_text())
-        print(saved["meta"])
-        print(table(saved))
+        print_report(args.report, table)
         return
     py, data, model = ensure_trl_venv(), ensure_sft_data(), model_dir(args.model)
     precision = trl_best_precision()
     result = {"meta": {"cpus": os.cpu_count(), "trl_precision": precision, "rlkit_precision": "param_dtype auto",
                        "load_avg_start": os.getloadavg(), "rows": ROWS, "batch": BATCH, "max_length": MAX_LEN},
               "runs": {"rlkit": [], "trl": []}}
-    for rnd in range(args.rounds):
-        for name in ("trl", "rlkit"):  # alternating, so a busy spell hits both
-            out_dir = DATA_CACHE / "runs" / "sft_vs_trl" / f"{name}-{rnd}"
-            out_dir.mkdir(parents=True, exist_ok=True)
-            print(f"sft_vs_trl: {name} round {rnd + 1} (load {os.getloadavg()[0]:.1f})", flush=True)
-            raw = (run_trl(py, model, data, args.steps, out_dir, precision == "bf16") if name == "trl"
-                   else run_rlkit(model, data, args.steps, out_dir))
-            result["runs"][name].append(summarize(raw))
-            result["meta"]["load_avg_end"] = os.getloadavg()
-            result["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-            Path(args.out).write_text(json.dumps(result, indent=1))
+
+    def run(name: str, out_dir: Path) -> dict:
+        return (run_trl(py, model, data, args.steps, out_dir, precision == "bf16") if name == "trl"
+                else run_rlkit(model, data, args.steps, out_dir))
+
+    alternate("sft_vs_trl", ["trl", "rlkit"], args.rounds, run, summarize, result, Path(args.out))
     print(table(result))
 
 

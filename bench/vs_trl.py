@@ -48,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,6 +216,31 @@ def combine_rounds(per_round: list[dict[str, dict]]) -> dict[str, dict]:
                      for k in runs[0]}
         out[name]["rounds"] = len(runs)
     return out
+
+
+def alternate(bench: str, variants: list[str], rounds: int, run: Callable[[str, Path], dict],
+              summarize_run: Callable[[dict], dict], result: dict, out: Path) -> dict:
+    """The side-by-side benches' loop (sft_vs_trl, dpo_vs_trl): every round runs each variant once in the same
+    order, so a busy spell of the shared machine hits them all; `run(name, out_dir)` returns a run's raw record,
+    its summary goes to result["runs"][name], and the JSON is rewritten after each run (a stopped bench keeps
+    what finished)."""
+    for rnd in range(rounds):
+        for name in variants:
+            out_dir = DATA_CACHE / "runs" / bench / f"{name}-{rnd}"
+            out_dir.mkdir(parents=True, exist_ok=True)
+            print(f"{bench}: {name} round {rnd + 1} (load {os.getloadavg()[0]:.1f})", flush=True)
+            result["runs"][name].append(summarize_run(run(name, out_dir)))
+            result["meta"]["load_avg_end"] = os.getloadavg()
+            result["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+            out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def print_report(path: str | Path, table_of: Callable[[dict], str]) -> None:
+    """`--report FILE`: a saved run's meta line and table, nothing re-run."""
+    saved = json.loads(Path(path).read_text())
+    print(saved["meta"])
+    print(table_of(saved))
 
 
 def trl_best_precision(threads: int = 2) -> str:

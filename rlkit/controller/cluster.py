@@ -49,16 +49,21 @@ PRIVATE = "local"  # `--address local`: a private Ray for this run (Ray's own na
 # A loopback cluster: the VS Code extension sends no token, so token auth (on by default for new clusters in
 # Ray 2.60) is off. A cluster on the network uses ray_token.token_env(its token file) instead.
 AUTH_ENV = {ray_token.MODE_ENV: "disabled"}
-# Ray starts its worker processes at nice 15 (its `worker_niceness`), so on a machine shared with anything at nice
-# 0 (a tokenizer, a data loader, another user's job) every trainer and engine process of rlkit yields its cores;
-# measured here with light background load: an SFT step 5.46 s at nice 15, 4.87 s at nice 0. rlkit's clusters run
-# their workers at the user's own priority; RAY_worker_niceness set by the user wins.
-WORKER_PRIORITY_ENV = "RAY_worker_niceness"
+# What rlkit's clusters set in their workers' environment unless the user set it (theirs wins):
+# - RAY_worker_niceness=0: Ray starts its worker processes at nice 15, so on a machine shared with anything at nice
+#   0 (a tokenizer, a data loader, another user's job) every trainer and engine process of rlkit yields its cores;
+#   measured here with light background load: an SFT step 5.46 s at nice 15, 4.87 s at nice 0.
+# - THP_MEM_ALLOC_ENABLE=1: torch's CPU allocator puts tensors of >= 2 MB on transparent huge pages (where the
+#   kernel's THP mode is `madvise`, the common default, nothing else does): a training step allocates and frees
+#   gigabytes of activations, each fresh 4 KB page a fault the kernel zeroes. Measured on SmolLM2-135M, one bf16 SFT
+#   step of 1738 tokens: system time of the run 7.8-8.3 s -> 5.2-5.6 s, the step 3.6-4.1 s -> 3.2-3.7 s
+#   (docs/performance.md). CPU memory only; a GPU's allocator is not touched.
+WORKER_ENV = {"RAY_worker_niceness": "0", "THP_MEM_ALLOC_ENABLE": "1"}
 
 
-def with_worker_priority(env: dict[str, str]) -> dict[str, str]:
-    """`env` with Ray's workers at nice 0 unless the user chose their niceness."""
-    return {WORKER_PRIORITY_ENV: "0", **env}
+def with_worker_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with WORKER_ENV's entries the user did not set (the raylet passes its environment to the workers)."""
+    return {**WORKER_ENV, **env}
 
 
 @dataclass
@@ -278,7 +283,7 @@ def start_cluster(
         f"--temp-dir={temp_dir}", "--disable-usage-stats", f"--ray-client-server-port={free_port()}",
         *side_port_args(),
     ]  # fmt: skip
-    env = with_worker_priority({**os.environ, **AUTH_ENV})
+    env = with_worker_env({**os.environ, **AUTH_ENV})
     if loopback:
         cmd.append(f"--node-ip-address={LOOPBACK_IP}")
         env.update(LOOPBACK_ENV)

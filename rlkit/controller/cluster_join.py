@@ -92,7 +92,7 @@ def join_cluster(
     cmd += [f"--node-ip-address={node_ip}"] if node_ip else []
     cmd += [f"--num-cpus={num_cpus:g}"] if num_cpus is not None else []
     cmd += [f"--num-gpus={num_gpus:g}"] if num_gpus is not None else []
-    env = cl.with_worker_priority({k: v for k, v in os.environ.items() if k != SINGLE_NODE_ENV})  # token env above
+    env = cl.with_worker_env({k: v for k, v in os.environ.items() if k != SINGLE_NODE_ENV})  # token env above
     cl.run_ray_start(cmd, env, timeout, temp_dir, None)
     info = cl.ClusterInfo(address=address, dashboard_url="", temp_dir=temp_dir, node_ip=node_ip or "",
                           started_by=JOINED, num_cpus=num_cpus, num_gpus=num_gpus, loopback=False,

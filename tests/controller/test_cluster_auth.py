@@ -203,7 +203,8 @@ def test_ray_init_without_the_token_is_refused_with_it_accepted(head: Head):
         target = choose_cluster()
         print("TOKEN FILE", join_auth(target))
         ray.init(address=target.address, log_to_driver=False)
-        print("RESULT", ray.get(ray.remote(lambda: (os.environ.get("RAY_AUTH_MODE"), os.nice(0))).remote()))
+        print("RESULT", ray.get(ray.remote(lambda: (os.environ.get("RAY_AUTH_MODE"), os.nice(0),
+                                                   os.environ.get("THP_MEM_ALLOC_ENABLE"))).remote()))
     """,
     )
     t0 = time.monotonic()
@@ -211,8 +212,9 @@ def test_ray_init_without_the_token_is_refused_with_it_accepted(head: Head):
     print(f"\n[ray.init without the token: refused, with it: accepted] {time.monotonic() - t0:.0f}s")
     assert "REFUSED Failed to connect to Ray cluster" in out_refused and "CONNECTED" not in out_refused, out_refused
     assert "InvalidAuthToken" in out_refused  # Ray's own reason, in its log lines
-    assert f"TOKEN FILE {head.token_file}" in out_accepted and "RESULT ('token', 0)" in out_accepted, out_accepted
-    # ("token", 0): the worker ran under the token and at the user's priority (Ray's own default is nice 15)
+    assert f"TOKEN FILE {head.token_file}" in out_accepted and "RESULT ('token', 0, '1')" in out_accepted, out_accepted
+    # ("token", 0, "1"): the worker ran under the token, at the user's priority (Ray's own default is nice 15) and
+    # with torch's huge-page CPU allocations on (cluster.WORKER_ENV)
 
 
 @pytest.mark.slow

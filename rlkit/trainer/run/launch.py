@@ -44,7 +44,7 @@ def anomaly_settings(cfg: Any, opts: LaunchOptions) -> dict[str, str]:
 def init_ray(cfg: Any, opts: LaunchOptions, console: Console) -> Any:
     import ray
 
-    from rlkit.controller.cluster import PRIVATE, choose_cluster, record_driver_cluster, with_worker_priority
+    from rlkit.controller.cluster import PRIVATE, choose_cluster, record_driver_cluster, with_worker_env
     from rlkit.controller.cluster_auth import join_auth
     from rlkit.debug import (
         debug_banner,
@@ -79,7 +79,7 @@ def init_ray(cfg: Any, opts: LaunchOptions, console: Console) -> Any:
     if target.loopback:
         use_loopback_node()  # one machine: every Ray port, debugpy's included, on 127.0.0.1
     if target.private:
-        os.environ.update(with_worker_priority(dict(os.environ)))  # the raylet this ray.init starts reads it
+        os.environ.update(with_worker_env(dict(os.environ)))  # the raylet this ray.init starts reads it
         kwargs.update({"address": PRIVATE, "num_cpus": opts.num_cpus or os.cpu_count(), "include_dashboard": False,
                        **settings.ray_init_kwargs()})  # fmt: skip
     else:
