@@ -49,21 +49,30 @@ PRIVATE = "local"  # `--address local`: a private Ray for this run (Ray's own na
 # A loopback cluster: the VS Code extension sends no token, so token auth (on by default for new clusters in
 # Ray 2.60) is off. A cluster on the network uses ray_token.token_env(its token file) instead.
 AUTH_ENV = {ray_token.MODE_ENV: "disabled"}
-# What rlkit's clusters set in their workers' environment unless the user set it (theirs wins):
-# - RAY_worker_niceness=0: Ray starts its worker processes at nice 15, so on a machine shared with anything at nice
-#   0 (a tokenizer, a data loader, another user's job) every trainer and engine process of rlkit yields its cores;
-#   measured here with light background load: an SFT step 5.46 s at nice 15, 4.87 s at nice 0.
-# - THP_MEM_ALLOC_ENABLE=1: torch's CPU allocator puts tensors of >= 2 MB on transparent huge pages (where the
-#   kernel's THP mode is `madvise`, the common default, nothing else does): a training step allocates and frees
-#   gigabytes of activations, each fresh 4 KB page a fault the kernel zeroes. Measured on SmolLM2-135M, one bf16 SFT
-#   step of 1738 tokens: system time of the run 7.8-8.3 s -> 5.2-5.6 s, the step 3.6-4.1 s -> 3.2-3.7 s
-#   (docs/performance.md). CPU memory only; a GPU's allocator is not touched.
-WORKER_ENV = {"RAY_worker_niceness": "0", "THP_MEM_ALLOC_ENABLE": "1"}
+# Ray starts its worker processes at nice 15 (its `worker_niceness`), so on a machine shared with anything at nice
+# 0 (a tokenizer, a data loader, another user's job) every trainer and engine process of rlkit yields its cores;
+# measured here with light background load: an SFT step 5.46 s at nice 15, 4.87 s at nice 0. rlkit's clusters run
+# their workers at the user's own priority; RAY_worker_niceness set by the user wins.
+WORKER_ENV = {"RAY_worker_niceness": "0"}
+
+# torch's CPU allocator on transparent huge pages for tensors of >= 2 MB (the kernel's THP mode is usually
+# `madvise`: nothing else asks for them). A training step allocates and frees gigabytes of activations, each fresh
+# 4 KB page a fault the kernel zeroes. Measured on SmolLM2-135M, one bf16 SFT step of 1738 tokens in a process:
+# system time 7.8-8.3 -> 5.2-5.6 s, the step 3.6-4.1 -> 3.2-3.7 s; the SFT bench 1.06x -> 1.23x TRL. Only where no
+# vLLM engine shares the workers: a GRPO step's generation measured 6.0 -> 7.7 s with it (docs/performance.md).
+HUGE_PAGES_ENV = {"THP_MEM_ALLOC_ENABLE": "1"}
 
 
 def with_worker_env(env: dict[str, str]) -> dict[str, str]:
     """`env` with WORKER_ENV's entries the user did not set (the raylet passes its environment to the workers)."""
     return {**WORKER_ENV, **env}
+
+
+def huge_pages_env(engine_in_workers: bool) -> dict[str, str]:
+    """HUGE_PAGES_ENV for a run's workers (its runtime_env): trainer-only runs (SFT, DPO), unless the user set it."""
+    if engine_in_workers or any(k in os.environ for k in HUGE_PAGES_ENV):
+        return {}
+    return dict(HUGE_PAGES_ENV)
 
 
 @dataclass

@@ -44,7 +44,13 @@ def anomaly_settings(cfg: Any, opts: LaunchOptions) -> dict[str, str]:
 def init_ray(cfg: Any, opts: LaunchOptions, console: Console) -> Any:
     import ray
 
-    from rlkit.controller.cluster import PRIVATE, choose_cluster, record_driver_cluster, with_worker_env
+    from rlkit.controller.cluster import (
+        PRIVATE,
+        choose_cluster,
+        huge_pages_env,
+        record_driver_cluster,
+        with_worker_env,
+    )
     from rlkit.controller.cluster_auth import join_auth
     from rlkit.debug import (
         debug_banner,
@@ -69,6 +75,7 @@ def init_ray(cfg: Any, opts: LaunchOptions, console: Console) -> Any:
         "RLKIT_DIST_TIMEOUT_S": str(int(settings.dist_timeout_s(1800))),  # read with int() in the workers
         **anomaly_settings(cfg, opts),
         **run_env(),  # marks the run's worker processes (`rlkit debug stacks`)
+        **huge_pages_env(engine_in_workers=hasattr(cfg, "actor_rollout_ref")),  # SFT, DPO: no engine beside them
     }
     break_at = cfg.trainer.debug.break_at if hasattr(cfg.trainer, "debug") else []  # SFT: no worker phases to break at
     runtime_env = merge_runtime_env({"env_vars": env_vars}, debug_runtime_env(opts.debug, break_at))
