@@ -40,8 +40,9 @@ class OptimConfig:
     optimizer: str = _f("AdamW", "optimizer class name, looked up in optimizer_impl (e.g. SGD, Adam, AdamW)")
     optimizer_impl: str = _f("torch.optim", "module holding the optimizer class (an installed package)")
     override_optimizer_config: dict = _f(factory=dict, help="extra keyword arguments of the optimizer class, over "
-                                         "lr/weight_decay/betas (e.g. {eps: 1e-6, amsgrad: true}); verl's Megatron "
-                                         "CPU-offload options here are mapped with a line")
+                                         "lr/weight_decay/betas (e.g. {eps: 1e-6, amsgrad: true}); torch's Adam/AdamW "
+                                         "run fused unless this sets fused or foreach; verl's Megatron CPU-offload "
+                                         "options here are mapped with a line")
 
     def __post_init__(self) -> None:
         if self.override_optimizer_config is None:  # verl's default spelling of "no overrides"
