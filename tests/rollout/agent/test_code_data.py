@@ -30,7 +30,9 @@ def test_handmade_set_solutions_pass_their_tests():
     assert all(len(r["tests"]) >= 3 for r in records)
 
     def score(r):
-        return code_score(f"```python\n{r['solution']}```", json.dumps({"tests": r["tests"]}))["score"]
+        # generous limits: this checks the solutions, not their speed (a loaded CI machine timed one out at 3 s)
+        return code_score(f"```python\n{r['solution']}```", json.dumps({"tests": r["tests"]}), timeout_s=30.0,
+                          total_timeout_s=120.0)["score"]
 
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(score, records)) == [1.0] * len(records)
