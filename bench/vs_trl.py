@@ -219,10 +219,10 @@ def combine_rounds(per_round: list[dict[str, dict]]) -> dict[str, dict]:
 
 
 def alternate(bench: str, variants: list[str], rounds: int, run: Callable[[str, Path], dict],
-              summarize_run: Callable[[dict], dict], result: dict, out: Path) -> dict:
+              summarize_run: Callable[[dict], dict], result: dict, out: Path) -> None:
     """The side-by-side benches' loop (sft_vs_trl, dpo_vs_trl): every round runs each variant once in the same
     order, so a busy spell of the shared machine hits them all; `run(name, out_dir)` returns a run's raw record,
-    its summary goes to result["runs"][name], and the JSON is rewritten after each run (a stopped bench keeps
+    its summary is appended to result["runs"][name] in place, and the JSON is rewritten after each run (a stopped bench keeps
     what finished)."""
     for rnd in range(rounds):
         for name in variants:
@@ -233,7 +233,6 @@ def alternate(bench: str, variants: list[str], rounds: int, run: Callable[[str, 
             result["meta"]["load_avg_end"] = os.getloadavg()
             result["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
             out.write_text(json.dumps(result, indent=1))
-    return result
 
 
 def print_report(path: str | Path, table_of: Callable[[dict], str]) -> None:
