@@ -222,8 +222,8 @@ def alternate(bench: str, variants: list[str], rounds: int, run: Callable[[str, 
               summarize_run: Callable[[dict], dict], result: dict, out: Path) -> None:
     """The side-by-side benches' loop (sft_vs_trl, dpo_vs_trl): every round runs each variant once in the same
     order, so a busy spell of the shared machine hits them all; `run(name, out_dir)` returns a run's raw record,
-    its summary is appended to result["runs"][name] in place, and the JSON is rewritten after each run (a stopped bench keeps
-    what finished)."""
+    its summary is appended to result["runs"][name] in place, and the JSON is rewritten after each run (a
+    stopped bench keeps what finished)."""
     for rnd in range(rounds):
         for name in variants:
             out_dir = DATA_CACHE / "runs" / bench / f"{name}-{rnd}"
