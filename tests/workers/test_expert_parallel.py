@@ -167,7 +167,7 @@ def test_ep2_matches_ep1_on_two_gloo_workers(moe_models, family, layout, tmp_pat
     """ep 2 for both families; and tp 2 (the MoE TP plan: router and experts whole over the group, each rank's
     router load kept to its own tokens, Qwen3's per-head q/k norms)."""
     payload = dict(model=moe_models[family], ckpt=str(tmp_path / "ckpt"), world=2, layout=layout)
-    run_on_gloo_workers(_worker, payload, tmp_path, world=2, timeout_s=600)
+    run_on_gloo_workers(_worker, payload, tmp_path, world=2)
 
 
 @pytest.mark.slow
@@ -181,7 +181,7 @@ def test_ep2_on_four_gloo_workers(moe_models, layout, tmp_path):
     FSDP2 unit reduces over 2 ranks and divides by 4; HSDP (fsdp_size 2): replicate 2 x ep 2; Ulysses sp 2 x ep 2
     against Ulysses sp 2 alone (each rank's routers see its slice of the group's packed row)."""
     payload = dict(model=moe_models["qwen3_moe/tp"], ckpt=str(tmp_path / "ckpt"), world=4, layout=layout)
-    run_on_gloo_workers(_worker, payload, tmp_path, world=4, timeout_s=900)
+    run_on_gloo_workers(_worker, payload, tmp_path, world=4)
 
 
 def test_config_sizes_verl_keys_and_the_dry_run_mesh(toy_data, tmp_path):

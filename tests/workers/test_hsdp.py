@@ -139,7 +139,7 @@ def test_hsdp_on_four_workers(model_and_single, tmp_path):
     """4 replicas x 1 shard and 2 x 2 on 4 gloo ranks; LoRA and Ulysses SP under HSDP."""
     path, single = model_and_single
     payload = dict(world=4, sizes=[1, 2], model=path, single=single, ckpt=str(tmp_path / "ckpt"), extras=True)
-    run_on_gloo_workers(_worker, payload, tmp_path, world=4, timeout_s=600)
+    run_on_gloo_workers(_worker, payload, tmp_path, world=4)
 
 
 def test_config_refuses_a_size_that_does_not_divide_the_workers(toy_data, tmp_path):

@@ -180,7 +180,6 @@ def test_tp2_matches_tp1_on_two_gloo_workers(models, tmp_path):
         dict(world=2, models=models, layouts=[(2, -1, True)], ckpt=str(tmp_path / "ckpt")),
         tmp_path,
         world=2,
-        timeout_s=600,
     )
 
 
@@ -192,7 +191,6 @@ def test_dp2_x_tp2_and_hsdp_on_four_gloo_workers(models, tmp_path):
         dict(world=4, models=models, layouts=layouts, ckpt=str(tmp_path / "ckpt")),
         tmp_path,
         world=4,
-        timeout_s=900,
     )
 
 
