@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlkit.controller.processes import cluster_processes, free_port, pid_alive, port_in_use, stop_processes
+from rlkit.controller.processes import cluster_processes, free_ports, pid_alive, port_in_use, stop_processes
 from rlkit.debug.listeners import LOOPBACK_ENV, LOOPBACK_IP, SINGLE_NODE_ENV, Listener, is_loopback, listeners
 from rlkit.errors import UserError
 from rlkit.utils import ray_token
@@ -289,8 +289,7 @@ def start_cluster(
         sys.executable, "-m", "ray.scripts.scripts", "start", "--head",
         f"--port={port}", "--include-dashboard=true",
         f"--dashboard-host={dashboard_host}", f"--dashboard-port={dashboard_port}",
-        f"--temp-dir={temp_dir}", "--disable-usage-stats", f"--ray-client-server-port={free_port()}",
-        *side_port_args(),
+        f"--temp-dir={temp_dir}", "--disable-usage-stats", *side_port_args(avoid=(port, dashboard_port), client=True),
     ]  # fmt: skip
     env = with_worker_env({**os.environ, **AUTH_ENV})
     if loopback:
@@ -318,12 +317,14 @@ def start_cluster(
     return info
 
 
-def side_port_args() -> list[str]:
-    """Ray's side ports, picked free: their defaults are fixed numbers that clash with other clusters on a
-    shared machine (the head's and a joined node's alike)."""
-    return [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
-            f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"]  # fmt: skip
+def side_port_args(avoid: tuple[int, ...] = (), client: bool = False) -> list[str]:
+    """Ray's side ports (and the head's client server port with `client`), picked free and distinct, none of
+    `avoid` (the ports the command names itself): their defaults are fixed numbers that clash with other clusters
+    on a shared machine (the head's and a joined node's alike)."""
+    flags = ["--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
+             "--metrics-export-port", "--node-manager-port", "--object-manager-port"]
+    flags += ["--ray-client-server-port"] if client else []
+    return [f"{flag}={port}" for flag, port in zip(flags, free_ports(len(flags), avoid), strict=True)]
 
 
 def _holder(port: int) -> str:

@@ -88,7 +88,7 @@ def join_cluster(
     if cluster_processes(temp_dir):
         raise UserError(f"Ray processes already use temp dir {temp_dir}; stop them or pass another --temp-dir")
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", f"--address={address}", f"--temp-dir={temp_dir}",
-           "--disable-usage-stats", *cl.side_port_args()]  # fmt: skip
+           "--disable-usage-stats", *cl.side_port_args(avoid=(int(port),))]  # fmt: skip
     cmd += [f"--node-ip-address={node_ip}"] if node_ip else []
     cmd += [f"--num-cpus={num_cpus:g}"] if num_cpus is not None else []
     cmd += [f"--num-gpus={num_gpus:g}"] if num_gpus is not None else []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -23,9 +24,26 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int, avoid: Iterable[int] = ()) -> list[int]:
+    """`count` distinct ports free now, none of them in `avoid` (ports the same command already names). Each
+    socket stays bound until all are picked: ports looked up one at a time can come back as the same number."""
+    held: list[socket.socket] = []
+    picked: list[int] = []
+    try:
+        while len(picked) < count:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            if port not in avoid:
+                picked.append(port)
+    finally:
+        for s in held:
+            s.close()
+    return picked
 
 
 def pid_alive(pid: int) -> bool:

@@ -74,6 +74,7 @@ class _WorkerHost:
         self._peaks = PhasePeaks()  # each call's peak memory, popped by the driver once per step
         use_sink(self._peaks)  # and the sizes the roles note (memory_peak.note: optimizer state, engine weights)
         self._step: int | None = None
+        self._last_call: tuple[str, str] | None = None  # the last measured call: trim the heap when another comes
         # global_profiler: the listed steps' calls of the selected roles and ranks write a trace each
         self._profiler = StepProfiler(ProfilePlan.from_env(), int(os.environ.get("RANK", "0")))
         for name, spec in roles.items():
@@ -95,10 +96,14 @@ class _WorkerHost:
             self._step = step
         if method in UNMEASURED_METHODS:
             return getattr(self._roles[role], method)(*args, **kwargs)
+        if (role, method) != self._last_call:
+            # what the last phase freed leaves the RSS before another phase (glibc keeps it otherwise); a phase
+            # called again (SFT's train_batch, step after step) reuses those pages: returning them would only
+            # make it fault them in again (measured: the SFT worker's step 3.85 -> see docs/performance.md)
+            trim_heap()
+            self._last_call = (role, method)
         with self._peaks.measure(method), self._profiler.around(role, method, self._step):
-            result = getattr(self._roles[role], method)(*args, **kwargs)
-        trim_heap()  # what the call freed leaves the RSS before the next phase (glibc keeps it otherwise)
-        return result
+            return getattr(self._roles[role], method)(*args, **kwargs)
 
     def pop_memory_peaks(self) -> dict[str, dict[str, float]]:
         """Peak memory per called method since the last pop (rlkit.utils.memory_peak)."""

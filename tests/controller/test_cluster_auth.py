@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.controller import cluster as cl
-from rlkit.controller.processes import cluster_processes, free_port, stop_processes
+from rlkit.controller.processes import cluster_processes, free_ports, stop_processes
 from rlkit.errors import UserError
 from rlkit.utils import ray_token
 from tests.controller._forward import Forward
@@ -86,6 +86,39 @@ def test_worker_environment_defaults_yield_to_the_user(monkeypatch):
     assert cl.huge_pages_env(engine_in_workers=False) == {}
 
 
+def test_side_ports_are_distinct_and_never_the_ports_named(monkeypatch):
+    """`cluster up` names its GCS and dashboard ports and picks Ray's side ports: one port twice (CI saw the client
+    server given the GCS port a test had just looked up) makes `ray start` fail."""
+    from rlkit.controller import processes
+
+    named = processes.free_ports(2)
+    real_socket = processes.socket.socket
+    handed = iter([*named, *named, 50001, 50002, 50003, 50004, 50005, 50006, 50007])
+
+    class Replaying:  # a kernel that hands the named ports out again first
+        def __init__(self, *args):
+            self.sock = real_socket(*args)
+            self.port = next(handed)
+
+        def bind(self, address):
+            pass
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+        def close(self):
+            self.sock.close()
+
+    monkeypatch.setattr(processes.socket, "socket", Replaying)
+    args = cl.side_port_args(avoid=tuple(named), client=True)
+    ports = [int(a.split("=")[1]) for a in args]
+    assert len(args) == 7 and "--ray-client-server-port" in args[-1]
+    assert ports == [50001, 50002, 50003, 50004, 50005, 50006, 50007]
+    monkeypatch.undo()
+    picked = processes.free_ports(50)
+    assert len(set(picked)) == 50  # each held until all are picked
+
+
 def test_a_loopback_cluster_takes_no_token_file(tmp_path, monkeypatch):
     monkeypatch.setenv(cl.STATE_ENV, str(tmp_path / "cluster.json"))
     with pytest.raises(UserError, match="--token-file is for a cluster on the network"):
@@ -119,7 +152,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
     env["COLUMNS"] = "250"  # rich wraps long paths in table cells at 80
     temp_dir = tempfile.mkdtemp(prefix="rlk-a-", dir="/tmp")  # short: Ray puts Unix sockets in it
     node_temp_dir = tempfile.mkdtemp(prefix="rlk-n-", dir="/tmp")
-    port, dashboard_port = free_port(), free_port()
+    port, dashboard_port = free_ports(2)
     t0 = time.monotonic()
     up = cli(env, "cluster", "up", "--listen-all", "--num-cpus", "2", "--port", str(port),
              "--dashboard-port", str(dashboard_port), "--temp-dir", temp_dir)  # fmt: skip

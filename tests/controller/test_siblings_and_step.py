@@ -8,7 +8,7 @@ import torch
 
 from rlkit.controller import ClassWithInitArgs, RayWorkerGroup, ResourcePool, Sibling
 from rlkit.protocol import Batch
-from tests.controller.workers_for_tests import Consumer, Weights
+from tests.controller.workers_for_tests import Consumer, Doubler, Weights
 
 
 def test_sibling_is_the_role_of_the_same_process_and_calls_carry_the_step(ray_local):
@@ -43,3 +43,22 @@ def test_a_sibling_must_be_built_first(ray_local):
             RayWorkerGroup(pool, roles)  # the worker process fails while building its roles
     finally:
         pool.release()
+
+
+def test_the_host_trims_the_heap_when_another_phase_comes(monkeypatch):
+    """A phase called again (SFT's train_batch, step after step) reuses the pages the last call freed: the host
+    hands freed heap back to the OS only when another call comes, not between calls of the same phase."""
+    from rlkit.controller import worker_group
+
+    trims: list[str] = []
+    host = worker_group._WorkerHost({}, {"doubler": ClassWithInitArgs(Doubler), "weights": ClassWithInitArgs(Weights)})
+    monkeypatch.setattr(worker_group, "trim_heap", lambda: trims.append("trim"))
+    rows = Batch({"x": torch.ones(2)})
+    for role, method, args in [("doubler", "double", (rows,)), ("doubler", "double", (rows,)),
+                               ("doubler", "seen_sizes", ()), ("doubler", "double", (rows,)),
+                               ("weights", "bump", ()), ("weights", "bump", ())]:
+        host.call(role, method, 1, *args)
+        trims.append(f"{role}.{method}")
+    assert trims == ["trim", "doubler.double", "doubler.double", "trim", "doubler.seen_sizes", "trim",
+                     "doubler.double", "trim", "weights.bump", "weights.bump"]
+    assert set(host.pop_memory_peaks()) == {"double", "seen_sizes", "bump"}  # every call still measured

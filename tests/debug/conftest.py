@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlkit.controller import cluster as cl
-from rlkit.controller.processes import free_port, stop_processes
+from rlkit.controller.processes import free_ports, stop_processes
 from tests.debug._runs import Toy
 
 
@@ -40,7 +40,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
 
     state_file = str(tmp_path_factory.mktemp("state") / "cluster.json")
     temp_dir = tempfile.mkdtemp(prefix="rlk-", dir="/tmp")  # short: Ray puts Unix sockets in it
-    port, dashboard_port = free_port(), free_port()
+    port, dashboard_port = free_ports(2)
     mp = pytest.MonkeyPatch()
     mp.setenv(cl.STATE_ENV, state_file)
     mp.setenv("RAY_AUTH_MODE", "disabled")
