@@ -98,8 +98,8 @@ class _WorkerHost:
             return getattr(self._roles[role], method)(*args, **kwargs)
         if (role, method) != self._last_call:
             # what the last phase freed leaves the RSS before another phase (glibc keeps it otherwise); a phase
-            # called again (SFT's train_batch, step after step) reuses those pages: returning them would only
-            # make it fault them in again (measured: the SFT worker's step 3.85 -> see docs/performance.md)
+            # called again (SFT's train_batch, step after step) reuses those pages: returning them made it fault
+            # them in again (the SFT step 17-23% slower, docs/performance.md "Round 4")
             trim_heap()
             self._last_call = (role, method)
         with self._peaks.measure(method), self._profiler.around(role, method, self._step):
