@@ -50,12 +50,13 @@ def run_on_gloo_workers(worker: Callable[..., None], payload: Any, tmp_path: Pat
             del os.environ["OMP_NUM_THREADS"]
         else:
             os.environ["OMP_NUM_THREADS"] = before
+    want = {r: "ok" for r in range(world)}
     got: dict[int, str] = {}
     try:
         got = _collect(procs, results, timeout_s)
     finally:
-        _stop(procs, patient=got == {r: "ok" for r in range(world)})
-    assert got == {r: "ok" for r in range(world)}, got
+        _stop(procs, patient=got == want)
+    assert got == want, got
 
 
 def _collect(procs: list[Any], results: Any, timeout_s: float) -> dict[int, str]:

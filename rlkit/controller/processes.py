@@ -29,7 +29,8 @@ def free_port() -> int:
 
 def free_ports(count: int, avoid: Iterable[int] = ()) -> list[int]:
     """`count` distinct ports free now, none of them in `avoid` (ports the same command already names). Each
-    socket stays bound until all are picked: ports looked up one at a time can come back as the same number."""
+    socket stays bound until all are picked (ports looked up one at a time can come back as the same number), and
+    a number seen twice is skipped all the same."""
     held: list[socket.socket] = []
     picked: list[int] = []
     try:
@@ -38,7 +39,7 @@ def free_ports(count: int, avoid: Iterable[int] = ()) -> list[int]:
             held.append(s)
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-            if port not in avoid:
+            if port not in avoid and port not in picked:
                 picked.append(port)
     finally:
         for s in held:

@@ -93,9 +93,9 @@ def test_side_ports_are_distinct_and_never_the_ports_named(monkeypatch):
 
     named = processes.free_ports(2)
     real_socket = processes.socket.socket
-    handed = iter([*named, *named, 50001, 50002, 50003, 50004, 50005, 50006, 50007])
+    handed = iter([*named, 50001, *named, 50001, 50002, 50003, 50004, 50005, 50002, 50006, 50007])
 
-    class Replaying:  # a kernel that hands the named ports out again first
+    class Replaying:  # a kernel that hands the named ports, and its own picks, out again
         def __init__(self, *args):
             self.sock = real_socket(*args)
             self.port = next(handed)
